@@ -1,0 +1,64 @@
+# The front door of the course. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+# nbgrader calls `jupyter` and `alembic` by name: the venv's bin leads PATH everywhere.
+export PATH := $(BIN):$(PATH)
+export PYTHONWARNINGS := ignore
+export MPLBACKEND := Agg
+STAMP := $(VENV)/.installed
+ASSIGNMENTS ?=
+WORKERS ?=
+
+.PHONY: help setup lab test test-fast lint release autograde feedback grades student-bundle bench bench-grading clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install everything (fast when already done)
+
+lab: setup ## open JupyterLab on notebooks/
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+test: setup ## run every test: unit, drift, nbval, grading end to end
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+
+test-fast: setup ## the quick tests only (no nbgrader runs)
+	$(BIN)/python -m pytest -m "not slow" tests
+
+lint: setup ## ruff on the package and the tests
+	$(BIN)/ruff check autograder tests
+
+release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS="01_soft_lookup" for one)
+	$(BIN)/python -m autograder release $(ASSIGNMENTS)
+
+autograde: setup ## grade every submission in submitted/ (WORKERS=n, default: number of cores)
+	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS))
+
+feedback: setup ## write feedback/ HTML for every graded submission
+	$(BIN)/python -m autograder feedback $(ASSIGNMENTS)
+
+grades: setup ## export every grade to grades.csv
+	$(BIN)/nbgrader export --to grades.csv
+
+student-bundle: setup ## zip what students get: notebooks/ and the public autograder
+	$(BIN)/python -m autograder bundle dist/attention-course.zip
+
+bench: setup ## time and memory of attention implementations (bench/results/)
+	$(BIN)/python bench/attention_bench.py
+
+bench-grading: setup ## grading throughput: serial vs parallel vs plain nbclient
+	$(BIN)/python bench/grading_bench.py
+
+clean: ## remove the venv, caches and nbgrader's working folders
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv
+	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,0 +1,107 @@
+"""Comparisons that explain themselves: shape, dtype and values with the largest error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import fail
+
+
+def describe(x: Any) -> str:
+    """A short description of a value: a tensor's shape and dtype, or its type."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    if isinstance(x, tuple):
+        return f"a tuple of {len(x)} values ({', '.join(describe(v) for v in x)})"
+    return f"a {type(x).__name__}"
+
+
+def assert_tensor(x: Any, what: str) -> torch.Tensor:
+    """Fail unless ``x`` is a tensor."""
+    if not isinstance(x, torch.Tensor):
+        fail(f"{what} should be a torch.Tensor, but it is {describe(x)}.")
+    return x
+
+
+def assert_pair(result: Any, what: str, names: tuple[str, str] = ("output", "weights")) -> tuple:
+    """Fail unless ``result`` is a pair of tensors (for example ``(output, weights)``)."""
+    if not isinstance(result, tuple) or len(result) != 2:
+        fail(f"{what} should return a tuple ({names[0]}, {names[1]}), but it returned {describe(result)}.")
+    for name, value in zip(names, result):
+        assert_tensor(value, f"The {name} returned by {what}")
+    return result
+
+
+def assert_shape(x: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
+    """Fail unless ``x`` has shape ``expected``."""
+    if tuple(x.shape) != tuple(expected):
+        fail(f"{what} should have shape {tuple(expected)}, but it has shape {tuple(x.shape)}.")
+
+
+def assert_dtype(x: torch.Tensor, expected: torch.dtype, what: str) -> None:
+    """Fail unless ``x`` has dtype ``expected`` (dtype follows the inputs)."""
+    if x.dtype != expected:
+        fail(
+            f"{what} should have dtype {expected} (the dtype of the inputs), but it has dtype {x.dtype}. "
+            "Avoid creating new tensors with a fixed dtype; use the inputs' dtype."
+        )
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, tuple[int, ...]]:
+    """Largest absolute difference and the index where it occurs (NaN counts as infinite)."""
+    diff = (actual.detach().double() - expected.detach().double()).abs()
+    # Equal infinities give NaN differences; they are not errors.
+    same = actual.detach().double() == expected.detach().double()
+    diff = torch.where(same, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    if diff.numel() == 0:
+        return 0.0, ()
+    flat = int(diff.argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+    return float(diff.reshape(-1)[flat]), index
+
+
+def is_close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
+    """True when tensors (or tuples of tensors) agree in shape and value, NaNs included."""
+    if isinstance(expected, tuple):
+        return (
+            isinstance(actual, tuple)
+            and len(actual) == len(expected)
+            and all(is_close(a, e, rtol, atol) for a, e in zip(actual, expected))
+        )
+    if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        return False
+    if actual.shape != expected.shape:
+        return False
+    return bool(
+        torch.allclose(actual.detach().double(), expected.detach().double(), rtol=rtol, atol=atol, equal_nan=True)
+    )
+
+
+def assert_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    what: str,
+    *,
+    rtol: float = 1e-7,
+    atol: float = 1e-9,
+    hint: str = "",
+) -> None:
+    """Fail unless ``actual`` matches ``expected``; the message gives the largest error and where."""
+    assert_tensor(actual, what)
+    assert_shape(actual, tuple(expected.shape), what)
+    if is_close(actual, expected, rtol, atol):
+        return
+    err, where = max_error(actual, expected)
+    got = actual.detach()[where].item() if where or actual.dim() == 0 else actual.detach().item()
+    want = expected.detach()[where].item() if where or expected.dim() == 0 else expected.detach().item()
+    message = (
+        f"{what} is not what it should be: the largest error is {err:.3g} at index {list(where)}, "
+        f"where you return {got:.6g} and the expected value is {want:.6g} "
+        f"(tolerance: rtol={rtol:g}, atol={atol:g})."
+    )
+    if hint:
+        message += "\n" + hint
+    fail(message)

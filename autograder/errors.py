@@ -1,0 +1,37 @@
+"""The one exception a failing check raises, and how a notebook shows it.
+
+A check's message is written for the student. In a notebook it is shown without a
+Python traceback: a traceback would point into the autograder's source (which, for
+hidden checks, must stay hidden) and would bury the message under frames that do not
+help. The cell still ends in an error, so nbgrader still gives it zero points.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+
+class CheckFailed(AssertionError):
+    """A check found something wrong; ``str(error)`` is the message for the student."""
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the check with ``message``, shown to the student as it is."""
+    raise CheckFailed(message)
+
+
+def _show_without_traceback(shell, etype, value, tb, tb_offset=None):
+    # ``_showtraceback`` is how ipykernel publishes an error output; giving it a
+    # one-entry traceback keeps the message and drops every frame.
+    shell._showtraceback(etype, value, [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"])
+
+
+def install_notebook_display() -> None:
+    """Make IPython show :class:`CheckFailed` as its message alone (no-op outside IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is always there in a notebook
+        return
+    shell = get_ipython()
+    if shell is not None and CheckFailed not in (shell.custom_exceptions or ()):
+        shell.set_custom_exc((CheckFailed,), _show_without_traceback)

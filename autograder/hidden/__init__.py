@@ -1,0 +1,36 @@
+"""Hidden checks and the mistake catalogue, one module per notebook (instructor-only).
+
+Never shipped to students: the mistakes are near-solutions. Each module defines
+``check_<exercise>(fn)`` for the hidden test cells, decorated with :func:`hidden`, and
+``MISTAKES``, a dict from an exercise name to its list of
+:class:`~autograder.diagnosis.Mistake`; the test suite feeds every mistake to its
+check and expects the mistake's name in the message.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from ..errors import CheckFailed, fail, install_notebook_display
+
+install_notebook_display()
+
+
+def hidden(check: Callable[..., Any]) -> Callable[..., Any]:
+    """Make any unexpected error of a hidden check a plain message.
+
+    A traceback would print lines of this instructor-only source into the student's
+    feedback; the student reads the error's type and message instead.
+    """
+
+    @functools.wraps(check)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except CheckFailed:
+            raise
+        except Exception as error:  # noqa: BLE001 - nothing of the hidden source may leak
+            fail(f"The hidden check {check.__name__} could not finish: {type(error).__name__}: {error}")
+
+    return run

@@ -1,0 +1,299 @@
+"""Hidden checks and mistake catalogue for notebook 01 (instructor-only)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..diagnosis import Mistake
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, math_sdpa, randn
+from ..student import expect_error
+from ..verify import Case, verify
+from . import hidden
+
+LOOKUP = "1. A dictionary is a lookup"
+SOFT = "2. Making the lookup soft"
+TEMPERATURE = "3. Temperature"
+KERNEL = "4. Nadaraya-Watson: attention before deep learning"
+SDPA_SECTION = "6. Scaled dot-product attention"
+
+
+# --- references -----------------------------------------------------------------------
+
+
+def _hard_lookup(query, keys, values):
+    return values[int(torch.argmax(keys @ query))]
+
+
+def _soft_lookup(query, keys, values, temperature=1.0):
+    weights = torch.softmax(keys @ query / temperature, dim=-1)
+    return weights @ values, weights
+
+
+def _nadaraya_watson(x_query, x_train, y_train, bandwidth):
+    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=-1)
+    return weights @ y_train, weights
+
+
+def _sdpa(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
+    return math_sdpa(Q, K, V), weights
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ----------------------
+
+
+def hard_lookup_last_on_tie(query, keys, values):
+    scores = keys @ query
+    best = len(scores) - 1 - int(torch.argmax(scores.flip(0)))
+    return values[best]
+
+
+def hard_lookup_returns_key(query, keys, values):
+    return keys[int(torch.argmax(keys @ query))]
+
+
+def hard_lookup_argmin(query, keys, values):
+    return values[int(torch.argmin(keys @ query))]
+
+
+def hard_lookup_softmax(query, keys, values):
+    return torch.softmax(keys @ query, dim=-1) @ values
+
+
+def soft_lookup_times_temperature(query, keys, values, temperature=1.0):
+    weights = torch.softmax(keys @ query * temperature, dim=-1)
+    return weights @ values, weights
+
+
+def soft_lookup_no_temperature(query, keys, values, temperature=1.0):
+    weights = torch.softmax(keys @ query, dim=-1)
+    return weights @ values, weights
+
+
+def soft_lookup_unnormalised(query, keys, values, temperature=1.0):
+    weights = torch.exp(keys @ query / temperature)
+    return weights @ values, weights
+
+
+def soft_lookup_overflow(query, keys, values, temperature=1.0):
+    e = torch.exp(keys @ query / temperature)
+    weights = e / e.sum()
+    return weights @ values, weights
+
+
+def soft_lookup_weights_keys(query, keys, values, temperature=1.0):
+    weights = torch.softmax(keys @ query / temperature, dim=-1)
+    return weights @ keys, weights
+
+
+def nadaraya_watson_no_two(x_query, x_train, y_train, bandwidth):
+    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / bandwidth**2, dim=-1)
+    return weights @ y_train, weights
+
+
+def nadaraya_watson_bandwidth_not_squared(x_query, x_train, y_train, bandwidth):
+    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth), dim=-1)
+    return weights @ y_train, weights
+
+
+def nadaraya_watson_positive_scores(x_query, x_train, y_train, bandwidth):
+    weights = torch.softmax(((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=-1)
+    return weights @ y_train, weights
+
+
+def nadaraya_watson_softmax_over_queries(x_query, x_train, y_train, bandwidth):
+    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=0)
+    return weights @ y_train, weights
+
+
+def sdpa_no_scaling(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1), dim=-1)
+    return weights @ V, weights
+
+
+def sdpa_scale_by_d_k(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / Q.shape[-1], dim=-1)
+    return weights @ V, weights
+
+
+def sdpa_scale_by_sqrt_d_v(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(V.shape[-1]), dim=-1)
+    return weights @ V, weights
+
+
+def sdpa_softmax_wrong_axis(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-2)
+    return weights @ V, weights
+
+
+def sdpa_transpose_3d(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(Q.shape[-1]), dim=-1)
+    return weights @ V, weights
+
+
+def sdpa_permute_3d(Q, K, V):
+    weights = torch.softmax(Q @ K.permute(0, 2, 1) / math.sqrt(Q.shape[-1]), dim=-1)
+    return weights @ V, weights
+
+
+def sdpa_bmm_3d(Q, K, V):
+    weights = torch.softmax(torch.bmm(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), dim=-1)
+    return torch.bmm(weights, V), weights
+
+
+def sdpa_weights_transposed(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
+    return weights @ V, weights.transpose(-2, -1)
+
+
+THREE_D = (
+    "a transpose (or permute, or bmm) written for 3-D inputs: with more batch dimensions it swaps the wrong "
+    "axes or fails. Transpose the last two axes with K.transpose(-2, -1) (or K.mT) and multiply with @, "
+    "which works for any number of leading batch dimensions."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "hard_lookup": [
+        Mistake("the last key wins a tie", "when two keys match equally well, the first one must win "
+                "(torch.argmax returns the first maximum).", LOOKUP, hard_lookup_last_on_tie),
+        Mistake("the key returned instead of its value", "a lookup returns the value stored under the best "
+                "key, not the key itself.", LOOKUP, hard_lookup_returns_key),
+        Mistake("the worst key chosen", "the best key has the highest dot product with the query "
+                "(argmax), not the lowest.", LOOKUP, hard_lookup_argmin),
+        Mistake("softmax weights instead of one-hot weights", "a hard lookup puts all its weight on one key; "
+                "softmax spreads it over all of them.", LOOKUP, hard_lookup_softmax),
+    ],
+    "soft_lookup": [
+        Mistake("scores multiplied by the temperature", "the scores are divided by the temperature, so a low "
+                "temperature sharpens the weights.", TEMPERATURE, soft_lookup_times_temperature),
+        Mistake("temperature ignored", "the scores must be divided by the temperature argument.",
+                TEMPERATURE, soft_lookup_no_temperature),
+        Mistake("weights not normalised", "exp of the scores must be divided by its sum so the weights sum "
+                "to one (that is what softmax does).", SOFT, soft_lookup_unnormalised),
+        Mistake("exponentials that overflow", "exp of a large score is inf in floating point, and inf / inf "
+                "is NaN. Use torch.softmax, which subtracts the largest score first.", TEMPERATURE,
+                soft_lookup_overflow),
+        Mistake("the weights average the keys", "the output is the weighted average of the values, not of "
+                "the keys.", SOFT, soft_lookup_weights_keys),
+    ],
+    "nadaraya_watson": [
+        Mistake("the 2 in 2h^2 forgotten", "the Gaussian kernel's score is -(x_q - x_i)^2 / (2 h^2).",
+                KERNEL, nadaraya_watson_no_two),
+        Mistake("bandwidth not squared", "the Gaussian kernel divides by 2 h^2, the square of the bandwidth.",
+                KERNEL, nadaraya_watson_bandwidth_not_squared),
+        Mistake("the minus sign of the score dropped", "close points must get high scores, so the score is "
+                "minus the squared distance.", KERNEL, nadaraya_watson_positive_scores),
+        Mistake("softmax over the queries", "each query's weights over the training points must sum to one: "
+                "softmax over the last axis (the training points).", KERNEL,
+                nadaraya_watson_softmax_over_queries),
+    ],
+    "scaled_dot_product_attention": [
+        Mistake("no scaling", "the scores Q K^T must be divided by sqrt(d_k) before the softmax.",
+                SDPA_SECTION, sdpa_no_scaling),
+        Mistake("scaling by d_k instead of sqrt(d_k)", "the scores are divided by the square root of d_k, "
+                "which restores unit variance; dividing by d_k shrinks them too much.", SDPA_SECTION,
+                sdpa_scale_by_d_k),
+        Mistake("scaling by sqrt(d_v) instead of sqrt(d_k)", "the scale comes from the dimension of the "
+                "queries and keys (d_k, the length of the dot product), not of the values.", SDPA_SECTION,
+                sdpa_scale_by_sqrt_d_v),
+        Mistake("softmax over the wrong axis", "each query's weights over the keys must sum to one: softmax "
+                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION, sdpa_softmax_wrong_axis),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_transpose_3d),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_permute_3d),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_bmm_3d),
+        Mistake("weights returned transposed", "the weights have shape (..., n, m): one row per query, one "
+                "column per key.", SDPA_SECTION, sdpa_weights_transposed),
+    ],
+}
+
+
+# --- hidden checks ------------------------------------------------------------------------
+
+
+def _lookup_cases(seed: int) -> list[Case]:
+    gen = generator(seed)
+    cases = []
+    for m, d, d_v in [(5, 3, 2), (8, 16, 4), (2, 1, 7)]:
+        keys = torch.randint(-3, 4, (m, d), generator=gen).double()
+        cases.append(Case((randn(d, gen=gen), keys, randn(m, d_v, gen=gen))))
+    keys = torch.tensor([[1.0, 1.0], [0.0, 2.0], [2.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    cases.append(Case((torch.tensor([1.0, 1.0], dtype=torch.float64), keys, randn(4, 3, gen=gen)),
+                      label="all four keys tie"))
+    return cases
+
+
+@hidden
+def check_hard_lookup(hard_lookup) -> None:
+    """Random keys, values of another width, and a four-way tie."""
+    verify(hard_lookup, _lookup_cases(101), _hard_lookup, exercise="hard_lookup",
+           arg_names=("query", "keys", "values"), outputs=None, mistakes=MISTAKES["hard_lookup"])
+    print("hard_lookup passes the hidden checks.")
+
+
+@hidden
+def check_soft_lookup(soft_lookup) -> None:
+    """Random inputs at several temperatures, including the cold limit, in float64 and float32."""
+    cases = []
+    for case, temperature in zip(_lookup_cases(102), (0.5, 1.0, 3.0, 1e-3)):
+        cases.append(Case(case.args, {"temperature": temperature}, case.label))
+    gen = generator(103)
+    q, k, v = randn(4, gen=gen) * 20, randn(6, 4, gen=gen), randn(6, 3, gen=gen)
+    cases.append(Case((q, k, v), {"temperature": 1e-2}, "large scores at a low temperature"))
+    cases.append(Case((q.float(), k.float(), v.float()), {"temperature": 2.0}, "float32 inputs"))
+    verify(soft_lookup, cases, _soft_lookup, exercise="soft_lookup", arg_names=("query", "keys", "values"),
+           mistakes=MISTAKES["soft_lookup"], rtol=1e-5, atol=1e-6)
+    expect_error(soft_lookup, randn(3, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen), error=ValueError,
+                 what="soft_lookup(query (3,), keys (5, 4), values)",
+                 why="the query has 3 features and the keys have 4")
+    print("soft_lookup passes the hidden checks.")
+
+
+@hidden
+def check_nadaraya_watson(nadaraya_watson) -> None:
+    """Random data at three bandwidths."""
+    gen = generator(104)
+    cases = []
+    for n, m, h in [(7, 20, 0.5), (1, 5, 2.0), (30, 11, 0.1)]:
+        x_train = torch.rand(m, generator=gen, dtype=torch.float64) * 5
+        cases.append(Case((torch.rand(n, generator=gen, dtype=torch.float64) * 5, x_train,
+                           torch.sin(x_train) + 0.1 * randn(m, gen=gen), h)))
+    verify(nadaraya_watson, cases, _nadaraya_watson, exercise="nadaraya_watson",
+           arg_names=("x_query", "x_train", "y_train", "bandwidth"), mistakes=MISTAKES["nadaraya_watson"],
+           rtol=1e-6, atol=1e-9)
+    print("nadaraya_watson passes the hidden checks.")
+
+
+SDPA_SHAPES = [
+    # (batch dims, n, m, d_k, d_v)
+    ((2,), 5, 5, 8, 8),
+    ((3,), 4, 7, 6, 3),
+    ((2, 3), 5, 9, 4, 10),
+    ((2, 1, 3), 6, 2, 5, 7),
+    ((1,), 1, 1, 1, 1),
+    ((4, 2), 3, 3, 16, 16),
+]
+
+
+@hidden
+def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
+    """Against F.scaled_dot_product_attention (math backend, float64) on many shapes, then float32."""
+    gen = generator(105)
+    cases = []
+    for batch, n, m, d_k, d_v in SDPA_SHAPES:
+        cases.append(Case((randn(*batch, n, d_k, gen=gen), randn(*batch, m, d_k, gen=gen),
+                           randn(*batch, m, d_v, gen=gen)), label=f"{len(batch)} batch dimension(s)"))
+    verify(scaled_dot_product_attention, cases, _sdpa, exercise="scaled_dot_product_attention",
+           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["scaled_dot_product_attention"], rtol=1e-9, atol=1e-11)
+    float32 = [Case(tuple(t.float() for t in cases[2].args), label="float32 inputs")]
+    verify(scaled_dot_product_attention, float32, _sdpa, exercise="scaled_dot_product_attention",
+           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["scaled_dot_product_attention"], rtol=1e-4, atol=1e-5)
+    expect_error(scaled_dot_product_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen),
+                 randn(2, 6, 4, gen=gen), error=ValueError,
+                 what="scaled_dot_product_attention(Q (2, 3, 4), K (2, 5, 4), V (2, 6, 4))",
+                 why="K has 5 keys but V has 6 values")
+    print("scaled_dot_product_attention passes the hidden checks.")

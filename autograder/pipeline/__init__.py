@@ -1,0 +1,1 @@
+"""The instructor's pipeline around nbgrader: release, grade, feedback, grades, bundle."""

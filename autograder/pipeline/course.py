@@ -1,0 +1,47 @@
+"""Where things are in the course repository, and how nbgrader is run on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+#: The repository root: the folder that holds nbgrader_config.py.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def assignments(root: Path = ROOT) -> list[str]:
+    """The assignment names (``NN_name``), from ``source/``, in order."""
+    return sorted(p.name for p in (root / "source").iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+def module_name(assignment: str) -> str:
+    """The checks module of an assignment: ``01_soft_lookup`` -> ``soft_lookup``."""
+    return assignment.split("_", 1)[1]
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for nbgrader: this interpreter's ``bin`` first on PATH.
+
+    nbgrader calls ``jupyter`` and ``alembic`` by name, and the kernel it starts must be
+    this environment's Python.
+    """
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def nbgrader(*args: str, root: Path = ROOT, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``nbgrader ARGS`` in the course at ``root`` and return the finished process."""
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=root,
+        env=tool_env(),
+        check=check,
+        text=True,
+        capture_output=True,
+    )

@@ -1,0 +1,106 @@
+"""Call the student's code so that whatever it does becomes a message for the student."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .diagnosis import Outcome
+from .errors import CheckFailed, fail
+from .guard import Forbidden, ForbiddenCallError, Guard, message_for
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_TORCH_MARKERS = ("/torch/", "\\torch\\")
+
+
+def student_frames(error: BaseException) -> str:
+    """The traceback lines that belong to the student's own code (no autograder, no torch)."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not str(Path(f.filename).resolve()).startswith(_PACKAGE_DIR)
+        and not any(m in f.filename for m in _TORCH_MARKERS)
+    ]
+    return "".join(traceback.format_list(frames)).rstrip()
+
+
+def not_written(exercise: str) -> str:
+    """The message for an exercise that still raises NotImplementedError."""
+    return (
+        f"{exercise} is not written yet: it still raises NotImplementedError. "
+        "Replace the line `raise NotImplementedError` with your implementation, run its cell, "
+        "then run this check again."
+    )
+
+
+def attempt(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict | None = None,
+    *,
+    exercise: str,
+    forbid: Sequence[Forbidden] = (),
+) -> tuple[Outcome, BaseException | None]:
+    """Run the student's ``fn`` under a guard; return its outcome and the exception, if any.
+
+    A forbidden call or an unwritten exercise stops the check at once with its message.
+    """
+    guard = Guard(tuple(forbid), exercise)
+    try:
+        with guard:
+            value = fn(*args, **(kwargs or {}))
+    except CheckFailed:
+        raise
+    except ForbiddenCallError as error:
+        fail(str(error))
+    except NotImplementedError:
+        fail(not_written(exercise))
+    except Exception as error:  # noqa: BLE001 - every student error becomes a message
+        if guard.violations:
+            fail(message_for(guard.violations[0], exercise))
+        return Outcome(error=(type(error).__name__, str(error))), error
+    if guard.violations:
+        fail(message_for(guard.violations[0], exercise))
+    return Outcome(value=value), None
+
+
+def describe_error(what: str, error: BaseException) -> str:
+    """``what`` raised ``error``, with the student's own traceback lines."""
+    where = student_frames(error)
+    return f"{what} raised {type(error).__name__}: {error}" + (f"\nIn your code:\n{where}" if where else "")
+
+
+def call_student(
+    fn: Callable[..., Any],
+    *args: Any,
+    what: str,
+    forbid: Sequence[Forbidden] = (),
+    **kwargs: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` under a guard and return its value.
+
+    Any exception the student's code raises becomes a :class:`CheckFailed` naming
+    ``what`` was called, the exception, and the student's own lines of the traceback.
+    """
+    outcome, error = attempt(fn, args, kwargs, exercise=what.split("(", 1)[0], forbid=forbid)
+    if error is not None:
+        fail(describe_error(what, error))
+    return outcome.value
+
+
+def expect_error(
+    fn: Callable[..., Any],
+    *args: Any,
+    error: type[BaseException],
+    what: str,
+    why: str,
+    **kwargs: Any,
+) -> BaseException:
+    """Fail unless ``fn(*args)`` raises ``error`` (for example ``ValueError`` on bad shapes)."""
+    outcome, raised = attempt(fn, args, kwargs, exercise=what.split("(", 1)[0])
+    if raised is None:
+        fail(f"{what} should raise {error.__name__} because {why}, but it returned without an error.")
+    if not isinstance(raised, error):
+        fail(f"{what} should raise {error.__name__} because {why}, but it raised {type(raised).__name__}: {raised}")
+    return raised

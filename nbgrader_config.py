@@ -1,0 +1,49 @@
+"""nbgrader configuration of the course (one config for every command)."""
+
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
+
+HERE = Path(__file__).resolve().parent
+
+c.CourseDirectory.course_id = "attention"
+c.CourseDirectory.root = str(HERE)
+c.CourseDirectory.source_directory = "source"
+# nbgrader writes student versions here; `make release` copies them to notebooks/.
+c.CourseDirectory.release_directory = "build/release"
+c.CourseDirectory.solution_directory = "solutions"
+c.CourseDirectory.submitted_directory = "submitted"
+c.CourseDirectory.autograded_directory = "autograded"
+c.CourseDirectory.feedback_directory = "feedback"
+c.CourseDirectory.db_url = os.environ.get("NBGRADER_DB_URL", f"sqlite:///{HERE / 'gradebook.db'}")
+# The notebooks import the autograder package; nothing else in an assignment folder is needed.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
+
+# A writable exchange inside the course (the system default /srv/nbgrader/exchange is not).
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", str(HERE / "exchange"))
+
+# Execution: a per-cell limit, and a kernel that never goes idle must not lose the whole
+# submission (raise_on_iopub_timeout=False keeps the cells already executed).
+c.Execute.timeout = 60
+c.Execute.interrupt_on_timeout = True
+c.Execute.raise_on_iopub_timeout = False
+c.Execute.execute_retries = 1
+
+# A library warning printed to stderr must not zero a correct test cell: nbgrader gives
+# zero to any cell with stderr output, so warnings are dropped before grading.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = r"Warning"
+
+# A cap on output: a flood of prints must not make the feedback unreadable.
+c.LimitOutput.max_lines = 200
+c.LimitOutput.max_traceback = 30
+
+# Feedback shows the hidden tests' messages, never their source: the hidden part of each
+# test cell is removed before the feedback is rendered, and the checks print their
+# messages without a traceback (autograder/errors.py).
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

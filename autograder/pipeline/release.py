@@ -18,11 +18,30 @@ from .course import ROOT, assignments, nbgrader
 VOLATILE_TAG = "nbval-ignore-output"
 
 
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stdout (or stderr) pieces: how a print is split depends on timing."""
+    merged: list = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if (
+            output.output_type == "stream"
+            and last is not None
+            and last.output_type == "stream"
+            and last.name == output.name
+        ):
+            last.text += output.text
+        else:
+            merged.append(output)
+    return merged
+
+
 def normalise(path: Path) -> None:
     """Make an executed notebook reproducible: drop run-dependent metadata and volatile outputs."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
         if cell.cell_type == "code" and VOLATILE_TAG in cell.metadata.get("tags", []):
             # Timings differ on every run: keep the cell, not its numbers.
             cell.outputs = []

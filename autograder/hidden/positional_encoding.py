@@ -1,0 +1,454 @@
+"""Hidden checks and mistake catalogue for notebook 06, positional encodings (instructor-only)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..compare import assert_close, assert_dtype, assert_shape, assert_tensor, is_close
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..inputs import generator, randn
+from ..student import call_student, expect_error
+from ..verify import Case, verify
+from . import hidden
+
+SINUSOIDAL = "3. Sinusoidal encodings: a clock with many hands"
+SHIFT = "4. A shift in position is a rotation"
+ROPE = "7. Rotary position embeddings (RoPE)"
+
+
+# --- references (float64 inside, cast at the end) ---------------------------------------------
+
+
+def _frequencies(d_model, base):
+    """omega_i = base^(-2i/d) for the d/2 pairs, in float64."""
+    return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+
+
+def _sinusoidal(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * _frequencies(d_model, base)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(max_len, d_model).to(dtype)
+
+
+def _shift_matrix(k, d_model, base=10000.0, *, dtype=torch.float32):
+    phi = k * _frequencies(d_model, base)
+    c, s = phi.cos(), phi.sin()
+    blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (d/2, 2, 2)
+    return torch.block_diag(*blocks).to(dtype)
+
+
+def _rope(x, positions, base=10000.0):
+    """The complex-number formulation: pair (2i, 2i+1) is the complex number x_2i + i x_2i+1."""
+    d = x.shape[-1]
+    z = torch.view_as_complex(x.detach().to(torch.float64).reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    angles = positions.to(torch.float64)[:, None] * _frequencies(d, base)
+    rotated = z * torch.polar(torch.ones_like(angles), angles)
+    return torch.view_as_real(rotated).reshape(x.shape).to(x.dtype)
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ----------------------------
+# Each is self-contained (torch and math only): the end-to-end tests paste it into a notebook.
+
+
+def sinusoidal_exponent_i_over_d(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos / base ** (i / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe.to(dtype)
+
+
+def sinusoidal_column_index_doubled(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    j = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angles = pos / base ** (2 * j / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe.to(dtype)
+
+
+def sinusoidal_halves(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos / base ** (2 * i / d_model)
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).to(dtype)
+
+
+def sinusoidal_swapped(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos / base ** (2 * i / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.cos(angles)
+    pe[:, 1::2] = torch.sin(angles)
+    return pe.to(dtype)
+
+
+def sinusoidal_positions_from_one(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(1, max_len + 1, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos / base ** (2 * i / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe.to(dtype)
+
+
+def sinusoidal_multiplied(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos * base ** (2 * i / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe.to(dtype)
+
+
+def sinusoidal_base_ignored(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = pos / 10000.0 ** (2 * i / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)
+    return pe.to(dtype)
+
+
+def shift_transposed(k, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        phi = k / base ** (2 * i / d_model)
+        M[2 * i, 2 * i] = math.cos(phi)
+        M[2 * i, 2 * i + 1] = -math.sin(phi)
+        M[2 * i + 1, 2 * i] = math.sin(phi)
+        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
+    return M.to(dtype)
+
+
+def shift_exponent_i_over_d(k, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        phi = k / base ** (i / d_model)
+        M[2 * i, 2 * i] = math.cos(phi)
+        M[2 * i, 2 * i + 1] = math.sin(phi)
+        M[2 * i + 1, 2 * i] = -math.sin(phi)
+        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
+    return M.to(dtype)
+
+
+def shift_by_one(k, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(d_model // 2):
+        phi = 1 / base ** (2 * i / d_model)
+        M[2 * i, 2 * i] = math.cos(phi)
+        M[2 * i, 2 * i + 1] = math.sin(phi)
+        M[2 * i + 1, 2 * i] = -math.sin(phi)
+        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
+    return M.to(dtype)
+
+
+def shift_halves(k, d_model, base=10000.0, *, dtype=torch.float32):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    h = d_model // 2
+    M = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i in range(h):
+        phi = k / base ** (2 * i / d_model)
+        M[i, i] = math.cos(phi)
+        M[i, i + h] = math.sin(phi)
+        M[i + h, i] = -math.sin(phi)
+        M[i + h, i + h] = math.cos(phi)
+    return M.to(dtype)
+
+
+def rope_rotate_half(x, positions, base=10000.0):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"the last dimension of x must be even, got {d}")
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[:, None] * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rope_opposite_direction(x, positions, base=10000.0):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"the last dimension of x must be even, got {d}")
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[:, None] * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+def rope_exponent_i_over_d(x, positions, base=10000.0):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"the last dimension of x must be even, got {d}")
+    freqs = base ** (-torch.arange(d // 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[:, None] * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+def rope_positions_ignored(x, positions, base=10000.0):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"the last dimension of x must be even, got {d}")
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(x.shape[-2], dtype=torch.float64)[:, None] * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+def rope_half_layout_tables(x, positions, base=10000.0):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"the last dimension of x must be even, got {d}")
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[:, None] * freqs
+    emb = torch.cat([angles, angles], dim=-1)  # the table of the rotate-half layout
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    partner = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos + partner * sin
+
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "sinusoidal_encoding": [
+        Mistake("exponent i/d instead of 2i/d", "pair i (columns 2i and 2i+1) has the frequency "
+                "base^(-2i/d_model): the exponent runs from 0 up to almost 1 across the pairs. With i/d_model "
+                "it stops near 1/2, so the slowest hand turns far too fast.", SINUSOIDAL,
+                sinusoidal_exponent_i_over_d),
+        Mistake("the column index doubled in the exponent", "the exponent is 2i/d_model where i is the pair "
+                "index, which is the same as j/d_model where j = 2i is the column of the sine. Writing "
+                "2j/d_model with the column j counts the 2 twice.", SINUSOIDAL, sinusoidal_column_index_doubled),
+        Mistake("sin and cos concatenated in halves instead of interleaved", "this exercise asks for the "
+                "interleaved layout of the paper: column 2i is the sine and column 2i+1 the cosine of the same "
+                "angle, not all the sines followed by all the cosines.", SINUSOIDAL, sinusoidal_halves),
+        Mistake("sin and cos swapped", "even columns hold the sine, odd columns the cosine, so that "
+                "PE[0] = [0, 1, 0, 1, ...].", SINUSOIDAL, sinusoidal_swapped),
+        Mistake("positions counted from 1", "the first position is 0, so the first row of the encoding is "
+                "[0, 1, 0, 1, ...].", SINUSOIDAL, sinusoidal_positions_from_one),
+        Mistake("position multiplied by base^(2i/d) instead of divided", "the angle is pos / base^(2i/d_model): "
+                "the frequencies go from 1 (fast) down to about 1/base (slow), never above 1.", SINUSOIDAL,
+                sinusoidal_multiplied),
+        Mistake("the base argument ignored", "use the base you are given instead of a fixed 10000.",
+                SINUSOIDAL, sinusoidal_base_ignored),
+    ],
+    "relative_shift_matrix": [
+        Mistake("M_k transposed (a rotation by -k)", "on a pair (sin a, cos a) the angle-addition formulas give "
+                "sin(a + b) = cos(b) sin(a) + sin(b) cos(a) and cos(a + b) = -sin(b) sin(a) + cos(b) cos(a), so "
+                "the block is [[cos b, sin b], [-sin b, cos b]]. The textbook rotation [[cos b, -sin b], "
+                "[sin b, cos b]] is meant for pairs (cos, sin); on (sin, cos) it moves the position back by k.",
+                SHIFT, shift_transposed),
+        Mistake("exponent i/d instead of 2i/d", "block i turns by k * base^(-2i/d_model), the angle that pair i "
+                "of the encoding advances in k steps.", SINUSOIDAL, shift_exponent_i_over_d),
+        Mistake("a shift of one position whatever k", "the angle of block i is k times the frequency of pair "
+                "i: shifting by k positions turns every hand k times as far as one step does.", SHIFT,
+                shift_by_one),
+        Mistake("blocks on pairs (i, i + d/2)", "the encoding is interleaved: the sine and the cosine of pair i "
+                "sit in columns 2i and 2i+1, so each 2x2 block sits on the diagonal at rows and columns "
+                "2i, 2i+1.", SHIFT, shift_halves),
+    ],
+    "apply_rope": [
+        Mistake("RoPE in the rotate-half convention", "this exercise rotates the adjacent pairs (2i, 2i+1). "
+                "Some codebases instead pair dimension i with dimension i + d/2 (rotate_half); both are valid "
+                "but they are different functions, and weights trained with one do not work with the other.",
+                ROPE, rope_rotate_half),
+        Mistake("rotation in the opposite direction", "the pair (x_2i, x_2i+1) becomes "
+                "(x_2i cos t - x_2i+1 sin t, x_2i sin t + x_2i+1 cos t): the complex number x_2i + i x_2i+1 "
+                "multiplied by e^(i t). Swapping the signs rotates by -t.", ROPE, rope_opposite_direction),
+        Mistake("exponent i/d instead of 2i/d", "pair i turns at the frequency base^(-2i/d), as in the "
+                "sinusoidal encoding.", ROPE, rope_exponent_i_over_d),
+        Mistake("positions argument ignored", "rotate row t by the angle positions[t] * frequency, not by its "
+                "index t: with a cache of earlier tokens, the rows of x are not at positions 0, 1, 2, ...",
+                ROPE, rope_positions_ignored),
+        Mistake("cos/sin tables of the rotate-half layout used with adjacent pairs", "the angle table "
+                "cat([angles, angles]) belongs to the rotate-half layout; with adjacent pairs the two members "
+                "of a pair must share one angle, so the table is angles.repeat_interleave(2, dim=-1).",
+                ROPE, rope_half_layout_tables),
+    ],
+}
+
+
+# --- hidden checks ----------------------------------------------------------------------------
+
+
+def _precision(fn, args, kwargs, want, what) -> None:
+    """Name the right formula computed at float32 accuracy before a value comparison hides it in a number."""
+    got = call_student(fn, *args, what=what, **kwargs)
+    assert_tensor(got, f"The result of {what}")
+    assert_dtype(got, want.dtype, f"The result of {what}")
+    if got.shape == want.shape and is_close(got, want, 0, 1e-2) and not is_close(got, want, 1e-9, 1e-10):
+        fail(f"{what} is close to the right answer but only to float32 accuracy (the largest error is "
+             f"{(got.double() - want.double()).abs().max().item():.3g}). When the inputs or the requested dtype "
+             "are float64, compute the frequencies and the angles in float64 too: a float32 tensor "
+             "(torch.arange(...).float(), or a float32 default) loses digits once the angles grow.")
+
+
+@hidden
+def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
+    """Against the reference in float64 for many shapes and bases; then float32, properties, errors."""
+    f64 = {"dtype": torch.float64}
+    _precision(sinusoidal_encoding, (200, 16), f64, _sinusoidal(200, 16, dtype=torch.float64),
+               "sinusoidal_encoding(200, 16, dtype=torch.float64)")
+    cases = [
+        Case((50, 16), f64, "the default base"),
+        Case((30, 8, 100.0), f64, "base = 100"),
+        Case((7, 2), f64, "a single pair"),
+        Case((1, 12), f64, "one position"),
+        Case((2048, 64), f64, "a long sequence"),
+        Case((20, 6, 3.0), f64, "base = 3"),
+        Case((0, 4), f64, "no positions at all"),
+    ]
+    verify(sinusoidal_encoding, cases, _sinusoidal, exercise="sinusoidal_encoding",
+           arg_names=("max_len", "d_model", "base"), outputs=None, mistakes=MISTAKES["sinusoidal_encoding"],
+           rtol=1e-9, atol=1e-10)
+    verify(sinusoidal_encoding, [Case((64, 32), label="the default dtype, float32")], _sinusoidal,
+           exercise="sinusoidal_encoding", arg_names=("max_len", "d_model"), outputs=None, rtol=1e-5, atol=5e-5)
+    pe = call_student(sinusoidal_encoding, 500, 128, dtype=torch.float64,
+                      what="sinusoidal_encoding(500, 128, dtype=torch.float64)")
+    if pe.abs().max() > 1 + 1e-12:
+        fail("Every entry of a sinusoidal encoding is a sine or a cosine, so it lies in [-1, 1]; "
+             f"yours reaches {pe.abs().max().item():.6g}.")
+    pair_norm = pe[:, 0::2] ** 2 + pe[:, 1::2] ** 2
+    assert_close(pair_norm, torch.ones_like(pair_norm), "sin^2 + cos^2 of every pair of sinusoidal_encoding",
+                 rtol=0, atol=1e-12, hint="Columns 2i and 2i+1 must be the sine and the cosine of the same angle.")
+    for d_model in (3, 1, 65):
+        expect_error(sinusoidal_encoding, 10, d_model, error=ValueError,
+                     what=f"sinusoidal_encoding(10, {d_model})", why=f"d_model = {d_model} is odd: "
+                     "sin/cos pairs need an even number of columns")
+    print("sinusoidal_encoding passes the hidden checks.")
+
+
+@hidden
+def check_relative_shift_matrix(relative_shift_matrix) -> None:
+    """Against the reference; then PE[pos + k] = M PE[pos] at every pos, orthogonality, composition."""
+    f64 = {"dtype": torch.float64}
+    cases = [
+        Case((3, 8), f64, "k = 3"),
+        Case((-5, 6, 100.0), f64, "a negative shift, base = 100"),
+        Case((2, 16), f64, "k = 2"),
+        Case((1, 4), f64, "k = 1"),
+        Case((0, 10), f64, "k = 0: the identity"),
+        Case((37, 2), f64, "a single pair"),
+        Case((-100, 32, 500.0), f64, "a large negative shift, base = 500"),
+    ]
+    _precision(relative_shift_matrix, (300, 16), f64, _shift_matrix(300, 16, dtype=torch.float64),
+               "relative_shift_matrix(300, 16, dtype=torch.float64)")
+    verify(relative_shift_matrix, cases, _shift_matrix, exercise="relative_shift_matrix",
+           arg_names=("k", "d_model", "base"), outputs=None, mistakes=MISTAKES["relative_shift_matrix"],
+           rtol=1e-9, atol=1e-10)
+    verify(relative_shift_matrix, [Case((7, 12), label="the default dtype, float32")], _shift_matrix,
+           exercise="relative_shift_matrix", arg_names=("k", "d_model"), outputs=None, rtol=1e-5, atol=1e-5)
+
+    length, d_model = 300, 24
+    pe = _sinusoidal(length, d_model, dtype=torch.float64)
+    eye = torch.eye(d_model, dtype=torch.float64)
+    for k in (1, 2, 7, 50, -1, -13, -120, 0):
+        what = f"relative_shift_matrix({k}, {d_model}, dtype=torch.float64)"
+        M = call_student(relative_shift_matrix, k, d_model, dtype=torch.float64, what=what)
+        assert_tensor(M, f"The result of {what}")
+        assert_shape(M, (d_model, d_model), f"The result of {what}")
+        lo, hi = max(0, -k), length - max(0, k)
+        shifted = pe[lo:hi] @ M.T  # row pos is M @ PE[pos]
+        assert_close(shifted, pe[lo + k:hi + k], f"M @ PE[pos] for every pos in [{lo}, {hi}) with M = {what}",
+                     rtol=1e-9, atol=1e-10, hint=f"Row r of this comparison is position {lo} + r; it should "
+                     f"be PE[pos + {k}].")
+        assert_close(M @ M.T, eye, f"M @ M.T for M = {what}", rtol=0, atol=1e-12,
+                     hint="A shift matrix is a rotation, so it is orthogonal: M @ M.T = I.")
+    a = call_student(relative_shift_matrix, 5, d_model, dtype=torch.float64, what="relative_shift_matrix(5, ...)")
+    b = call_student(relative_shift_matrix, -9, d_model, dtype=torch.float64, what="relative_shift_matrix(-9, ...)")
+    c = call_student(relative_shift_matrix, -4, d_model, dtype=torch.float64, what="relative_shift_matrix(-4, ...)")
+    assert_close(a @ b, c, "relative_shift_matrix(5) @ relative_shift_matrix(-9)", rtol=1e-9, atol=1e-10,
+                 hint="Shifting by -9 then by 5 is shifting by -4: M_5 M_-9 = M_-4.")
+    for d_model in (5, 1):
+        expect_error(relative_shift_matrix, 2, d_model, error=ValueError,
+                     what=f"relative_shift_matrix(2, {d_model})", why=f"d_model = {d_model} is odd")
+    print("relative_shift_matrix passes the hidden checks.")
+
+
+def _rope_cases(seed: int) -> list[Case]:
+    gen = generator(seed)
+    long_positions = torch.tensor([3, 10, 0, 1, 100, 2, 5])
+    return [
+        Case((randn(2, 3, 5, 8, gen=gen), torch.arange(5)), label="two batch dimensions"),
+        Case((randn(7, 6, gen=gen), long_positions), label="positions that are not 0, 1, 2, ..."),
+        Case((randn(4, 9, 16, gen=gen), torch.arange(100, 109)), {"base": 500.0}, "base = 500, positions from 100"),
+        Case((randn(3, 2, gen=gen), torch.tensor([0.5, 1.5, 2.25], dtype=torch.float64)),
+             label="a single pair, fractional positions"),
+        Case((randn(2, 1, 4, 32, gen=gen), torch.tensor([4000, 4001, 4002, 4003])), label="large positions"),
+        Case((randn(5, 1, 4, gen=gen), torch.tensor([7])), label="one token"),
+    ]
+
+
+@hidden
+def check_apply_rope(apply_rope) -> None:
+    """Against the complex-number formulation; norm kept; scores depend only on m - n; errors."""
+    gen = generator(600)
+    x, positions = randn(2, 6, 8, gen=gen), torch.arange(1000, 1006)
+    _precision(apply_rope, (x, positions), {}, _rope(x, positions), "apply_rope(x (2, 6, 8) float64, positions 1000..1005)")
+    verify(apply_rope, _rope_cases(601), _rope, exercise="apply_rope", arg_names=("x", "positions"),
+           outputs=None, mistakes=MISTAKES["apply_rope"], rtol=1e-9, atol=1e-10)
+    gen = generator(602)
+    x32 = randn(3, 10, 8, gen=gen, dtype=torch.float32)
+    verify(apply_rope, [Case((x32, torch.arange(10)), label="float32")], _rope, exercise="apply_rope",
+           arg_names=("x", "positions"), outputs=None, mistakes=MISTAKES["apply_rope"], rtol=1e-5, atol=1e-5)
+
+    x = randn(6, 50, 16, gen=gen)
+    positions = torch.randint(0, 10_000, (50,), generator=gen)
+    y = call_student(apply_rope, x, positions, what="apply_rope(x (6, 50, 16), positions)")
+    assert_close(y.norm(dim=-1), x.norm(dim=-1), "the norm of every rotated vector", rtol=1e-10, atol=1e-10,
+                 hint="A rotation keeps lengths: ||apply_rope(x)|| must equal ||x|| for every token.")
+
+    # Scores q_m . k_n for m, n in 0..T-1, then the same with every position moved by 1234:
+    # a Toeplitz matrix (constant along diagonals) that does not change.
+    T, d = 64, 16
+    q, k = randn(d, gen=gen), randn(d, gen=gen)
+    grid = torch.arange(T)
+    qs = call_student(apply_rope, q.expand(T, d).clone(), grid, what="apply_rope(q repeated, arange(64))")
+    ks = call_student(apply_rope, k.expand(T, d).clone(), grid, what="apply_rope(k repeated, arange(64))")
+    scores = qs @ ks.T
+    assert_close(scores[1:, 1:], scores[:-1, :-1], "the score (q at m) . (k at n) compared with m+1, n+1",
+                 rtol=1e-9, atol=1e-9, hint="With RoPE the score must depend on m - n only.")
+    qs2 = call_student(apply_rope, q.expand(T, d).clone(), grid + 1234, what="apply_rope(q, arange(64) + 1234)")
+    ks2 = call_student(apply_rope, k.expand(T, d).clone(), grid + 1234, what="apply_rope(k, arange(64) + 1234)")
+    assert_close(qs2 @ ks2.T, scores, "the scores with every position moved by 1234", rtol=1e-9, atol=1e-9,
+                 hint="Moving both the query and the key by the same amount must not change their score.")
+
+    expect_error(apply_rope, randn(2, 4, 5, gen=gen), torch.arange(4), error=ValueError,
+                 what="apply_rope(x (2, 4, 5), positions (4,))", why="the last dimension 5 is odd")
+    expect_error(apply_rope, randn(2, 4, 6, gen=gen), torch.arange(3), error=ValueError,
+                 what="apply_rope(x (2, 4, 6), positions (3,))", why="x has 4 tokens but positions has 3")
+    expect_error(apply_rope, randn(2, 4, 6, gen=gen), torch.arange(8).reshape(2, 4), error=ValueError,
+                 what="apply_rope(x (2, 4, 6), positions (2, 4))", why="positions must be 1-D, of length T")
+    print("apply_rope passes the hidden checks.")

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import argparse
 
-from .pipeline import release
+from .pipeline import grade, release
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the command."""
+    """Parse ``argv`` and run the command; the exit code is non-zero when something failed."""
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     rel = commands.add_parser("release", help="generate notebooks/ and solutions/ from source/")
     rel.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    auto = commands.add_parser("autograde", help="grade every submission in submitted/, in parallel")
+    auto.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    auto.add_argument("--workers", type=int, default=None, help="processes at once (default: number of cores)")
+    fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
+    fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    bundle = commands.add_parser("bundle", help="zip the student bundle")
+    bundle.add_argument("output", help="path of the zip to write")
     args = parser.parse_args(argv)
     if args.command == "release":
         release.release(args.assignments)
+    elif args.command == "autograde":
+        summary = grade.autograde(args.assignments, args.workers)
+        print(summary)
+        return 1 if summary.failed else 0
+    elif args.command == "feedback":
+        grade.feedback(args.assignments)
+    elif args.command == "bundle":
+        from .pipeline import bundle as bundle_module
+
+        print(bundle_module.write_bundle(args.output))
     return 0
 
 

@@ -1,0 +1,467 @@
+"""Hidden checks and mistake catalogue for notebook 03, causal and padding masks (instructor-only)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..checks.masking import (
+    INF,
+    assert_exact_zeros,
+    causal_reference,
+    masked_attention_reference,
+    padding_reference,
+)
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, randn
+from ..student import call_student, expect_error
+from ..verify import Case, verify
+from . import hidden
+
+BOOL_VS_ADDITIVE = "2. Boolean and additive masks"
+CAUSAL = "3. The causal mask"
+CORNER = "4. Queries and keys of different lengths: which corner?"
+PADDING = "5. Padding masks and broadcasting"
+NO_KEY = "7. Rows with no key to attend to"
+MASKED = "8. Masked attention"
+MHA_SECTION = "9. nn.MultiheadAttention says the opposite"
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ----------------------
+# Each is self-contained (torch, math, F, nn only): the end-to-end tests paste its source
+# into a notebook as a student's answer.
+
+
+def to_additive_mask_minus_1e9(mask, dtype):
+    return torch.where(mask, 0.0, -1e9).to(dtype)
+
+
+def to_additive_mask_finfo_min(mask, dtype):
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def to_additive_mask_inverted(mask, dtype):
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+
+
+def to_additive_mask_cast(mask, dtype):
+    return mask.to(dtype)
+
+
+def to_additive_mask_zero_times_inf(mask, dtype):
+    return (~mask).to(dtype) * float("-inf")
+
+
+def to_additive_mask_dtype_ignored(mask, dtype):
+    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+
+
+def causal_mask_float(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
+    offset = 0 if align == "top_left" else m - n
+    return torch.ones(n, m, device=device).tril(diagonal=offset)
+
+
+def causal_mask_no_diagonal(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
+    offset = 0 if align == "top_left" else m - n
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset - 1)
+
+
+def causal_mask_align_ignored(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril()
+
+
+def causal_mask_inverted(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
+    offset = 0 if align == "top_left" else m - n
+    return ~torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def causal_mask_future(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
+    offset = 0 if align == "top_left" else m - n
+    return torch.ones(n, m, dtype=torch.bool, device=device).triu(diagonal=offset)
+
+
+def causal_mask_offset_sign(n, m=None, *, align="top_left", device=None):
+    m = n if m is None else m
+    if align not in ("top_left", "bottom_right"):
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
+    offset = 0 if align == "top_left" else n - m
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def padding_mask_float(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return (torch.arange(max_len) < lengths[:, None]).float()
+
+
+def padding_mask_off_by_one(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(max_len) <= lengths[:, None]
+
+
+def padding_mask_one_short(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(max_len) < lengths[:, None] - 1
+
+
+def padding_mask_from_one(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(1, max_len + 1) < lengths[:, None]
+
+
+def padding_mask_inverted(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(max_len) >= lengths[:, None]
+
+
+def padding_mask_transposed(lengths, max_len):
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(max_len)[:, None] < lengths[None, :]
+
+
+def masked_attention_inverted(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_after_softmax(Q, K, V, mask=None):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0) if mask.dtype == torch.bool else weights * torch.exp(mask)
+    return weights @ V, weights
+
+
+def masked_attention_nan(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def masked_attention_minus_1e9(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9) if mask.dtype == torch.bool else scores + mask
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_finfo_min(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_float_as_bool(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask.bool(), float("-inf"))
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_only_inf(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_bool_added(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores + mask
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+def masked_attention_no_scaling(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
+    return weights @ V, weights
+
+
+INVERTED = (
+    "in this course, as in F.scaled_dot_product_attention, True means may attend. nn.MultiheadAttention uses the "
+    "opposite (True = masked out), and a mask written in that convention hides exactly the keys it should keep."
+)
+MINUS_1E9 = (
+    "a large finite negative number (-1e9, or torch.finfo(dtype).min) is not -inf: on a row where every key is "
+    "masked all scores become that same number, and the softmax spreads uniform weights over keys that should "
+    "get none. In float16 -1e9 does not even exist (it rounds to -inf, or masked_fill refuses it). Use "
+    "float('-inf') and handle rows with no allowed key yourself."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "to_additive_mask": [
+        Mistake("-1e9 instead of -inf", "a forbidden position must get -inf, so its weight is exactly 0 in every "
+                "dtype; -1e9 is a finite number in float32 and float64 (and silently -inf in float16).",
+                BOOL_VS_ADDITIVE, to_additive_mask_minus_1e9),
+        Mistake("torch.finfo(dtype).min instead of -inf", "the most negative finite number is still finite: a score "
+                "added to it can round back to it, and a row of them gets uniform weights. Use -inf.",
+                BOOL_VS_ADDITIVE, to_additive_mask_finfo_min),
+        Mistake("inverted boolean convention", INVERTED + " So True becomes 0 and False becomes -inf.",
+                MHA_SECTION, to_additive_mask_inverted),
+        Mistake("1 and 0 instead of 0 and -inf", "mask.to(dtype) gives 1.0 and 0.0; an additive mask must add 0 "
+                "to allowed scores and -inf to forbidden ones.", BOOL_VS_ADDITIVE, to_additive_mask_cast),
+        Mistake("NaN from 0 * -inf", "multiplying the mask by -inf gives 0 * -inf = NaN at every allowed "
+                "position. Fill the forbidden positions instead (masked_fill or torch.where).", BOOL_VS_ADDITIVE,
+                to_additive_mask_zero_times_inf),
+        Mistake("the dtype argument ignored", "the additive mask is added to the scores, so it must have the "
+                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, to_additive_mask_dtype_ignored),
+    ],
+    "causal_mask": [
+        Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor: a float mask is added "
+                "to the scores, so ones and zeros would shift scores instead of masking them.", BOOL_VS_ADDITIVE,
+                causal_mask_float),
+        Mistake("a causal mask that excludes the diagonal", "a token may attend to itself: query i sees keys "
+                "0..i, the diagonal included (otherwise the first query sees nothing).", CAUSAL,
+                causal_mask_no_diagonal),
+        Mistake("bottom-right alignment ignored", "with align='bottom_right' the diagonal ends in the bottom-right "
+                "corner: query i sees keys 0..i + (m - n), as when new queries are decoded against a KV cache. "
+                "The align argument must change the mask.", CORNER, causal_mask_align_ignored),
+        Mistake("inverted boolean convention", INVERTED + " A causal mask is True on the past and the present.",
+                MHA_SECTION, causal_mask_inverted),
+        Mistake("the future instead of the past", "query i may attend to keys j <= i (lower triangle), not j >= i "
+                "(upper triangle).", CAUSAL, causal_mask_future),
+        Mistake("the diagonal shifted the wrong way", "bottom-right alignment shifts the diagonal by m - n (to the "
+                "right when there are more keys than queries), not by n - m.", CORNER, causal_mask_offset_sign),
+    ],
+    "padding_mask": [
+        Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor (True = real token).",
+                PADDING, padding_mask_float),
+        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
+                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
+                padding_mask_off_by_one),
+        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
+                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
+                padding_mask_one_short),
+        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
+                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
+                padding_mask_from_one),
+        Mistake("inverted boolean convention", INVERTED + " A padding mask is True on real tokens.", MHA_SECTION,
+                padding_mask_inverted),
+        Mistake("the mask transposed", "the mask has one row per sequence: shape (B, max_len), not (max_len, B).",
+                PADDING, padding_mask_transposed),
+    ],
+    "masked_attention": [
+        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, masked_attention_inverted),
+        Mistake("mask applied after softmax", "the mask must change the scores before the softmax, so the "
+                "weights of the allowed keys are renormalised to sum to one; zeroing weights afterwards leaves "
+                "rows that sum to less than one.", BOOL_VS_ADDITIVE, masked_attention_after_softmax),
+        Mistake("NaN on rows with no allowed key", "when every key of a row is masked the row is all -inf and "
+                "softmax computes 0/0 = NaN. Detect those rows and give them zero weights and zero output.",
+                NO_KEY, masked_attention_nan),
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_minus_1e9),
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_finfo_min),
+        Mistake("a float mask treated as boolean", "a float mask is added to the scores (0 keeps a score, -inf "
+                "removes it, other values shift it); converting it with .bool() makes 0 False and -inf True, "
+                "the opposite of what it means.", BOOL_VS_ADDITIVE, masked_attention_float_as_bool),
+        Mistake("a float mask used only for its -inf entries", "a float mask is added to the scores: its finite "
+                "entries (biases such as ALiBi's) change the weights too.", BOOL_VS_ADDITIVE,
+                masked_attention_only_inf),
+        Mistake("a boolean mask added to the scores", "adding a bool mask adds 1 to allowed scores and 0 to the "
+                "others; a boolean mask must select (masked_fill with -inf where it is False).", BOOL_VS_ADDITIVE,
+                masked_attention_bool_added),
+        Mistake("no scaling", "the scores Q K^T are divided by sqrt(d_k) before the mask and the softmax, as in "
+                "notebook 01.", MASKED, masked_attention_no_scaling),
+    ],
+}
+
+
+# --- hidden checks ------------------------------------------------------------------------
+
+
+@hidden
+def check_to_additive_mask(to_additive_mask) -> None:
+    """Many shapes and every floating dtype; -inf in float16 and bfloat16 too."""
+    gen = generator(310)
+    cases = []
+    for shape, dtype in [((4, 6), torch.float32), ((2, 1, 3, 5), torch.float64), ((7,), torch.float16),
+                         ((3, 3), torch.bfloat16), ((2, 0, 4), torch.float32)]:
+        mask = torch.rand(shape, generator=gen) < 0.6
+        cases.append(Case((mask, dtype), label=f"{dtype}"))
+    cases.append(Case((torch.ones(2, 3, dtype=torch.bool), torch.float32), label="everything allowed"))
+    cases.append(Case((torch.zeros(2, 3, dtype=torch.bool), torch.float16), label="nothing allowed, float16"))
+    cases.sort(key=lambda case: case.args[1] in (torch.float16, torch.bfloat16))  # full precision first
+
+    def reference(mask, dtype):
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -INF)
+
+    verify(to_additive_mask, cases, reference, exercise="to_additive_mask", arg_names=("mask", "dtype"),
+           outputs=None, mistakes=MISTAKES["to_additive_mask"], rtol=0.0, atol=0.0)
+    expect_error(to_additive_mask, torch.zeros(2, 3), torch.float32, error=ValueError,
+                 what="to_additive_mask(a float32 mask, torch.float32)",
+                 why="the mask must be boolean (a float mask is already additive)")
+    print("to_additive_mask passes the hidden checks.")
+
+
+# n == m first, then n < m, then n > m: the simplest case that fails names the mistake.
+CAUSAL_SIZES = [(1, 1), (4, 4), (2, 2), (3, 7), (1, 6), (5, 8), (7, 3), (6, 1), (8, 5)]
+
+
+@hidden
+def check_causal_mask(causal_mask) -> None:
+    """n < m, n > m, n == m, both alignments; the mask itself against SDPA's and causal_lower_right's."""
+    cases = [Case((6,), label="m left out: m = n")]
+    cases += [Case((n, m), {"align": align}, label=f"n = {n}, m = {m}, {align}")
+              for n, m in CAUSAL_SIZES for align in ("top_left", "bottom_right")]
+    verify(causal_mask, cases, causal_reference, exercise="causal_mask", arg_names=("n", "m"), outputs=None,
+           mistakes=MISTAKES["causal_mask"], rtol=0.0, atol=0.0)
+    for bad in ("bottom-right", "lower_right", "top_right"):
+        expect_error(causal_mask, 3, 5, align=bad, error=ValueError, what=f"causal_mask(3, 5, align={bad!r})",
+                     why="align must be 'top_left' or 'bottom_right'")
+    on_meta = call_student(causal_mask, 3, 5, align="bottom_right", device="meta",
+                           what="causal_mask(3, 5, align='bottom_right', device='meta')")
+    if not isinstance(on_meta, torch.Tensor) or on_meta.device.type != "meta":
+        where = on_meta.device if isinstance(on_meta, torch.Tensor) else type(on_meta).__name__
+        fail(f"causal_mask(3, 5, device='meta') should return a tensor on the meta device, but it is on {where}. "
+             "Create the tensors with device=device.")
+    print("causal_mask passes the hidden checks.")
+
+
+@hidden
+def check_padding_mask(padding_mask) -> None:
+    """Random lengths including 0 and max_len, one sequence, a long batch; against pad_sequence."""
+    gen = generator(320)
+    cases = [
+        Case((torch.tensor([5, 2, 3]), 5), label="lengths 5, 2, 3"),
+        Case((torch.tensor([1]), 1), label="one sequence of one token"),
+        Case((torch.tensor([0, 0]), 3), label="two empty sequences"),
+        Case((torch.tensor([3, 3]), 6), label="every sequence shorter than max_len"),
+        Case((torch.randint(0, 13, (9,), generator=gen), 12 + 1), label="9 random lengths"),
+    ]
+    verify(padding_mask, cases, padding_reference, exercise="padding_mask", arg_names=("lengths", "max_len"),
+           outputs=None, mistakes=MISTAKES["padding_mask"], rtol=0.0, atol=0.0)
+    expect_error(padding_mask, torch.tensor([3, 8, 1]), 7, error=ValueError, what="padding_mask(tensor([3, 8, 1]), 7)",
+                 why="a length of 8 does not fit in max_len = 7")
+    expect_error(padding_mask, torch.tensor([3, -1]), 7, error=ValueError, what="padding_mask(tensor([3, -1]), 7)",
+                 why="a length cannot be negative")
+    expect_error(padding_mask, torch.tensor([[3, 1]]), 7, error=ValueError,
+                 what="padding_mask(lengths of shape (1, 2), 7)", why="lengths must have shape (B,)")
+    print("padding_mask passes the hidden checks.")
+
+
+def _padded_causal(lengths: list[int], n: int) -> torch.Tensor:
+    """(B, 1, n, n): causal and key padding on the left (pads first), as in batched generation."""
+    positions = torch.arange(n)
+    real = positions[None, :] >= (n - torch.tensor(lengths))[:, None]
+    return (real[:, None, :] & torch.ones(n, n, dtype=torch.bool).tril())[:, None]
+
+
+def _masked_cases(gen: torch.Generator) -> list[Case]:
+    def qkv(batch, n, m, d_k, d_v, dtype=torch.float64):
+        return (randn(*batch, n, d_k, gen=gen, dtype=dtype), randn(*batch, m, d_k, gen=gen, dtype=dtype),
+                randn(*batch, m, d_v, gen=gen, dtype=dtype))
+
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    lower_right = torch.ones(3, 6, dtype=torch.bool).tril(diagonal=3)
+    additive = torch.zeros(3, 6, dtype=torch.float64).masked_fill(~lower_right, -INF)
+    distance = (torch.arange(4)[:, None] - torch.arange(7)[None, :] - 3).abs().double()
+    alibi = torch.stack([-0.5 * distance, -0.25 * distance])  # (2 heads, 4, 7): finite biases
+    alibi = alibi.masked_fill(~torch.ones(4, 7, dtype=torch.bool).tril(diagonal=3), -INF)
+    key_padding = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4])
+    heads_padding = key_padding[:, None, None, :]
+    left = _padded_causal([6, 3], 6)
+    all_minus_inf = torch.zeros(4, 5, dtype=torch.float64)
+    all_minus_inf[1] = -INF
+    all_minus_inf[3, ::2] = -INF
+    return [
+        Case(qkv((2,), 5, 5, 8, 8), {"mask": causal}, "a boolean causal mask (5, 5)"),
+        Case(qkv((), 4, 5, 3, 2), label="no mask"),
+        Case(qkv((2,), 3, 6, 4, 5), {"mask": additive}, "a float 0/-inf mask (3, 6), n < m"),
+        Case(qkv((3,), 4, 6, 4, 4), {"mask": key_padding[:, None, :]}, "a (B, 1, m) key padding mask"),
+        Case(qkv((3, 2), 5, 6, 8, 3), {"mask": heads_padding}, "a (B, 1, 1, m) mask over 2 heads"),
+        Case(qkv((2, 3, 2), 5, 5, 4, 6), {"mask": causal}, "3 leading batch dimensions, a (5, 5) mask"),
+        Case(qkv((3, 2), 4, 7, 5, 5), {"mask": alibi}, "a float mask with finite biases (ALiBi) and -inf"),
+        Case(qkv((2, 1), 6, 6, 4, 3), {"mask": left},
+             "causal and left padding: rows 0, 1, 2 of batch 1 have no allowed key"),
+        Case(qkv((), 4, 5, 3, 3), {"mask": all_minus_inf}, "a float mask whose row 1 is all -inf"),
+        Case(qkv((2,), 5, 3, 4, 4), {"mask": torch.ones(5, 3, dtype=torch.bool).tril(diagonal=-2)},
+             "n > m bottom-right causal: rows 0 and 1 have no key"),
+    ]
+
+
+LOW_PRECISION = {torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+@hidden
+def check_masked_attention(masked_attention) -> None:
+    """Against SDPA with attn_mask (math backend, float64); exact zeros on rows with no key; half precision."""
+    cases = _masked_cases(generator(330))
+    verify(masked_attention, cases, masked_attention_reference, exercise="masked_attention",
+           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["masked_attention"],
+           rtol=1e-9, atol=1e-11)
+    for case in cases:
+        mask = case.kwargs.get("mask")
+        result = call_student(masked_attention, *case.args, **case.kwargs, what="masked_attention(...)",
+                              forbid=ATTENTION_BUILTINS)
+        assert_exact_zeros(result, mask, f"masked_attention with {case.label}")
+    for dtype, tol in LOW_PRECISION.items():
+        low = []
+        for case in (cases[0], cases[6], cases[7]):
+            mask = case.kwargs["mask"]
+            mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+            low.append(Case(tuple(t.to(dtype) for t in case.args), {"mask": mask}, f"{dtype} inputs, {case.label}"))
+        verify(masked_attention, low, masked_attention_reference, exercise="masked_attention",
+               arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["masked_attention"],
+               rtol=tol, atol=tol)
+        for case in low:
+            result = call_student(masked_attention, *case.args, **case.kwargs, what="masked_attention(...)",
+                                  forbid=ATTENTION_BUILTINS)
+            assert_exact_zeros(result, case.kwargs["mask"], f"masked_attention with {case.label}")
+    gen = generator(331)
+    expect_error(masked_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 4, gen=gen),
+                 mask=torch.ones(2, 5, dtype=torch.bool), error=ValueError,
+                 what="masked_attention(Q (2, 3, 4), K (2, 5, 4), V, mask (2, 5))",
+                 why="a (2, 5) key padding mask does not broadcast to the (2, 3, 5) scores: it needs shape (2, 1, 5)")
+    expect_error(masked_attention, randn(3, 4, gen=gen), randn(5, 6, gen=gen), randn(5, 4, gen=gen), error=ValueError,
+                 what="masked_attention(Q (3, 4), K (5, 6), V (5, 4))", why="Q and K have different d_k (4 and 6)")
+    print("masked_attention passes the hidden checks.")

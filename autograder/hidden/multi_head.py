@@ -1,0 +1,739 @@
+"""Hidden checks and mistake catalogue for notebook 05, multi-head attention (instructor-only)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..checks.multi_head import (
+    TorchMHA,
+    check_parameters,
+    gqa_reference,
+    merge_reference,
+    run_module,
+    split_reference,
+    torch_mha_reference,
+)
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, randn
+from ..student import call_student, expect_error
+from ..verify import Case, verify
+from . import hidden
+
+SPLIT = "2. Splitting d_model into heads"
+LOOP = "3. A loop over heads, or one batched matmul"
+OUTPUT = "4. The output projection"
+MODULE = "5. Multi-head attention as a module"
+GROUPS = "8. Fewer key/value heads: multi-query and grouped-query attention"
+
+
+# --- the mistake catalogue: each function (or class) makes exactly one mistake ---------------
+# Every one is self-contained (torch, math, F and nn only): the end-to-end test pastes its
+# source into a notebook as a student's answer.
+
+
+def split_heads_view(x, num_heads):
+    B, T, D = x.shape
+    if D % num_heads != 0:
+        raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads}")
+    return x.reshape(B, num_heads, T, D // num_heads)
+
+
+def split_heads_interleaved(x, num_heads):
+    B, T, D = x.shape
+    if D % num_heads != 0:
+        raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads}")
+    return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)
+
+
+def merge_heads_view(x):
+    B, h, T, d = x.shape
+    return x.reshape(B, T, h * d)
+
+
+def merge_heads_view_non_contiguous(x):
+    B, h, T, d = x.shape
+    return x.transpose(1, 2).view(B, T, h * d)
+
+
+def merge_heads_interleaved(x):
+    B, h, T, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, h * d)
+
+
+class MHASplitWithView(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, h, -1, d)
+        k = self.k_proj(key).reshape(B, h, -1, d)
+        v = self.v_proj(value).reshape(B, h, -1, d)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
+
+
+class MHAMergeWithView(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).reshape(B, -1, h * d)), weights
+
+
+class MHANoOutputProjection(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return (weights @ v).transpose(1, 2).reshape(B, -1, h * d), weights
+
+
+class MHAScaleByDModel(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
+
+
+class MHATorchMaskConvention(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # nn.MultiheadAttention's: True = masked
+            scores = scores.masked_fill(attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
+
+
+class MHAWeightsAveraged(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights.mean(dim=1)
+
+
+class MHAWeightsNotTransposed(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.W = nn.ParameterList([nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model)) for _ in range(4)])
+        self.b = nn.ParameterList([nn.Parameter(torch.zeros(d_model)) for _ in range(4)]) if bias else None
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            weights = list(mha.in_proj_weight.chunk(3)) + [mha.out_proj.weight]
+            for W, w in zip(module.W, weights, strict=True):
+                W.copy_(w)  # x @ W needs the transpose of nn.Linear's (out, in) weight
+            if bias:
+                for b, w in zip(module.b, list(mha.in_proj_bias.chunk(3)) + [mha.out_proj.bias], strict=True):
+                    b.copy_(w)
+        return module
+
+    def project(self, x, i):
+        return x @ self.W[i] + (self.b[i] if self.b is not None else 0)
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.project(query, 0).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.project(key, 1).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.project(value, 2).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.project((weights @ v).transpose(1, 2).reshape(B, -1, h * d), 3), weights
+
+
+class MHAParametersStayFloat32(nn.Module):
+    def __init__(self, d_model, num_heads, bias=True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    @classmethod
+    def from_torch(cls, mha):
+        bias = mha.in_proj_bias is not None
+        module = cls(mha.embed_dim, mha.num_heads, bias=bias)  # float32 parameters
+        with torch.no_grad():
+            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
+                if bias:
+                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if bias:
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
+        B, h, d = query.shape[0], self.num_heads, self.d_head
+        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
+        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
+        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
+
+
+def gqa_repeat(Q, K, V, mask=None):
+    r = Q.shape[1] // K.shape[1]
+    K, V = K.repeat(1, r, 1, 1), V.repeat(1, r, 1, 1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
+    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
+    return weights @ V, weights
+
+
+def gqa_scale_by_d_model(Q, K, V, mask=None):
+    r = Q.shape[1] // K.shape[1]
+    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[1] * Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
+    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
+    return weights @ V, weights
+
+
+def gqa_mask_inverted(Q, K, V, mask=None):
+    r = Q.shape[1] // K.shape[1]
+    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:  # True = masked, the opposite of this course's convention
+        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
+    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
+    return weights @ V, weights
+
+
+def gqa_nan_rows(Q, K, V, mask=None):
+    r = Q.shape[1] // K.shape[1]
+    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def gqa_large_negative(Q, K, V, mask=None):
+    r = Q.shape[1] // K.shape[1]
+    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+PLAIN_VIEW = (
+    "reshaping straight between (B, T, D) and (B, h, T, d) keeps the memory order, which is token by token: "
+    "the first 'head' then receives whole tokens (the first T/h of them, all their features) instead of the "
+    "first d features of every token, so heads mix tokens. Reshape to (B, T, h, d) and transpose axes 1 and 2 "
+    "(and the reverse to merge)."
+)
+INTERLEAVED = (
+    "head i must get the contiguous block of features i*d ... (i+1)*d - 1 of every token (the convention of "
+    "nn.MultiheadAttention and of the weights you copy), not every h-th feature. Reshape the last axis as "
+    "(h, d), heads first."
+)
+NON_CONTIGUOUS = (
+    "Tensor.view cannot reinterpret a tensor whose memory is not laid out in the right order (a transposed "
+    "tensor, for instance). Use Tensor.reshape, which copies only when it has to."
+)
+SCALE = (
+    "each head is scaled dot-product attention on vectors of d_head = d_model / h features, so its scores are "
+    "divided by sqrt(d_head). Dividing by sqrt(d_model) shrinks them by a further sqrt(h) and flattens every "
+    "head's softmax."
+)
+MASKS = (
+    "in this course a boolean mask means True = may attend (attn_mask) and True = real token "
+    "(key_padding_mask). nn.MultiheadAttention's boolean masks mean the opposite (True = masked): your module "
+    "must follow this course's convention, so positions where the mask is False get -inf."
+)
+REPEAT = (
+    "query head i must use key/value head i // (h / g): consecutive query heads share a key/value head. "
+    "K.repeat(1, h // g, 1, 1) tiles the whole group (heads 0, 1, ..., g-1, 0, 1, ...) and gives head i the "
+    "key/value head i % g. Use K.repeat_interleave(h // g, dim=1), which repeats each head in place."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "split_heads": [
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, split_heads_view),
+        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT, split_heads_interleaved),
+    ],
+    "merge_heads": [
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, merge_heads_view),
+        Mistake("view on a non-contiguous tensor", NON_CONTIGUOUS + " After transpose(1, 2) the heads are no "
+                "longer contiguous.", SPLIT, merge_heads_view_non_contiguous),
+        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, merge_heads_interleaved),
+    ],
+    "MultiHeadAttention": [
+        Mistake("a missing output projection", "after the heads are merged, multi-head attention multiplies by "
+                "W_O (and adds its bias): concat(head_1, ..., head_h) W_O. Without it every output feature comes "
+                "from one head only, and the weights of mha.out_proj are never used.", OUTPUT,
+                MHANoOutputProjection),
+        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP, MHAScaleByDModel),
+        Mistake("masks in nn.MultiheadAttention's convention (True = masked)", MASKS, MODULE,
+                MHATorchMaskConvention),
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, MHASplitWithView),
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, MHAMergeWithView),
+        Mistake("weights averaged over the heads", "the module returns the weights of every head, shape "
+                "(B, h, n, m). nn.MultiheadAttention averages them over the heads unless you pass "
+                "average_attn_weights=False; this exercise asks for them per head.", MODULE, MHAWeightsAveraged),
+        Mistake("nn.Linear weights used without their transpose", "nn.Linear (and nn.MultiheadAttention's "
+                "in_proj_weight and out_proj.weight) store W as (out_features, in_features) and compute "
+                "x @ W.T + b. If your module computes x @ W, copy W.T, or keep nn.Linear layers and copy W "
+                "as it is.", MODULE, MHAWeightsNotTransposed),
+        Mistake("parameters left in float32", "from_torch must give the module the dtype (and device) of "
+                "mha's weights, for example with .to(mha.in_proj_weight.dtype): copying float64 weights into "
+                "float32 parameters rounds them, and float64 inputs then meet float32 weights.", MODULE,
+                MHAParametersStayFloat32),
+    ],
+    "grouped_query_attention": [
+        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS, gqa_repeat),
+        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE + " Here d_head is Q.shape[-1].",
+                LOOP, gqa_scale_by_d_model),
+        Mistake("mask with the opposite convention (True = masked)", "in this course a boolean mask means "
+                "True = may attend, as in F.scaled_dot_product_attention: positions where the mask is False get "
+                "-inf.", GROUPS, gqa_mask_inverted),
+        Mistake("NaN for a query with no allowed key", "when every key of a query is masked, all its scores "
+                "are -inf and softmax computes 0 / 0 = NaN. Give such rows zero weights and a zero output, "
+                "as F.scaled_dot_product_attention does.", GROUPS, gqa_nan_rows),
+        Mistake("a large negative number instead of -inf", "with a large negative number a query with no "
+                "allowed key spreads its weight uniformly over keys it may not see. Use -inf, and give rows "
+                "with no allowed key zero weights and a zero output.", GROUPS, gqa_large_negative),
+    ],
+}
+
+
+# --- hidden checks ------------------------------------------------------------------------
+
+
+@hidden
+def check_split_heads(split_heads) -> None:
+    """Many shapes, h = 1 and h = D, float32, a non-contiguous x; ValueError for D % h and non-3-D x."""
+    gen = generator(501)
+    cases = [
+        Case((randn(2, 5, 12, gen=gen), 3), label="3 heads of 4 features"),
+        Case((randn(3, 4, 6, gen=gen), 1), label="one head"),
+        Case((randn(1, 3, 8, gen=gen), 8), label="8 heads of 1 feature"),
+        Case((randn(2, 7, 32, gen=gen, dtype=torch.float32), 4), label="float32"),
+        Case((randn(1, 1, 6, gen=gen), 2), label="one token"),
+        Case((randn(2, 12, 5, gen=gen).transpose(1, 2), 4), label="a non-contiguous x (a transposed tensor)"),
+    ]
+    verify(split_heads, cases, split_reference, exercise="split_heads", arg_names=("x", "num_heads"),
+           outputs=None, mistakes=MISTAKES["split_heads"], rtol=0, atol=0)
+    expect_error(split_heads, randn(1, 4, 12, gen=gen), 5, error=ValueError,
+                 what="split_heads(x (1, 4, 12), num_heads=5)", why="12 features cannot be split into 5 equal heads")
+    expect_error(split_heads, randn(4, 12, gen=gen), 3, error=ValueError,
+                 what="split_heads(x (4, 12), num_heads=3)", why="x must have shape (B, T, D)")
+    print("split_heads passes the hidden checks.")
+
+
+@hidden
+def check_merge_heads(merge_heads) -> None:
+    """Many shapes, contiguous and split inputs; merge(split(x)) == x exactly; ValueError for non-4-D x."""
+    gen = generator(502)
+    cases = [
+        Case((randn(2, 3, 5, 4, gen=gen),), label="3 heads of 4 features"),
+        Case((randn(3, 1, 4, 6, gen=gen),), label="one head"),
+        Case((randn(1, 8, 3, 1, gen=gen),), label="8 heads of 1 feature"),
+        Case((randn(2, 4, 7, 8, gen=gen, dtype=torch.float32),), label="float32"),
+        Case((split_reference(randn(2, 6, 12, gen=gen), 4),), label="the output of a split (not contiguous)"),
+    ]
+    verify(merge_heads, cases, merge_reference, exercise="merge_heads", arg_names=("x",), outputs=None,
+           mistakes=MISTAKES["merge_heads"], rtol=0, atol=0)
+    for B, T, D, h in [(2, 5, 12, 3), (1, 7, 16, 16), (3, 2, 10, 1)]:
+        x = randn(B, T, D, gen=gen)
+        merged = call_student(merge_heads, split_reference(x, h),
+                              what=f"merge_heads(split of x {(B, T, D)} into {h} heads)")
+        if not isinstance(merged, torch.Tensor) or merged.shape != x.shape or not torch.equal(merged, x):
+            fail(f"merge_heads should undo the split exactly: merging x {(B, T, D)} split into {h} heads does "
+                 "not give x back.")
+    expect_error(merge_heads, randn(2, 3, 4, gen=gen), error=ValueError, what="merge_heads(x (2, 3, 4))",
+                 why="x must have shape (B, h, T, d)")
+    print("merge_heads passes the hidden checks.")
+
+
+def _loop_reference(torch_mha, query, key, value, attn_mask=None, key_padding_mask=None):
+    """Multi-head attention head by head, from the weights of nn.MultiheadAttention, with plain matmuls."""
+    mha = torch_mha.mha
+    D, h = mha.embed_dim, mha.num_heads
+    d = D // h
+    W_q, W_k, W_v = mha.in_proj_weight.detach().chunk(3)
+    if mha.in_proj_bias is not None:
+        b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
+        b_o = mha.out_proj.bias.detach()
+    else:
+        b_q = b_k = b_v = b_o = torch.zeros(D, dtype=W_q.dtype)
+    Q, K, V = query @ W_q.T + b_q, key @ W_k.T + b_k, value @ W_v.T + b_v
+    heads, weights = [], []
+    for i in range(h):
+        cols = slice(i * d, (i + 1) * d)
+        scores = Q[..., cols] @ K[..., cols].transpose(-2, -1) / math.sqrt(d)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else scores + attn_mask
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, :], -math.inf)
+        w = torch.softmax(scores, dim=-1)
+        heads.append(w @ V[..., cols])
+        weights.append(w)
+    return torch.cat(heads, dim=-1) @ mha.out_proj.weight.detach().T + b_o, torch.stack(weights, dim=1)
+
+
+def _mask_without_empty_rows(n: int, m: int, gen: torch.Generator) -> torch.Tensor:
+    """A random bool (n, m) mask in which every row, and every row of its inverse, has a True."""
+    mask = torch.rand(n, m, generator=gen) < 0.5
+    rows = torch.arange(n)
+    mask[rows, rows % m] = True
+    mask[rows, (rows + 1) % m] = False
+    return mask
+
+
+def _padding(lengths: list[int], m: int) -> torch.Tensor:
+    return torch.arange(m)[None, :] < torch.tensor(lengths)[:, None]
+
+
+@hidden
+def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named after the class it checks
+    """Against nn.MultiheadAttention (float64, 1e-10) and a loop over heads; masks; float32; errors."""
+    # A catalogued mistake is a class: run it the way the student's class is run.
+    mistakes = [Mistake(m.name, m.explanation, m.section, run_module(m.fn)) for m in MISTAKES["MultiHeadAttention"]]
+    gen = generator(503)
+    x1, x2 = randn(2, 6, 12, gen=gen), randn(2, 5, 8, gen=gen)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    additive = torch.where(_mask_without_empty_rows(4, 7, gen), 0.0, -math.inf).double() + randn(4, 7, gen=gen)
+    cases = [
+        Case((TorchMHA(12, 3, seed=11), x1, x1, x1), label="self-attention, 3 heads"),
+        Case((TorchMHA(8, 2, bias=False, seed=12), randn(3, 4, 8, gen=gen), randn(3, 7, 8, gen=gen),
+              randn(3, 7, 8, gen=gen)), label="cross-attention, n = 4, m = 7, no bias"),
+        Case((TorchMHA(6, 1, seed=13), randn(2, 3, 6, gen=gen), *[randn(2, 5, 6, gen=gen)] * 2),
+             label="a single head"),
+        Case((TorchMHA(8, 8, seed=14), x2, x2, x2), label="8 heads of one feature"),
+        Case((TorchMHA(12, 4, seed=15), randn(2, 4, 12, gen=gen), randn(2, 7, 12, gen=gen),
+              randn(2, 7, 12, gen=gen)), {"attn_mask": _mask_without_empty_rows(4, 7, gen)},
+             label="cross-attention, bool attn_mask (n, m): True = may attend"),
+        Case((TorchMHA(8, 2, bias=False, seed=16), randn(3, 6, 8, gen=gen), *[randn(3, 6, 8, gen=gen)] * 2),
+             {"key_padding_mask": _padding([4, 5, 1], 6)},
+             label="key_padding_mask (B, m): True = real token"),
+        Case((TorchMHA(8, 4, seed=17), x2, x2, x2), {"attn_mask": causal, "key_padding_mask": _padding([5, 3], 5)},
+             label="self-attention, causal and padding masks together"),
+        Case((TorchMHA(12, 2, seed=18), randn(2, 4, 12, gen=gen), randn(2, 7, 12, gen=gen),
+              randn(2, 7, 12, gen=gen)), {"attn_mask": additive, "key_padding_mask": _padding([7, 5], 7)},
+             label="a float attn_mask, added to the scores, and a padding mask"),
+    ]
+    verify(run_module(MultiHeadAttention), cases, torch_mha_reference, exercise="MultiHeadAttention",
+           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, mistakes=mistakes,
+           rtol=1e-10, atol=1e-10)
+    loop_cases = [Case(cases[i].args, cases[i].kwargs, cases[i].label + "; compared with a loop over heads")
+                  for i in (1, 3, 6)]
+    verify(run_module(MultiHeadAttention), loop_cases, _loop_reference, exercise="MultiHeadAttention",
+           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS,
+           mistakes=mistakes, rtol=1e-10, atol=1e-10)
+    float32 = [Case((TorchMHA(12, 3, dtype=torch.float32, seed=19),
+                     *(randn(2, 5, 12, gen=gen, dtype=torch.float32) for _ in range(3))),
+                    {"key_padding_mask": _padding([5, 2], 5)}, label="float32 weights and inputs")]
+    verify(run_module(MultiHeadAttention), float32, torch_mha_reference, exercise="MultiHeadAttention",
+           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS,
+           mistakes=mistakes, rtol=1e-4, atol=1e-5)
+
+    for d_model, num_heads, bias in [(12, 3, True), (8, 8, False)]:
+        check_parameters(MultiHeadAttention, d_model, num_heads, bias)
+    torch_mha = TorchMHA(8, 2, seed=20)
+    module = call_student(MultiHeadAttention.from_torch, torch_mha.mha, what="MultiHeadAttention.from_torch(mha)")
+    if sum(p.numel() for p in module.parameters()) != sum(p.numel() for p in torch_mha.mha.parameters()):
+        fail("MultiHeadAttention.from_torch(mha) should return a module with as many parameters as mha "
+             f"({sum(p.numel() for p in torch_mha.mha.parameters())}); register the copied weights as parameters.")
+    x = randn(2, 3, 8, gen=gen)
+    output, _ = call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
+    call_student(lambda: output.sum().backward(), what="output.sum().backward() on your module's output")
+    no_grad = [name for name, p in module.named_parameters() if p.grad is None]
+    if no_grad:
+        fail(f"After output.sum().backward(), the parameters {no_grad} of your module have no gradient: the "
+             "output must be computed from the module's parameters, with autograd on.")
+
+    expect_error(MultiHeadAttention, 12, 5, error=ValueError, what="MultiHeadAttention(12, 5)",
+                 why="d_model = 12 cannot be split into 5 equal heads")
+    with torch.random.fork_rng(devices=[]):
+        seq_first = nn.MultiheadAttention(8, 2)
+        other_kdim = nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True)
+    expect_error(MultiHeadAttention.from_torch, seq_first, error=ValueError,
+                 what="MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2))",
+                 why="that module expects (T, B, D) inputs (batch_first=False)")
+    expect_error(MultiHeadAttention.from_torch, other_kdim, error=ValueError,
+                 what="MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True))",
+                 why="its keys and values have 4 features, not d_model = 8")
+    expect_error(module, x, randn(2, 4, 6, gen=gen), randn(2, 4, 6, gen=gen), error=ValueError,
+                 what="module(query (2, 3, 8), key (2, 4, 6), value (2, 4, 6)) with d_model = 8",
+                 why="key and value have 6 features, not d_model = 8")
+    expect_error(module, x, x, x, attn_mask=torch.ones(3, 4, dtype=torch.bool), error=ValueError,
+                 what="module(x, x, x, attn_mask of shape (3, 4)) with 3 queries and 3 keys",
+                 why="attn_mask must have shape (n, m) = (3, 3)")
+    expect_error(module, x, x, x, key_padding_mask=torch.ones(3, 3, dtype=torch.bool), error=ValueError,
+                 what="module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2",
+                 why="key_padding_mask must have shape (B, m) = (2, 3)")
+    print("MultiHeadAttention passes the hidden checks.")
+
+
+@hidden
+def check_grouped_query_attention(grouped_query_attention) -> None:
+    """Against SDPA with enable_gqa=True (math backend, float64): g = 1, g = h, in between; masks."""
+    gen = generator(504)
+
+    def qkv(B, h, g, n, m, d, d_v=None, dtype=torch.float64):
+        return (randn(B, h, n, d, gen=gen, dtype=dtype), randn(B, g, m, d, gen=gen, dtype=dtype),
+                randn(B, g, m, d if d_v is None else d_v, gen=gen, dtype=dtype))
+
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    additive = torch.where(_mask_without_empty_rows(4, 6, gen), 0.0, -math.inf).double() + randn(2, 8, 4, 6, gen=gen)
+    blocked = _mask_without_empty_rows(3, 5, gen)
+    blocked[0] = False
+    cases = [
+        Case(qkv(2, 8, 2, 4, 6, 4), label="8 query heads, 2 key/value heads (4 per group)"),
+        Case(qkv(1, 6, 3, 3, 5, 8, d_v=5), label="6 query heads, 3 key/value heads, d_v != d"),
+        Case(qkv(2, 4, 1, 5, 5, 4), label="multi-query attention (g = 1)"),
+        Case(qkv(2, 4, 4, 3, 7, 6), label="g = h: ordinary multi-head attention"),
+        Case(qkv(2, 8, 2, 4, 6, 8), {"mask": _mask_without_empty_rows(4, 6, gen)}, label="bool mask (n, m)"),
+        Case(qkv(3, 4, 2, 5, 5, 4), {"mask": causal}, label="causal mask"),
+        Case(qkv(3, 6, 2, 4, 6, 4), {"mask": _padding([6, 3, 1], 6)[:, None, None, :]},
+             label="padding mask (B, 1, 1, m)"),
+        Case(qkv(2, 8, 4, 4, 6, 4), {"mask": additive}, label="float mask (B, h, n, m), added to the scores"),
+        Case(qkv(1, 4, 2, 3, 5, 4), {"mask": blocked}, label="query 1 may attend to no key"),
+    ]
+    verify(grouped_query_attention, cases, gqa_reference, exercise="grouped_query_attention",
+           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"],
+           rtol=1e-10, atol=1e-12)
+    float32 = [Case(qkv(2, 8, 2, 5, 5, 8, dtype=torch.float32), {"mask": causal}, label="float32")]
+    verify(grouped_query_attention, float32, gqa_reference, exercise="grouped_query_attention",
+           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"],
+           rtol=1e-4, atol=1e-5)
+    for shapes, why in [
+        (((1, 6, 2, 4), (1, 4, 3, 4), (1, 4, 3, 4)), "6 query heads cannot be shared equally among 4 key/value heads"),
+        (((1, 4, 2, 4), (1, 2, 3, 4), (1, 1, 3, 4)), "K has 2 heads but V has 1"),
+        (((1, 4, 2, 4), (1, 2, 3, 5), (1, 2, 3, 4)), "Q and K have different d (4 and 5)"),
+        (((1, 4, 2, 4), (1, 2, 3, 4), (1, 2, 6, 4)), "K has 3 keys but V has 6 values"),
+        (((4, 2, 4), (2, 3, 4), (2, 3, 4)), "Q, K and V must be 4-D: (B, heads, T, d)"),
+    ]:
+        expect_error(grouped_query_attention, *(randn(*s, gen=gen) for s in shapes), error=ValueError,
+                     what=f"grouped_query_attention(Q {shapes[0]}, K {shapes[1]}, V {shapes[2]})", why=why)
+    print("grouped_query_attention passes the hidden checks.")

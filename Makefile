@@ -8,7 +8,6 @@ BIN := $(abspath $(VENV))/bin
 # nbgrader calls `jupyter` and `alembic` by name: the venv's bin leads PATH everywhere.
 export PATH := $(BIN):$(PATH)
 export PYTHONWARNINGS := ignore
-export MPLBACKEND := Agg
 STAMP := $(VENV)/.installed
 ASSIGNMENTS ?=
 WORKERS ?=

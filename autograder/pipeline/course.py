@@ -31,7 +31,6 @@ def tool_env() -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONWARNINGS", "ignore")
-    env.setdefault("MPLBACKEND", "Agg")
     return env
 
 

@@ -1,0 +1,76 @@
+"""The student bundle holds no solution code, no hidden test and no mistake catalogue."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import zipfile
+
+import pytest
+
+from autograder.pipeline.bundle import write_bundle
+from autograder.pipeline.course import assignments, module_name
+
+from .notebook_code import answer_cells
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    path = write_bundle(tmp_path_factory.mktemp("bundle") / "course.zip")
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name).decode() for name in archive.namelist()}
+
+
+def solution_regions(assignment):
+    """The stripped, non-empty lines of every solution region of the assignment."""
+    regions = []
+    for source in answer_cells(assignment).values():
+        inside = False
+        for line in source.splitlines():
+            if "### BEGIN SOLUTION" in line:
+                inside, region = True, []
+            elif "### END SOLUTION" in line:
+                inside = False
+                regions.append(region)
+            elif inside and line.strip():
+                region.append(line.strip())
+    return regions
+
+
+def flatten(bundle):
+    return "\n".join(ln.strip() for text in bundle.values() for ln in text.splitlines() if ln.strip())
+
+
+def test_bundle_has_the_notebooks_and_public_checks(bundle):
+    names = set(bundle)
+    for assignment in assignments():
+        assert f"attention-course/{assignment}.ipynb" in names
+        assert f"attention-course/autograder/checks/{module_name(assignment)}.py" in names
+    assert not any("/hidden/" in n or "/pipeline/" in n for n in names)
+
+
+@pytest.mark.parametrize("marker", ["BEGIN HIDDEN TESTS", "BEGIN SOLUTION", "autograder.hidden", "MISTAKES"])
+def test_no_hidden_marker(bundle, marker):
+    leaks = [name for name, text in bundle.items() if marker in text]
+    assert not leaks, f"{marker!r} found in {leaks}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_no_solution_code(bundle, assignment):
+    """No whole solution region, and no long (distinctive) solution line, is in the bundle."""
+    flat = flatten(bundle)
+    for region in solution_regions(assignment):
+        assert "\n".join(region) not in flat, f"a solution of {assignment} is in the bundle"
+        long_lines = [line for line in region if len(line) > 40 and not line.startswith(("#", "raise ValueError"))]
+        leaks = [line for line in long_lines if line in flat]
+        assert not leaks, f"solution lines of {assignment} found in the bundle: {leaks[:5]}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_no_mistake_code(bundle, assignment):
+    flat = flatten(bundle)
+    mistakes = importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
+    for catalogue in mistakes.values():
+        for mistake in catalogue:
+            body = "\n".join(ln.strip() for ln in inspect.getsource(mistake.fn).splitlines()[1:] if ln.strip())
+            assert body not in flat, f"the code of the mistake {mistake.name!r} is in the bundle"

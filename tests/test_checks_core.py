@@ -1,0 +1,95 @@
+"""The check helpers: messages that say what is wrong, where, and which mistake it is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.compare import assert_close, assert_dtype, assert_shape, is_close, max_error
+from autograder.diagnosis import Mistake, Outcome, diagnose
+from autograder.errors import CheckFailed
+from autograder.student import call_student, expect_error
+from autograder.verify import Case, verify
+
+
+def test_assert_close_reports_the_largest_error_and_where():
+    expected = torch.zeros(2, 3, dtype=torch.float64)
+    actual = expected.clone()
+    actual[1, 2] = 0.5
+    with pytest.raises(CheckFailed, match=r"largest error is 0.5 at index \[1, 2\], where you return 0.5 and the expected value is 0"):
+        assert_close(actual, expected, "The output")
+
+
+def test_assert_close_treats_nan_as_an_error_and_equal_infinities_as_equal():
+    assert max_error(torch.tensor([float("nan"), 1.0]), torch.tensor([0.0, 1.0]))[0] == float("inf")
+    assert max_error(torch.tensor([float("-inf")]), torch.tensor([float("-inf")])) == (0.0, (0,))
+    with pytest.raises(CheckFailed, match="largest error is inf"):
+        assert_close(torch.tensor([float("nan")]), torch.tensor([0.0]), "x")
+
+
+def test_shape_and_dtype_messages():
+    with pytest.raises(CheckFailed, match=r"should have shape \(2, 3\), but it has shape \(3, 2\)"):
+        assert_shape(torch.zeros(3, 2), (2, 3), "The weights")
+    with pytest.raises(CheckFailed, match="should have dtype torch.float64"):
+        assert_dtype(torch.zeros(1), torch.float64, "The output")
+
+
+def test_is_close_compares_tuples_and_shapes():
+    a = torch.ones(2)
+    assert is_close((a, a), (a, a.clone()), 0, 0)
+    assert not is_close((a,), (a, a), 0, 0)
+    assert not is_close(torch.ones(1, 2), a, 0, 0)
+
+
+def wrong_sign(x):
+    return -x
+
+
+def fails_like_this(x):
+    raise RuntimeError("size mismatch")
+
+
+def test_diagnose_finds_the_mistake_by_value_and_by_error():
+    mistakes = [Mistake("wrong sign", "...", "1. Intro", wrong_sign), Mistake("crash", "...", "2", fails_like_this)]
+    x = torch.arange(3.0)
+    assert diagnose(Outcome(value=-x), mistakes, (x,)).name == "wrong sign"
+    assert diagnose(Outcome(error=("RuntimeError", "size mismatch")), mistakes, (x,)).name == "crash"
+    assert diagnose(Outcome(value=x * 2), mistakes, (x,)) is None
+
+
+def test_verify_names_the_input_and_the_mistake():
+    mistakes = [Mistake("wrong sign", "the sign is flipped.", "1. Intro", wrong_sign)]
+    cases = [Case((torch.arange(3.0),), label="three numbers")]
+    with pytest.raises(CheckFailed) as info:
+        verify(wrong_sign, cases, lambda x: x, exercise="identity", arg_names=("x",), outputs=None, mistakes=mistakes)
+    message = str(info.value)
+    assert "With the input x = tensor([0.0, 1.0, 2.0]" in message and "(three numbers)" in message
+    assert "the mistake 'wrong sign'" in message and "Section '1. Intro'" in message
+
+
+def test_student_errors_become_messages_with_their_own_lines():
+    def broken(x):
+        return x @ torch.ones(5)
+
+    with pytest.raises(CheckFailed, match=r"(?s)f\(x\) raised RuntimeError.*In your code:.*return x @ torch.ones\(5\)"):
+        call_student(broken, torch.ones(3), what="f(x)")
+
+
+def test_unwritten_exercise_says_so():
+    def todo(x):
+        raise NotImplementedError()
+
+    with pytest.raises(CheckFailed, match="is not written yet"):
+        call_student(todo, 1, what="todo(x)")
+
+
+def test_expect_error():
+    def silent(x):
+        return x
+
+    def strict(x):
+        raise ValueError("bad shape")
+
+    assert isinstance(expect_error(strict, 1, error=ValueError, what="f", why="it is bad"), ValueError)
+    with pytest.raises(CheckFailed, match="should raise ValueError because it is bad, but it returned"):
+        expect_error(silent, 1, error=ValueError, what="f", why="it is bad")

@@ -1,0 +1,87 @@
+"""The guard forbids built-ins however they are reached, and only while the student's code runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder.errors import CheckFailed
+from autograder.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
+from autograder.student import call_student
+
+x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+
+
+def renamed_import(q):
+    from torch.nn.functional import scaled_dot_product_attention as f
+
+    return f(q, q, q)
+
+
+def aten_op(q):
+    return torch.ops.aten.scaled_dot_product_attention(q, q, q)
+
+
+def module_call(q):
+    mha = torch.nn.MultiheadAttention(4, 1, batch_first=True)
+    return mha(q, q, q)[0]
+
+
+def functional_mha(q):
+    return F.multi_head_attention_forward  # looked up, not called: allowed
+
+
+def swallowed(q):
+    try:
+        return F.scaled_dot_product_attention(q, q, q)
+    except Exception:
+        return q
+
+
+ATTENTION_CALLS = {
+    "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q),
+    "renamed import": renamed_import,
+    "torch.ops.aten": aten_op,
+    "nn.MultiheadAttention": module_call,
+    "caught and swallowed": swallowed,
+}
+
+SOFTMAX_CALLS = {
+    "torch.softmax": lambda t: torch.softmax(t, -1),
+    "Tensor.softmax": lambda t: t.softmax(-1),
+    "F.softmax": lambda t: F.softmax(t, dim=-1),
+    "torch.special.softmax": lambda t: torch.special.softmax(t, -1),
+    "torch.nn.Softmax": lambda t: torch.nn.Softmax(dim=-1)(t),
+    "Tensor.log_softmax": lambda t: t.log_softmax(-1),
+    "F.log_softmax": lambda t: F.log_softmax(t, dim=-1),
+    "torch.logsumexp": lambda t: torch.logsumexp(t, -1),
+    "Tensor.logsumexp": lambda t: t.logsumexp(-1),
+}
+
+
+@pytest.mark.parametrize("how", list(ATTENTION_CALLS))
+def test_attention_builtins_are_forbidden(how):
+    with pytest.raises(CheckFailed, match="which this exercise asks you to write yourself"):
+        call_student(ATTENTION_CALLS[how], x, what="my_attention(Q)", forbid=ATTENTION_BUILTINS)
+
+
+@pytest.mark.parametrize("how", list(SOFTMAX_CALLS))
+def test_softmax_builtins_are_forbidden(how):
+    with pytest.raises(CheckFailed, match="my_softmax called"):
+        call_student(SOFTMAX_CALLS[how], x, what="my_softmax(x)", forbid=SOFTMAX_BUILTINS)
+
+
+def test_allowed_operations_pass_and_the_guard_ends_with_the_call():
+    def by_hand(t):
+        e = torch.exp(t - t.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    out = call_student(by_hand, x, what="my_softmax(x)", forbid=SOFTMAX_BUILTINS)
+    torch.testing.assert_close(out, torch.softmax(x, -1))  # the referee works again outside
+    assert call_student(functional_mha, x, what="f(x)", forbid=ATTENTION_BUILTINS) is F.multi_head_attention_forward
+
+
+def test_softmax_is_allowed_where_not_forbidden():
+    out = call_student(lambda t: t.softmax(-1), x, what="f(x)", forbid=ATTENTION_BUILTINS)
+    torch.testing.assert_close(out, torch.softmax(x, -1))

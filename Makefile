@@ -28,8 +28,10 @@ setup: $(STAMP) ## create .venv and install everything (fast when already done)
 lab: setup ## open JupyterLab on notebooks/
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
-test: setup ## run every test: unit, drift, nbval, grading end to end
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/
+	$(BIN)/ruff check autograder tests bench
+	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -p no:xdist --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
 test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests

@@ -16,7 +16,8 @@ def test_assert_close_reports_the_largest_error_and_where():
     expected = torch.zeros(2, 3, dtype=torch.float64)
     actual = expected.clone()
     actual[1, 2] = 0.5
-    with pytest.raises(CheckFailed, match=r"largest error is 0.5 at index \[1, 2\], where you return 0.5 and the expected value is 0"):
+    expected_message = r"largest error is 0.5 at index \[1, 2\], where you return 0.5 and the expected value is 0"
+    with pytest.raises(CheckFailed, match=expected_message):
         assert_close(actual, expected, "The output")
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .diagnosis import Outcome
 from .errors import CheckFailed, fail

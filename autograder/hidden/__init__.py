@@ -10,7 +10,8 @@ check and expects the mistake's name in the message.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CheckFailed, fail, install_notebook_display
 

@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## create .venv and install everything (fast when already done)
 
 lab: setup ## open JupyterLab on notebooks/
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/
 	$(BIN)/ruff check autograder tests bench

@@ -1,0 +1,399 @@
+"""Visible checks for notebook 04, a softmax that never overflows.
+
+PyTorch is the referee: ``torch.softmax``, ``torch.logsumexp`` and ``F.log_softmax``,
+computed in float64 and rounded to the input's dtype. Inside the student's functions
+those built-ins are forbidden. A row whose entries are all -inf has no softmax; this
+course defines it as a row of zeros (log-softmax: a row of -inf, logsumexp: -inf).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..compare import is_close
+from ..diagnosis import run
+from ..errors import fail
+from ..guard import SOFTMAX_BUILTINS, Guard
+from ..inputs import generator, randn
+from ..student import attempt, call_student, expect_error
+from ..verify import Case, verify
+
+INF = math.inf
+
+# --- the referee --------------------------------------------------------------------------
+
+
+def _empty_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """True where the whole row along ``dim`` is -inf (kept as a size-1 dim)."""
+    return (x == -INF).all(dim=dim, keepdim=True)
+
+
+def softmax_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.softmax`` in float64, rows that are entirely -inf set to zeros, in ``x``'s dtype."""
+    x64 = x.detach().double()
+    p = torch.softmax(x64, dim=dim)
+    return torch.where(_empty_rows(x64, dim), 0.0, p).to(x.dtype)
+
+
+def logsumexp_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.logsumexp`` in float64 (-inf for rows that are entirely -inf), in ``x``'s dtype."""
+    return torch.logsumexp(x.detach().double(), dim=dim).to(x.dtype)
+
+
+def log_softmax_reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``F.log_softmax`` in float64, rows that are entirely -inf set to -inf, in ``x``'s dtype."""
+    x64 = x.detach().double()
+    p = torch.nn.functional.log_softmax(x64, dim=dim)
+    return torch.where(_empty_rows(x64, dim), -INF, p).to(x.dtype)
+
+
+def online_reference(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The softmax over the last dimension (``block_size`` changes nothing in the result)."""
+    return softmax_reference(x, -1)
+
+
+# --- tolerances per dtype -------------------------------------------------------------------
+
+#: (rtol, atol) for probabilities: a few units in the last place of each dtype.
+SOFTMAX_TOLERANCE = {
+    torch.float64: (1e-10, 1e-14),
+    torch.float32: (1e-5, 1e-8),
+    torch.float16: (1e-2, 1e-4),
+    torch.bfloat16: (5e-2, 1e-3),
+}
+
+
+def softmax_tolerance(x: torch.Tensor) -> tuple[float, float]:
+    """The (rtol, atol) a softmax of ``x`` is checked with."""
+    return SOFTMAX_TOLERANCE[x.dtype]
+
+
+def log_tolerance(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """(rtol, atol) for a log-sum-exp or a log-softmax of ``x``.
+
+    A log-sum-exp of entries near 1e4 is near 1e4 too, and a dtype holds it only to a
+    relative precision ``eps``: the error allowed is a few ``eps`` times the largest
+    finite magnitude among the inputs and the expected outputs.
+    """
+    finite = [t.detach().double()[torch.isfinite(t.detach().double())].abs() for t in (x, expected)]
+    scale = max([1.0] + [float(t.max()) for t in finite if t.numel()])
+    return 0.0, 8 * torch.finfo(x.dtype).eps * scale
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _wrong_on(mistakes: Sequence, case: Case, expected: torch.Tensor, rtol: float, atol: float) -> Iterator:
+    """The mistakes whose answer on ``case`` is wrong (a mistake that happens to be right names nothing)."""
+    for mistake in mistakes:
+        theirs = run(mistake.fn, tuple(_clone(a) for a in case.args), case.kwargs)
+        if theirs.error is not None or not is_close(theirs.value, expected, rtol, atol):
+            yield mistake
+
+
+def verify_each(
+    fn: Callable[..., Any],
+    cases: Sequence[Case],
+    reference: Callable[..., Any],
+    tolerance: Callable[[torch.Tensor, torch.Tensor], tuple[float, float]],
+    *,
+    exercise: str,
+    arg_names: Sequence[str],
+    mistakes: Sequence = (),
+) -> None:
+    """``verify`` case by case, each case with the tolerance of its dtype and scale.
+
+    Only the mistakes that are wrong on a case can be named for it, so an answer that is
+    merely imprecise is never told it made a mistake whose output happens to be right there.
+    """
+    for case in cases:
+        expected = reference(*case.args, **case.kwargs)
+        rtol, atol = tolerance(case.args[0], expected)
+        verify(fn, [case], reference, exercise=exercise, arg_names=arg_names, outputs=None,
+               forbid=SOFTMAX_BUILTINS, mistakes=_wrong_on(mistakes, case, expected, rtol, atol),
+               rtol=rtol, atol=atol)
+
+
+def softmax_tolerance_of(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """The tolerance function ``verify_each`` takes for probabilities."""
+    return softmax_tolerance(x)
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def with_minus_inf(x: torch.Tensor, gen: torch.Generator, fraction: float = 0.3) -> torch.Tensor:
+    """``x`` with about ``fraction`` of its entries set to -inf (every row keeps a finite entry)."""
+    drop = torch.rand(x.shape, generator=gen, dtype=torch.float64) < fraction
+    drop[..., 0] = False
+    return x.masked_fill(drop.to(x.device), -INF)
+
+
+# --- gradients and inputs left alone ------------------------------------------------------------
+
+
+def leaves_input_untouched(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **kwargs: Any) -> bool:
+    """True when ``fn(x)`` leaves ``x`` as it was (errors of ``fn`` are reported elsewhere)."""
+    before = x.clone()
+    try:  # called directly (not through ``attempt``, which may hand the function a copy)
+        with Guard(SOFTMAX_BUILTINS, exercise):
+            fn(x, **kwargs)
+    except Exception:  # noqa: BLE001 - errors and forbidden calls are reported by the other checks
+        pass
+    return bool(torch.equal(x, before))
+
+
+def input_changed_message(exercise: str) -> str:
+    """What a student reads when their function changed its input tensor."""
+    return (
+        f"{exercise} changed the tensor x it was given (an in-place operation such as x -= m, x.sub_(m) "
+        "or x[...] = ... on the input). The caller's scores must stay as they were: write the shifted "
+        "values to a new tensor (x - m)."
+    )
+
+
+def gradcheck_problem(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **kwargs: Any) -> str | None:
+    """None when ``torch.autograd.gradcheck`` accepts ``fn`` at ``x`` (float64), else what went wrong."""
+    x = x.detach().double().requires_grad_(True)
+
+    def run() -> bool:
+        return torch.autograd.gradcheck(lambda t: fn(t, **kwargs), (x,), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+    outcome, error = attempt(run, exercise=exercise, forbid=SOFTMAX_BUILTINS)
+    if error is None:
+        return None
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"torch.autograd.gradcheck rejects the gradient of {exercise} on a float64 input of shape "
+        f"{tuple(x.shape)} ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {first}\n"
+        "The gradient must flow from x to the result: no .item(), .numpy(), .detach() or torch.no_grad() on "
+        "that path (detaching only the shift is fine: the result does not depend on it), and no in-place "
+        "change of a tensor autograd still needs."
+    )
+
+
+# --- what online_softmax reduces over -------------------------------------------------------------
+
+#: Reductions whose size the streaming check records: "max" ones and "sum" ones.
+MAX_REDUCTIONS = frozenset({"max", "amax", "min", "amin", "aminmax", "argmax", "argmin", "cummax", "cummin",
+                            "sort", "topk", "kthvalue", "median", "nanmedian", "mode"})
+SUM_REDUCTIONS = frozenset({"sum", "nansum", "mean", "nanmean", "prod", "cumsum", "cumprod", "logcumsumexp",
+                            "logsumexp", "norm", "std", "var", "count_nonzero"})
+MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "vdot"})
+#: Contractions whose size is not read off their arguments (recorded as sums of unknown size).
+CONTRACTIONS = frozenset({"einsum", "tensordot"})
+
+
+@dataclass
+class Reduction:
+    """One reduction the student's code made: its kind ("max" or "sum"), name and size."""
+
+    kind: str
+    name: str
+    size: int | None
+
+
+def _size_of(t: torch.Tensor, dim: Any) -> int:
+    if t.dim() == 0:
+        return 1
+    if dim is None:
+        return t.numel()
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    return math.prod(int(t.shape[d]) for d in dims)
+
+
+def _reduction(name: str, args: tuple, kwargs: dict) -> Reduction | None:
+    if name in CONTRACTIONS:
+        return Reduction("sum", name, None)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name in MATMULS:
+        if len(tensors) < 2:
+            return None
+        a = tensors[0] if name != "__rmatmul__" else tensors[1]
+        return Reduction("sum", name, int(a.shape[-1]) if a.dim() else 1)
+    kind = "max" if name in MAX_REDUCTIONS else "sum" if name in SUM_REDUCTIONS else None
+    if kind is None:
+        return None
+    t = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+    if not isinstance(t, torch.Tensor):
+        return None
+    if name in ("topk", "kthvalue"):
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+    elif name == "norm":
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+    elif name in ("sort", "cummax", "cummin", "cumsum", "cumprod", "logcumsumexp"):
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
+    else:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if isinstance(dim, torch.Tensor):  # torch.max(a, b): an elementwise maximum, not a reduction
+        return None
+    if isinstance(dim, bool) or not (dim is None or isinstance(dim, (int, tuple, list))):
+        return None
+    return Reduction(kind, name, _size_of(t, dim))
+
+
+@dataclass
+class ReductionRecorder(TorchFunctionMode):
+    """A torch function mode that records every max-like and sum-like reduction, in order."""
+
+    reductions: list[Reduction] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            found = _reduction(getattr(func, "__name__", ""), tuple(args), kwargs)
+        except Exception:  # noqa: BLE001 - recording must never change what the student's code does
+            found = None
+        if found is not None:
+            self.reductions.append(found)
+        return func(*args, **kwargs)
+
+
+def record_reductions(online_softmax: Callable[..., Any], x: torch.Tensor, block_size: int) -> list[Reduction]:
+    """Run ``online_softmax(x, block_size)`` under the guard and return the reductions it made."""
+    recorder = ReductionRecorder()
+
+    def recorded(x, block_size):
+        with recorder:
+            return online_softmax(x, block_size)
+
+    call_student(recorded, x, block_size, what=f"online_softmax(x of shape {tuple(x.shape)}, {block_size})",
+                 forbid=SOFTMAX_BUILTINS)
+    return recorder.reductions
+
+
+def streaming_problem(reductions: Sequence[Reduction], length: int, block_size: int) -> tuple[str, str] | None:
+    """None when the reductions stream over blocks; else (what is wrong, which rule is broken).
+
+    The rule: every max or sum covers at most ``block_size`` entries of a row, and the
+    running max and running sum are updated together, block after block.
+    """
+    sized = [r for r in reductions if r.size is not None]
+    if sized:
+        largest = max(sized, key=lambda r: r.size)
+        if largest.size > block_size:
+            what = "the whole row" if largest.size >= length else "more than one block"
+            return (
+                f"online_softmax reduced {largest.size} entries at once ({largest.name}), {what}, but with "
+                f"block_size={block_size} and rows of {length} entries each max or sum may cover at most "
+                f"{block_size} entries of one row (reduce over the last dimension of one block).",
+                "whole row" if largest.size >= length else "block",
+            )
+    maxima = [i for i, r in enumerate(reductions) if r.kind == "max"]
+    sums = [i for i, r in enumerate(reductions) if r.kind == "sum"]
+    if len(maxima) >= 2 and sums and min(sums) > max(maxima):
+        return (
+            f"online_softmax took the max of every block ({len(maxima)} of them) before summing any block: "
+            "that is two passes over the row, one for the max and one for the sum. The online softmax reads "
+            "each block once and updates the running max and the rescaled running sum together.",
+            "two passes",
+        )
+    return None
+
+
+# --- the checks -----------------------------------------------------------------------------------
+
+
+def _softmax_cases() -> list[Case]:
+    gen = generator(40)
+    big = randn(3, 5, gen=gen) + torch.tensor([[1e4], [-1e4], [0.0]], dtype=torch.float64)
+    return [
+        Case((randn(2, 5, gen=gen),), label="ordinary entries"),
+        Case((big,), label="rows near 1e4, near -1e4 and near 0"),
+        Case((with_minus_inf(randn(3, 4, gen=gen), gen),), label="some entries are -inf"),
+        Case((torch.tensor([[0.0, 1.0, -INF], [-INF, -INF, -INF]], dtype=torch.float64),),
+             label="the second row is entirely -inf: expect zeros"),
+        Case((randn(4, 3, gen=gen),), {"dim": 0}, label="softmax over dim 0"),
+        Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
+        Case(((randn(2, 6, gen=gen) * 4).half(),), label="float16"),
+    ]
+
+
+def check_stable_softmax(stable_softmax) -> None:
+    """Against torch.softmax on large, -inf and batched inputs, dims, float32 and float16; gradcheck."""
+    verify_each(stable_softmax, _softmax_cases(), softmax_reference, softmax_tolerance_of,
+                exercise="stable_softmax", arg_names=("x",))
+    gen = generator(41)
+    if not leaves_input_untouched(stable_softmax, randn(3, 4, gen=gen), "stable_softmax"):
+        fail(input_changed_message("stable_softmax"))
+    problem = gradcheck_problem(stable_softmax, randn(3, 4, gen=gen), "stable_softmax", dim=-1)
+    if problem:
+        fail(problem)
+    expect_error(stable_softmax, randn(3, 4, gen=gen), dim=2, error=ValueError,
+                 what="stable_softmax(x of shape (3, 4), dim=2)", why="x has no dimension 2")
+    print("stable_softmax passes the visible checks.")
+
+
+def check_logsumexp(logsumexp) -> None:
+    """Against torch.logsumexp on large, -inf and batched inputs, dims and float32."""
+    gen = generator(42)
+    big = randn(3, 5, gen=gen) + torch.tensor([[1e4], [-1e4], [0.0]], dtype=torch.float64)
+    cases = [
+        Case((randn(2, 5, gen=gen),), label="ordinary entries"),
+        Case((big,), label="rows near 1e4, near -1e4 and near 0"),
+        Case((torch.tensor([[0.0, 1.0, -INF], [-INF, -INF, -INF]], dtype=torch.float64),),
+             label="the second row is entirely -inf: expect -inf"),
+        Case((randn(4, 3, gen=gen),), {"dim": 0}, label="over dim 0"),
+        Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
+    ]
+    verify_each(logsumexp, cases, logsumexp_reference, log_tolerance, exercise="logsumexp", arg_names=("x",))
+    expect_error(logsumexp, randn(3, 4, gen=gen), dim=-3, error=ValueError,
+                 what="logsumexp(x of shape (3, 4), dim=-3)", why="x has no dimension -3")
+    print("logsumexp passes the visible checks.")
+
+
+def check_log_softmax(log_softmax) -> None:
+    """Against F.log_softmax on large, far-apart, -inf and batched inputs, dims and float32; gradcheck."""
+    gen = generator(43)
+    big = randn(3, 5, gen=gen) + torch.tensor([[1e4], [-1e4], [0.0]], dtype=torch.float64)
+    cases = [
+        Case((randn(2, 5, gen=gen),), label="ordinary entries"),
+        Case((big,), label="rows near 1e4, near -1e4 and near 0"),
+        Case((torch.tensor([[0.0, -1000.0, 3.0]], dtype=torch.float64),),
+             label="an entry 1000 below the max: its softmax underflows to 0, its log-softmax is finite"),
+        Case((torch.tensor([[0.0, 1.0, -INF], [-INF, -INF, -INF]], dtype=torch.float64),),
+             label="the second row is entirely -inf: expect -inf"),
+        Case((randn(4, 3, gen=gen),), {"dim": 0}, label="over dim 0"),
+        Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
+    ]
+    verify_each(log_softmax, cases, log_softmax_reference, log_tolerance, exercise="log_softmax",
+                arg_names=("x",))
+    problem = gradcheck_problem(log_softmax, randn(3, 4, gen=gen), "log_softmax", dim=-1)
+    if problem:
+        fail(problem)
+    print("log_softmax passes the visible checks.")
+
+
+def check_online_softmax(online_softmax) -> None:
+    """Against torch.softmax for several block sizes; every max and sum covers at most one block."""
+    gen = generator(44)
+    x = randn(2, 10, gen=gen) * 3
+    cases = [Case((x, b), label=f"rows of 10, block_size {b}") for b in (1, 3, 5, 10, 16)]
+    masked = randn(2, 7, gen=gen)
+    masked[0, :4] = -INF
+    masked[1] = -INF
+    cases += [
+        Case((masked, 2), label="the first two blocks of row 0 are entirely -inf, row 1 is entirely -inf"),
+        Case(((randn(2, 3, 9, gen=gen) * 30).float(), 4), label="float32 with two leading batch dimensions"),
+        Case((torch.cat([torch.zeros(1), torch.full((300,), -8.0)]).half()[None], 1),
+             label="float16: one entry 0, then 300 entries -8 (a float16 running sum would stay at 1)"),
+    ]
+    verify_each(online_softmax, cases, online_reference, softmax_tolerance_of, exercise="online_softmax",
+                arg_names=("x", "block_size"))
+    problem = streaming_problem(record_reductions(online_softmax, x, 3), x.shape[-1], 3)
+    if problem:
+        fail(problem[0])
+    expect_error(online_softmax, x, 0, error=ValueError, what="online_softmax(x, block_size=0)",
+                 why="a block must hold at least one entry")
+    print("online_softmax passes the visible checks.")
+

@@ -1,0 +1,592 @@
+"""Hidden checks and mistake catalogue for notebook 04, numerical stability (instructor-only)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ..checks.numerical_stability import (
+    gradcheck_problem,
+    input_changed_message,
+    leaves_input_untouched,
+    log_softmax_reference,
+    log_tolerance,
+    logsumexp_reference,
+    online_reference,
+    record_reductions,
+    softmax_reference,
+    softmax_tolerance_of,
+    streaming_problem,
+    verify_each,
+    with_minus_inf,
+)
+from ..diagnosis import Mistake
+from ..errors import CheckFailed, fail
+from ..guard import SOFTMAX_BUILTINS
+from ..inputs import generator, randn
+from ..student import attempt, expect_error
+from ..verify import Case
+from . import hidden
+
+INF = math.inf
+
+OVERFLOW = "1. Where exp breaks: overflow and underflow"
+SHIFT = "2. Shifting the scores changes nothing"
+PER_ROW = "3. One shift per row"
+EMPTY_ROWS = "4. Rows with nothing to attend to"
+STABLE = "5. A softmax that never overflows"
+LSE = "6. Log-sum-exp"
+LOG_SOFTMAX = "7. Log-softmax"
+HALF = "8. Half precision"
+ONLINE = "9. Online softmax: one pass over blocks"
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
+# Apart from its one mistake each is a correct answer: per-row shift, rows entirely -inf handled.
+
+
+def stable_softmax_no_shift(x, dim=-1):
+    e = torch.exp(x)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def stable_softmax_global_max(x, dim=-1):
+    m = x.max()
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def stable_softmax_nan_on_empty_rows(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    e = torch.exp(x - m)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def stable_softmax_uniform_on_empty_rows(x, dim=-1):
+    x = torch.where(x == -math.inf, torch.finfo(x.dtype).min, x)
+    m = x.amax(dim=dim, keepdim=True)
+    e = torch.exp(x - m)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def stable_softmax_dim_ignored(x, dim=-1):
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def stable_softmax_max_without_keepdim(x, dim=-1):
+    m = x.amax(dim=dim)
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def stable_softmax_detached(x, dim=-1):
+    x = x.detach()
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def stable_softmax_builtin(x, dim=-1):
+    return torch.softmax(x, dim=dim)
+
+
+def stable_softmax_in_place(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    x -= m
+    e = torch.exp(x)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def logsumexp_no_shift(x, dim=-1):
+    return torch.log(torch.exp(x).sum(dim=dim))
+
+
+def logsumexp_max_not_added_back(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    return torch.log(torch.exp(x - m).sum(dim=dim))
+
+
+def logsumexp_global_max(x, dim=-1):
+    m = x.max()
+    m = torch.where(m == -math.inf, 0.0, m)
+    return m + torch.log(torch.exp(x - m).sum(dim=dim))
+
+
+def logsumexp_nan_on_empty_rows(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    return (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))).squeeze(dim)
+
+
+def logsumexp_dim_ignored(x, dim=-1):
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    return (m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))).squeeze(-1)
+
+
+def logsumexp_keepdim(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+
+
+def logsumexp_builtin(x, dim=-1):
+    return torch.logsumexp(x, dim=dim)
+
+
+def log_softmax_log_of_softmax(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return torch.log(e / torch.where(s == 0, 1.0, s))
+
+
+def log_softmax_no_shift(x, dim=-1):
+    lse = torch.log(torch.exp(x).sum(dim=dim, keepdim=True))
+    return torch.where(lse == -math.inf, -math.inf, x - lse)
+
+
+def log_softmax_max_not_added_back(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    lse = torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+    return torch.where(lse == -math.inf, -math.inf, x - lse)
+
+
+def log_softmax_without_keepdim(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    lse = (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))).squeeze(dim)
+    return torch.where(lse == -math.inf, -math.inf, x - lse)
+
+
+def log_softmax_nan_on_empty_rows(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    return x - (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True)))
+
+
+def log_softmax_dim_ignored(x, dim=-1):
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    lse = m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))
+    return torch.where(lse == -math.inf, -math.inf, x - lse)
+
+
+def log_softmax_builtin(x, dim=-1):
+    return F.log_softmax(x, dim=dim)
+
+
+def online_softmax_no_rescale(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)
+        s = s + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+
+
+def online_softmax_rescale_inverted(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)
+        s = s * torch.exp(shift - m) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+
+
+def online_softmax_last_block_dropped(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1] - block_size + 1, block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)
+        s = s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+
+
+def online_softmax_blocks_normalised_separately(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    pieces = []
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m = block.amax(dim=-1, keepdim=True)
+        m = torch.where(m == -math.inf, 0.0, m)
+        e = torch.exp(block - m)
+        s = e.sum(dim=-1, keepdim=True)
+        pieces.append(e / torch.where(s == 0, 1.0, s))
+    return torch.cat(pieces, dim=-1).to(x.dtype)
+
+
+def online_softmax_nan_on_empty_blocks(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        s = s * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+
+
+def online_softmax_half_precision_sum(x, block_size):
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)
+        s = s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return torch.exp(x - shift) / torch.where(s == 0, 1.0, s)
+
+
+def online_softmax_whole_row(x, block_size):
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    e = torch.exp(x - m)
+    s = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(s == 0, 1.0, s)
+
+
+def online_softmax_two_passes(x, block_size):
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        m = torch.maximum(m, x[..., start:start + block_size].to(acc).amax(dim=-1, keepdim=True))
+    shift = torch.where(m == -math.inf, 0.0, m)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1], block_size):
+        s = s + torch.exp(x[..., start:start + block_size].to(acc) - shift).sum(dim=-1, keepdim=True)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+
+
+def online_softmax_builtin(x, block_size):
+    return torch.softmax(x, dim=-1)
+
+
+NO_SHIFT = (
+    "exp of an entry above about 88.7 (float32; 11.1 in float16) is inf, and inf / inf is NaN; exp of entries all "
+    "far below 0 is 0, and 0 / 0 is NaN. Subtract each row's max first: softmax(x) = softmax(x - c) for any c."
+)
+GLOBAL_MAX = (
+    "the shift must be the max of each row (amax over dim with keepdim=True), not the max of the whole tensor: a "
+    "row whose entries are all far below the global max underflows to exp(...) = 0 everywhere."
+)
+DIM_IGNORED = (
+    "the dim argument must be used everywhere (max and sum over dim), not a hard-coded -1: with dim=0 the "
+    "reduction runs down the columns."
+)
+BUILTIN = "the exercise is to build it from exp, max, sum and log; PyTorch's built-in is only the referee."
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "stable_softmax": [
+        Mistake("no max shift", NO_SHIFT, SHIFT, stable_softmax_no_shift),
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, stable_softmax_global_max),
+        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
+                "-inf - (-inf) is NaN. Such a row (a query with nothing to attend to) must give zeros: shift it "
+                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, stable_softmax_nan_on_empty_rows),
+        Mistake("uniform weights on rows that are entirely -inf", "replacing -inf by a large negative number "
+                "(-1e9, torch.finfo(dtype).min) turns a row with nothing to attend to into a uniform row: it "
+                "attends to everything equally. Such a row must give zeros.", EMPTY_ROWS,
+                stable_softmax_uniform_on_empty_rows),
+        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, stable_softmax_dim_ignored),
+        Mistake("the max taken without keepdim", "x.amax(dim) drops the reduced dimension, so x - m lines the "
+                "maxima up with the wrong axis (or fails to broadcast). Keep it: x.amax(dim=dim, keepdim=True).",
+                STABLE, stable_softmax_max_without_keepdim),
+        Mistake("the result detached from autograd", "the gradient must flow from the result back to x: no "
+                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, stable_softmax_detached),
+        Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin),
+        Mistake("the input modified in place", "x -= m (or x.sub_(m), x[...] = ...) changes the caller's "
+                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, stable_softmax_in_place),
+    ],
+    "logsumexp": [
+        Mistake("no max shift", "log(sum(exp(x))) overflows to inf when an entry is above about 88.7 (float32) "
+                "and underflows to log(0) = -inf when all entries are far below 0. Use "
+                "m + log(sum(exp(x - m))) with m the row's max.", LSE, logsumexp_no_shift),
+        Mistake("the max not added back", "log(sum(exp(x - m))) is the log-sum-exp of x - m; the log-sum-exp "
+                "of x is m + log(sum(exp(x - m))).", LSE, logsumexp_max_not_added_back),
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, logsumexp_global_max),
+        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
+                "-inf - (-inf) is NaN; its log-sum-exp is log(0) = -inf, as torch.logsumexp says. Shift such a "
+                "row by 0 instead.", EMPTY_ROWS, logsumexp_nan_on_empty_rows),
+        Mistake("the dim argument ignored", DIM_IGNORED, LSE, logsumexp_dim_ignored),
+        Mistake("the reduced dimension kept", "logsumexp reduces dim away, like torch.logsumexp (keepdim=False): "
+                "x of shape (B, L) gives (B,).", LSE, logsumexp_keepdim),
+        Mistake("a built-in logsumexp", BUILTIN, LSE, logsumexp_builtin),
+    ],
+    "log_softmax": [
+        Mistake("no max shift", "log(sum(exp(x))) overflows to inf (or underflows to -inf), and every "
+                "log-probability becomes -inf or NaN. Subtract a stable log-sum-exp: m + log(sum(exp(x - m))).",
+                LSE, log_softmax_no_shift),
+        Mistake("the max not added back", "the log-sum-exp of x is m + log(sum(exp(x - m))); without the m the "
+                "log-probabilities are off by the row's max.", LSE, log_softmax_max_not_added_back),
+        Mistake("the log of the softmax", "log(softmax(x)) is -inf wherever the softmax underflows to 0 (an entry "
+                "more than about 745 below the row's max in float64, 104 in float32), although the log-softmax "
+                "there is a perfectly finite x - logsumexp(x). Compute x - logsumexp(x) directly.", LOG_SOFTMAX,
+                log_softmax_log_of_softmax),
+        Mistake("the log-sum-exp not kept as a column", "logsumexp(x, dim) has the dimension dim removed; put it "
+                "back (unsqueeze(dim)) before subtracting it from x, or x - lse subtracts along the wrong axis "
+                "(or fails to broadcast).", LOG_SOFTMAX, log_softmax_without_keepdim),
+        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has log-sum-exp -inf, "
+                "and -inf - (-inf) is NaN. Its softmax is a row of zeros, so its log-softmax is a row of -inf.",
+                LOG_SOFTMAX, log_softmax_nan_on_empty_rows),
+        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, log_softmax_dim_ignored),
+        Mistake("a built-in log_softmax", BUILTIN, LOG_SOFTMAX, log_softmax_builtin),
+    ],
+    "online_softmax": [
+        Mistake("the running sum not rescaled", "when a block raises the running max from m to m_new, the sum "
+                "so far was taken relative to m and must be multiplied by exp(m - m_new) before the new block's "
+                "terms are added: s_new = s * exp(m - m_new) + sum(exp(block - m_new)).", ONLINE,
+                online_softmax_no_rescale),
+        Mistake("the rescale factor inverted", "the old sum is multiplied by exp(m - m_new) <= 1 (its terms "
+                "shrink when the max grows), not by exp(m_new - m).", ONLINE, online_softmax_rescale_inverted),
+        Mistake("the last block dropped", "when the length is not a multiple of block_size the last block is "
+                "shorter, and it still counts: loop with range(0, L, block_size) and slice "
+                "x[..., start:start + block_size].", ONLINE, online_softmax_last_block_dropped),
+        Mistake("each block normalised on its own", "every entry is divided by the sum over the whole row, "
+                "rescaled to the final max, not by the sum of its own block.", ONLINE,
+                online_softmax_blocks_normalised_separately),
+        Mistake("NaN when a whole block is -inf", "while every entry seen so far is -inf the running max is "
+                "still -inf, and exp(m - m_new) = exp(-inf - (-inf)) is NaN. Shift by 0 while the running max is "
+                "-inf (the running sum is 0 then anyway).", ONLINE, online_softmax_nan_on_empty_blocks),
+        Mistake("the running sum kept in half precision", "a float16 sum stops growing once its terms fall "
+                "below half a unit in its last place (1 + 0.0003 is 1 in float16). Keep the running max and sum "
+                "in float32 for float16 and bfloat16 inputs, as the kernels do, and return x's dtype.", HALF,
+                online_softmax_half_precision_sum),
+        Mistake("the whole row reduced at once", "the online softmax never takes a max or a sum over more than "
+                "one block of a row: it keeps a running max and a running sum and updates them block by block.",
+                ONLINE, online_softmax_whole_row),
+        Mistake("two passes over the row", "a first pass for the max and a second for the sum reads the row "
+                "twice; the online softmax updates the max and the rescaled sum together, in one pass.", ONLINE,
+                online_softmax_two_passes),
+        Mistake("a built-in softmax", BUILTIN, ONLINE, online_softmax_builtin),
+    ],
+}
+
+#: Mistakes named by a check of their own rather than by their output.
+_BY_NAME = {(exercise, m.name): m for exercise, catalogue in MISTAKES.items() for m in catalogue}
+_BUILTIN_NAMES = {"a built-in softmax", "a built-in logsumexp", "a built-in log_softmax"}
+
+
+def _by_output(exercise: str) -> list[Mistake]:
+    """The mistakes a wrong output can be matched against (not those made only visible by the guard)."""
+    return [m for m in MISTAKES[exercise] if m.name not in _BUILTIN_NAMES]
+
+
+def _named(exercise: str, name: str, problem: str) -> None:
+    fail(f"{problem}\n{_BY_NAME[(exercise, name)].message()}")
+
+
+@contextlib.contextmanager
+def _builtins_named(exercise: str) -> Iterator[None]:
+    """Add the catalogue's explanation to the guard's message when a built-in was called."""
+    try:
+        yield
+    except CheckFailed as error:
+        text = str(error)
+        if "which this exercise asks you to write yourself" in text:
+            builtin = next(m for m in MISTAKES[exercise] if m.name in _BUILTIN_NAMES)
+            raise CheckFailed(f"{text}\n{builtin.message()}") from None
+        raise
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def _rows(gen: torch.Generator, offsets: list[float], length: int, spread: float = 3.0) -> torch.Tensor:
+    """One row per offset: ``offset + spread * N(0, 1)``."""
+    return randn(len(offsets), length, gen=gen) * spread + torch.tensor(offsets, dtype=torch.float64)[:, None]
+
+
+def _empty_row_case(gen: torch.Generator, shape: tuple[int, ...], empty: list) -> torch.Tensor:
+    """Random entries, some -inf, and the rows indexed by ``empty`` entirely -inf."""
+    x = with_minus_inf(randn(*shape, gen=gen) * 3, gen)
+    for index in empty:
+        x[index] = -INF
+    return x
+
+
+def _softmax_like_cases(seed: int) -> list[Case]:
+    """Cases for stable_softmax, logsumexp and log_softmax, in the order that names their mistakes."""
+    gen = generator(seed)
+    cases = [
+        Case((_rows(gen, [1e4, 1e4 + 5, 1e4 - 3], 6),), label="every entry near 1e4"),
+        Case((_rows(gen, [-1e4, -1e4 + 5, -1e4 - 3], 6),), label="every entry near -1e4"),
+        Case((torch.cat([_rows(gen, [0.0, 1e4, -1e4, 500.0], 6),
+                         randn(1, 6, gen=gen) * 1e-12]),),
+             label="rows on very different scales: near 0, 1e4, -1e4, 500, and within 1e-12 of 0"),
+        Case((torch.tensor([[0.0, -1000.0, 3.0, -750.0], [1e4, 0.0, -1e4, 9990.0]], dtype=torch.float64),),
+             label="entries more than 745 below their row's max (their exp underflows to 0)"),
+        Case((_empty_row_case(gen, (4, 5), [1]),), label="-inf entries, and row 1 entirely -inf"),
+        Case((randn(5, 3, gen=gen) * 3,), {"dim": 0}, label="dim=0"),
+        Case((_empty_row_case(gen, (2, 5, 3, 4), []).transpose(1, 2).contiguous(),), {"dim": 1},
+             label="dim=1 of a 4-d tensor, with -inf entries"),
+        Case((randn(2, 5, 3, 4, gen=gen) * 3,), {"dim": -2}, label="dim=-2"),
+        Case((_empty_row_case(gen, (2, 3, 4, 7), [(0, 1, 2), (1, 2, 0)]),),
+             label="two leading batch dimensions, some rows entirely -inf"),
+        Case((randn(6, gen=gen) * 3,), {"dim": 0}, label="a 1-d tensor"),
+        Case((randn(3, 1, gen=gen) * 3,), label="rows of one entry"),
+        Case((randn(3, 5, gen=gen) * 1e300,), label="entries up to about 1e300"),
+        Case((randn(3, 5, gen=gen) * 1e-300,), label="entries of about 1e-300"),
+        Case((_rows(gen, [1e4, -1e4, 0.0], 8).float(),), label="float32, rows near 1e4, -1e4 and 0"),
+        Case(((randn(3, 6, gen=gen) * 1e30).float(),), label="float32, entries up to about 1e30"),
+        Case((_empty_row_case(gen, (3, 6), [2]).float(),), {"dim": -1}, label="float32, a row entirely -inf"),
+        Case((_rows(gen, [0.0, 5.0, -5.0], 8).half(),), label="float16"),
+        Case((_rows(gen, [1e4, -1e4, 30.0], 8, spread=1.0).half(),),
+             label="float16, rows near 1e4, -1e4 and 30 (exp overflows in float16 above about 11.1)"),
+        Case((_empty_row_case(gen, (3, 6), [0]).half(),), label="float16, -inf entries, row 0 entirely -inf"),
+        Case((randn(4, 3, gen=gen).half() * 8,), {"dim": 0}, label="float16, dim=0"),
+        Case(((randn(3, 6, gen=gen) * 1e30).bfloat16(),), label="bfloat16, entries up to about 1e30"),
+        Case((_empty_row_case(gen, (3, 6), [1]).bfloat16(),), label="bfloat16, a row entirely -inf"),
+    ]
+    return cases
+
+
+def _bad_dims(fn, exercise: str, gen: torch.Generator) -> None:
+    for dim in (2, -3):
+        expect_error(fn, randn(3, 4, gen=gen), dim=dim, error=ValueError,
+                     what=f"{exercise}(x of shape (3, 4), dim={dim})", why=f"x has no dimension {dim}")
+
+
+# --- hidden checks -----------------------------------------------------------------------------------
+
+
+@hidden
+def check_stable_softmax(stable_softmax) -> None:
+    """Huge, tiny and -inf entries, every dim, four dtypes, against torch.softmax; gradcheck; no in-place."""
+    gen = generator(401)
+    with _builtins_named("stable_softmax"):
+        if not leaves_input_untouched(stable_softmax, randn(3, 5, gen=gen), "stable_softmax"):
+            _named("stable_softmax", "the input modified in place", input_changed_message("stable_softmax"))
+        verify_each(stable_softmax, _softmax_like_cases(402), softmax_reference, softmax_tolerance_of,
+                    exercise="stable_softmax", arg_names=("x",), mistakes=_by_output("stable_softmax"))
+        for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1),
+                       (randn(4, 3, gen=gen) * 3, 0)]:
+            problem = gradcheck_problem(stable_softmax, x, "stable_softmax", dim=dim)
+            if problem:
+                leaf = x.detach().clone().requires_grad_(True)
+                outcome, _ = attempt(stable_softmax, (leaf,), {"dim": dim}, exercise="stable_softmax",
+                                     forbid=SOFTMAX_BUILTINS)
+                if isinstance(outcome.value, torch.Tensor) and not outcome.value.requires_grad:
+                    _named("stable_softmax", "the result detached from autograd", problem)
+                fail(problem)
+        _bad_dims(stable_softmax, "stable_softmax", gen)
+    print("stable_softmax passes the hidden checks.")
+
+
+@hidden
+def check_logsumexp(logsumexp) -> None:
+    """Huge, tiny and -inf entries, every dim, four dtypes, against torch.logsumexp."""
+    gen = generator(403)
+    with _builtins_named("logsumexp"):
+        verify_each(logsumexp, _softmax_like_cases(404), logsumexp_reference, log_tolerance,
+                    exercise="logsumexp", arg_names=("x",), mistakes=_by_output("logsumexp"))
+        _bad_dims(logsumexp, "logsumexp", gen)
+    print("logsumexp passes the hidden checks.")
+
+
+@hidden
+def check_log_softmax(log_softmax) -> None:
+    """Huge, far-apart and -inf entries, every dim, four dtypes, against F.log_softmax; gradcheck."""
+    gen = generator(405)
+    with _builtins_named("log_softmax"):
+        if not leaves_input_untouched(log_softmax, randn(3, 5, gen=gen), "log_softmax"):
+            fail(input_changed_message("log_softmax"))
+        verify_each(log_softmax, _softmax_like_cases(406), log_softmax_reference, log_tolerance,
+                    exercise="log_softmax", arg_names=("x",), mistakes=_by_output("log_softmax"))
+        for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1)]:
+            problem = gradcheck_problem(log_softmax, x, "log_softmax", dim=dim)
+            if problem:
+                fail(problem)
+        _bad_dims(log_softmax, "log_softmax", gen)
+    print("log_softmax passes the hidden checks.")
+
+
+def _online_cases(seed: int) -> list[Case]:
+    gen = generator(seed)
+    rising = torch.linspace(-4, 4, 10, dtype=torch.float64) + randn(3, 10, gen=gen)
+    cases = [Case((rising, 3), label="rows of 10 whose max keeps rising, block_size 3")]
+    for length, block in [(10, 1), (10, 7), (10, 10), (10, 25), (12, 4), (12, 5), (1, 1), (1, 3), (17, 16)]:
+        cases.append(Case((randn(2, length, gen=gen) * 4, block), label=f"rows of {length}, block_size {block}"))
+    masked = randn(4, 11, gen=gen) * 3
+    masked[0, :6] = -INF
+    masked[1] = -INF
+    masked[2, 2:9] = -INF
+    masked[3, 9:] = -INF
+    cases += [
+        Case((masked, 3), label="row 0 starts with two blocks of -inf, row 1 is entirely -inf, "
+                                "rows 2 and 3 have -inf blocks later"),
+        Case((masked, 1), label="the same with block_size 1"),
+        Case((_rows(gen, [1e4, -1e4, 0.0], 9), 4), label="rows near 1e4, -1e4 and 0"),
+        Case((randn(2, 3, 13, gen=gen) * 5, 5), label="two leading batch dimensions"),
+        Case(((randn(2, 3, 13, gen=gen) * 30).float(), 6), label="float32"),
+        Case(((randn(3, 10, gen=gen) * 4).half(), 3), label="float16"),
+        Case(((randn(3, 10, gen=gen) * 4).bfloat16(), 4), label="bfloat16"),
+    ]
+    # One large term, then many small ones: a float16 (bfloat16) running sum never grows past 1.
+    small16 = torch.cat([torch.zeros(1), torch.full((300,), -8.0)]).half()[None]
+    small_bf = torch.cat([torch.zeros(1), torch.full((300,), -6.0)]).bfloat16()[None]
+    cases += [
+        Case((small16, 1), label="float16: one entry 0 then 300 entries -8, block_size 1"),
+        Case((small_bf, 1), label="bfloat16: one entry 0 then 300 entries -6, block_size 1"),
+    ]
+    return cases
+
+
+@hidden
+def check_online_softmax(online_softmax) -> None:
+    """Against torch.softmax for many block sizes, -inf blocks and dtypes; streams block by block."""
+    gen = generator(407)
+    exercise = "online_softmax"
+    with _builtins_named(exercise):
+        verify_each(online_softmax, _online_cases(408), online_reference, softmax_tolerance_of,
+                    exercise=exercise, arg_names=("x", "block_size"), mistakes=_by_output(exercise))
+        for shape, block in [((2, 3, 20), 3), ((4, 30), 7)]:
+            x = randn(*shape, gen=gen) * 3
+            problem = streaming_problem(record_reductions(online_softmax, x, block), shape[-1], block)
+            if problem:
+                text, rule = problem
+                if rule == "whole row":
+                    _named(exercise, "the whole row reduced at once", text)
+                if rule == "two passes":
+                    _named(exercise, "two passes over the row", text)
+                fail(text)
+        for block in (0, -2):
+            expect_error(online_softmax, randn(2, 5, gen=gen), block, error=ValueError,
+                         what=f"online_softmax(x, block_size={block})", why="a block must hold at least one entry")
+    print("online_softmax passes the hidden checks.")

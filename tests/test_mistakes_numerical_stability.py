@@ -1,0 +1,194 @@
+"""Notebook 04: the reference passes every check, every catalogued mistake is caught and named."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import numerical_stability as visible
+from autograder.checks.numerical_stability import (
+    ReductionRecorder,
+    record_reductions,
+    streaming_problem,
+)
+from autograder.errors import CheckFailed
+from autograder.hidden import numerical_stability as hidden
+from autograder.hidden.numerical_stability import MISTAKES
+
+from .notebook_code import solution_namespace, source_notebook
+
+ASSIGNMENT = "04_numerical_stability"
+EXERCISES = ["stable_softmax", "logsumexp", "log_softmax", "online_softmax"]
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return solution_namespace(ASSIGNMENT)
+
+
+def headings() -> set[str]:
+    found = set()
+    for cell in source_notebook(ASSIGNMENT).cells:
+        if cell.cell_type == "markdown":
+            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
+    return found
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
+    fn = getattr(solution, exercise)
+    getattr(visible, f"check_{exercise}")(fn)
+    getattr(hidden, f"check_{exercise}")(fn)
+    out = capsys.readouterr()
+    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
+    assert out.err == ""
+
+
+def test_catalogue_covers_every_exercise_and_section():
+    assert set(MISTAKES) == set(EXERCISES)
+    sections = headings()
+    for exercise, catalogue in MISTAKES.items():
+        for mistake in catalogue:
+            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
+            params = list(inspect.signature(mistake.fn).parameters)
+            expected = ["x", "block_size"] if exercise == "online_softmax" else ["x", "dim"]
+            assert params == expected, (mistake.name, params)
+
+
+REQUIRED = {
+    "stable_softmax": {"no max shift", "one global max instead of one per row", "NaN on rows that are entirely -inf",
+                       "a built-in softmax"},
+    "logsumexp": {"the max not added back"},
+    "online_softmax": {"the running sum not rescaled", "the last block dropped"},
+}
+
+
+def test_the_issue_mistakes_are_catalogued():
+    for exercise, names in REQUIRED.items():
+        assert names <= {m.name for m in MISTAKES[exercise]}, exercise
+
+
+CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
+
+
+def self_contained(fn):
+    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
+    namespace = {"torch": torch, "math": math, "F": F, "nn": torch.nn}
+    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=[f"{e}-{n}" for e, _, n in CASES])
+def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
+    mistake = MISTAKES[exercise][index]
+    with pytest.raises(CheckFailed) as failure:
+        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
+    message = str(failure.value)
+    assert f"'{name}'" in message, message
+    assert mistake.section in message
+
+
+@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=[f"{e}-{n}" for e, _, n in CASES])
+def test_mistake_fails_visible_check(exercise, index, name):
+    mistake = MISTAKES[exercise][index]
+    with pytest.raises(CheckFailed):
+        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn))
+
+
+def wrapper(call):
+    def fn(x, dim=-1):
+        return call(x, dim)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("shown", "call"),
+    [
+        ("torch.softmax", lambda x, d: torch.softmax(x, dim=d)),
+        ("torch.softmax", lambda x, d: F.softmax(x, dim=d)),
+        ("torch.softmax", lambda x, d: x.softmax(d)),
+        ("torch.softmax", lambda x, d: torch.special.softmax(x, d)),
+        ("torch.logsumexp", lambda x, d: torch.logsumexp(x, d).unsqueeze(d) * 0 + x),
+        ("torch.logsumexp", lambda x, d: x.logsumexp(d).unsqueeze(d) * 0 + x),
+        ("torch.nn.functional.log_softmax", lambda x, d: F.log_softmax(x, dim=d)),
+        ("torch.nn.functional.log_softmax", lambda x, d: x.log_softmax(d)),
+    ],
+)
+@pytest.mark.parametrize("exercise", ["stable_softmax", "log_softmax"])
+def test_guard_catches_builtins(shown, call, exercise):
+    with pytest.raises(CheckFailed) as failure:
+        getattr(hidden, f"check_{exercise}")(wrapper(call))
+    message = str(failure.value)
+    assert f"{exercise} called {shown}" in message, message
+    assert "a built-in" in message
+
+
+def test_guard_catches_builtins_in_logsumexp_and_online():
+    with pytest.raises(CheckFailed, match="logsumexp called torch.logsumexp"):
+        hidden.check_logsumexp(lambda x, dim=-1: torch.special.logsumexp(x, dim))
+    with pytest.raises(CheckFailed, match="online_softmax called torch.softmax"):
+        hidden.check_online_softmax(lambda x, block_size: F.softmax(x, -1))
+
+
+def test_recorder_sees_reductions():
+    x = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(0))
+    recorder = ReductionRecorder()
+    with recorder:
+        x[..., :3].amax(dim=-1, keepdim=True)
+        torch.max(x[..., :3], dim=-1)
+        torch.max(x, x)  # elementwise: not a reduction
+        torch.maximum(x, x)
+        x.sum()
+        x @ torch.ones(10)
+        x.exp().sum(-1)
+    assert [(r.kind, r.size) for r in recorder.reductions] == [
+        ("max", 3), ("max", 3), ("sum", 60), ("sum", 10), ("sum", 10)]
+
+
+def test_streaming_rules(solution):
+    x = torch.randn(2, 3, 20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert streaming_problem(record_reductions(solution.online_softmax, x, 3), 20, 3) is None
+    assert streaming_problem(record_reductions(solution.online_softmax, x, 25), 20, 25) is None
+
+    def parallel_blocks(x, block_size):  # all blocks reduced at once, then combined in a scan: allowed
+        length = x.shape[-1]
+        pad = (-length) % block_size
+        padded = F.pad(x, (0, pad), value=-math.inf).unflatten(-1, (-1, block_size))
+        bm = padded.amax(dim=-1)
+        bs = torch.exp(padded - bm.unsqueeze(-1)).sum(dim=-1)
+        m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)
+        s = torch.zeros(x.shape[:-1], dtype=x.dtype)
+        for k in range(bm.shape[-1]):
+            m_new = torch.maximum(m, bm[..., k])
+            s = s * torch.exp(m - m_new) + bs[..., k] * torch.exp(bm[..., k] - m_new)
+            m = m_new
+        return torch.exp(x - m.unsqueeze(-1)) / s.unsqueeze(-1)
+
+    assert streaming_problem(record_reductions(parallel_blocks, x, 3), 20, 3) is None
+    whole = hidden.online_softmax_whole_row
+    assert streaming_problem(record_reductions(whole, x, 3), 20, 3)[1] == "whole row"
+    two = hidden.online_softmax_two_passes
+    assert streaming_problem(record_reductions(two, x, 3), 20, 3)[1] == "two passes"
+
+
+def test_bad_shapes_raise_value_error(solution):
+    x = torch.zeros(3, 4)
+    for name in ["stable_softmax", "logsumexp", "log_softmax"]:
+        with pytest.raises(ValueError, match=r"\(3, 4\)"):
+            getattr(solution, name)(x, dim=2)
+    with pytest.raises(ValueError):
+        solution.online_softmax(x, 0)
+    with pytest.raises(ValueError):
+        solution.online_softmax(torch.tensor(1.0), 2)
+
+
+def test_half_precision_sum_really_stalls():
+    x = torch.cat([torch.zeros(1), torch.full((300,), -8.0)]).half()[None]
+    wrong = hidden.online_softmax_half_precision_sum(x, 1)
+    right = torch.softmax(x.double(), dim=-1)
+    assert abs(wrong[0, 0].item() - 1.0) < 1e-3 and right[0, 0].item() < 0.95

@@ -1,0 +1,1004 @@
+"""Hidden checks and mistake catalogue for notebook 02, why divide by sqrt(d_k) (instructor-only).
+
+Two of the exercises are random experiments (``empirical_score_variance`` and
+``saturation_curve``): their checks compare with theory, or with a table of the
+experiment's mean and spread, within a tolerance of several standard errors, so a
+correct answer that draws its random numbers in another order still passes. A wrong
+answer is diagnosed by running every catalogued mistake on the same input and naming
+the first one whose result agrees with the student's within that tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS
+from ..compare import describe
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..inputs import generator, randn
+from ..student import attempt, call_student, describe_error, expect_error
+from ..verify import Case, verify
+from . import hidden
+
+GROWTH = "1. Dot products grow with the dimension"
+MEAN_VARIANCE = "2. The mean and variance of a dot product"
+MEASURING = "3. Measuring the variance"
+SATURATION = "4. What large scores do to softmax"
+GRADIENT = "5. The gradient of softmax"
+MEASURING_SATURATION = "6. Measuring saturation"
+
+# --- references -----------------------------------------------------------------------
+
+
+def _softmax_jacobian(p):
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def _autograd_softmax_jacobian(logits):
+    """The Jacobian of softmax at ``logits`` (..., m), row by row, by automatic differentiation."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    blocks = [torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), row) for row in rows]
+    m = logits.shape[-1]
+    return torch.stack(blocks).reshape(*logits.shape[:-1], m, m)
+
+
+def _attention_entropy(weights):
+    return -torch.xlogy(weights, weights).sum(dim=-1)
+
+
+def _saturation_curve(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append(_attention_entropy(w).mean())
+        jacobian_norm.append(torch.linalg.matrix_norm(_softmax_jacobian(w)).mean())
+    return {
+        "max_weight": torch.stack(max_weight),
+        "entropy": torch.stack(entropy),
+        "jacobian_norm": torch.stack(jacobian_norm),
+    }
+
+
+def score_variance_standard_error(d_k: int, num_samples: int, scaled: bool) -> float:
+    """Standard error of the sample variance of ``num_samples`` scores q.k (notebook section 3).
+
+    X = q.k is a sum of d_k products Y_i = q_i k_i with E[Y^2] = 1 and E[Y^4] = 9, so
+    E[X^4] = 9 d + 3 d (d - 1) = 3 d^2 + 6 d and Var(X^2) = 2 d^2 + 6 d. The sample variance
+    of n scores has variance (mu_4 - sigma^4 (n - 3) / (n - 1)) / n, with mu_4 = E[X^4] and
+    sigma^4 = d^2; dividing the scores by sqrt(d) divides it by d^2.
+    """
+    d, n = float(d_k), float(num_samples)
+    var = (3 * d * d + 6 * d - d * d * (n - 3) / (n - 1)) / n
+    return math.sqrt(var) / (d if scaled else 1.0)
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ----------------------
+
+
+def esv_scaled_ignored(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    return scores.var().item()
+
+
+def esv_scaled_by_d_k(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / d_k
+    return scores.var().item()
+
+
+def esv_variance_divided_by_sqrt_d_k(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    variance = (q * k).sum(dim=-1).var().item()
+    if scaled:
+        variance = variance / math.sqrt(d_k)
+    return variance
+
+
+def esv_standard_deviation(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.std().item()
+
+
+def esv_products_not_summed(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    products = q * k
+    if scaled:
+        products = products / math.sqrt(d_k)
+    return products.var().item()
+
+
+def esv_same_vector(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * q).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.var().item()
+
+
+def esv_uniform(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.rand(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.rand(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.var().item()
+
+
+def esv_generator_ignored(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.var().item()
+
+
+def esv_own_seed(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    own = torch.Generator().manual_seed(0)
+    q = torch.randn(num_samples, d_k, generator=own, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=own, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.var().item()
+
+
+def jacobian_diag_only(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return torch.diag_embed(p)
+
+
+def jacobian_diagonal_terms_only(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return torch.diag_embed(p - p * p)
+
+
+def jacobian_wrong_sign(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return p.unsqueeze(-1) * p.unsqueeze(-2) - torch.diag_embed(p)
+
+
+def jacobian_no_diag(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return -p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def jacobian_identity_instead_of_diag(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+    return eye - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def jacobian_inner_product(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return torch.diag_embed(p) - p.unsqueeze(-2) @ p.unsqueeze(-1)
+
+
+def jacobian_one_dimensional(p):
+    if p.dim() == 0:
+        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
+    return torch.diag(p) - torch.outer(p, p)
+
+
+def entropy_nan_on_zeros(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    return -(weights * torch.log(weights)).sum(dim=-1)
+
+
+def entropy_bits(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log2(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return -terms.sum(dim=-1)
+
+
+def entropy_no_minus(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return terms.sum(dim=-1)
+
+
+def entropy_epsilon_in_log(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    return -(weights * torch.log(weights + 1e-12)).sum(dim=-1)
+
+
+def entropy_wrong_axis(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return -terms.sum(dim=0)
+
+
+def entropy_mean_not_sum(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return -terms.mean(dim=-1)
+
+
+def entropy_normalised(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return -terms.sum(dim=-1) / math.log(weights.shape[-1])
+
+
+def entropy_keepdim(weights):
+    if weights.dim() == 0:
+        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
+    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    return -terms.sum(dim=-1, keepdim=True)
+
+
+def saturation_scaled_ignored(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        w = torch.softmax(q @ k.T, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_scaled_by_d_k(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / d_k
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_softmax_over_queries(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=0)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_max_over_queries(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=0).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_entropy_bits(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1) / math.log(2)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_entropy_of_mean_row(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        mean_row = w.mean(dim=0)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append(-torch.xlogy(mean_row, mean_row).sum())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_jacobian_diag_only(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w)).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_one_norm_for_all_rows(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.norm(jac).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_spectral_norm(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
+        jacobian_norm.append(torch.linalg.matrix_norm(jac, ord=2).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+SCALED_IGNORED = (
+    "the argument `scaled` is ignored: when it is True the scores must be divided by sqrt(d_k) before their "
+    "variance is taken."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "empirical_score_variance": [
+        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, esv_scaled_ignored),
+        Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k leaves the scores a variance of "
+                "1/d_k; dividing by sqrt(d_k) brings it to 1 because Var(cX) = c^2 Var(X).", MEAN_VARIANCE,
+                esv_scaled_by_d_k),
+        Mistake("the variance divided by sqrt(d_k) instead of the scores", "scaling the scores by 1/sqrt(d_k) "
+                "multiplies their variance by 1/d_k (Var(cX) = c^2 Var(X)); dividing the variance itself by "
+                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, esv_variance_divided_by_sqrt_d_k),
+        Mistake("the standard deviation instead of the variance", "return the variance of the scores (.var()), "
+                "not their standard deviation (.std()), which is its square root.", MEASURING,
+                esv_standard_deviation),
+        Mistake("products not summed into dot products", "a score is the dot product q.k, the SUM over the d_k "
+                "components of q_i k_i; the variance of single products q_i k_i is 1 whatever d_k.", MEAN_VARIANCE,
+                esv_products_not_summed),
+        Mistake("the same vector used as query and key", "q and k must be drawn independently; q.q = |q|^2 "
+                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE, esv_same_vector),
+        Mistake("uniform instead of normal samples", "torch.rand draws from the uniform distribution on [0, 1) "
+                "(mean 1/2, variance 1/12); the queries and keys must be standard normal: torch.randn.",
+                MEASURING, esv_uniform),
+        Mistake("the generator ignored", "every random number must come from the `generator` argument "
+                "(torch.randn(..., generator=generator)), so that the same seed gives the same result.",
+                MEASURING, esv_generator_ignored),
+        Mistake("a fixed seed of your own instead of the generator", "draw from the `generator` argument; a "
+                "generator of your own with a fixed seed gives the same numbers whatever seed the caller chose.",
+                MEASURING, esv_own_seed),
+    ],
+    "softmax_jacobian": [
+        Mistake("the off-diagonal terms missing (diag(p) only)", "d p_i / d s_j = p_i (delta_ij - p_j): the "
+                "Jacobian is diag(p) - p p^T, and the outer product p p^T fills every entry, not only the "
+                "diagonal.", GRADIENT, jacobian_diag_only),
+        Mistake("the off-diagonal terms missing (diag(p - p^2) only)", "the diagonal p_i - p_i^2 is right, but "
+                "d p_i / d s_j = -p_i p_j is not zero for i != j: the Jacobian is the full matrix "
+                "diag(p) - p p^T.", GRADIENT, jacobian_diagonal_terms_only),
+        Mistake("the Jacobian with the wrong sign", "raising a score raises its own weight: the diagonal "
+                "p_i (1 - p_i) is positive, so the Jacobian is diag(p) - p p^T, not p p^T - diag(p).", GRADIENT,
+                jacobian_wrong_sign),
+        Mistake("the diagonal term diag(p) missing", "the quotient rule gives two terms: "
+                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT, jacobian_no_diag),
+        Mistake("the identity instead of diag(p)", "the first term of d p_i / d s_j = p_i delta_ij - p_i p_j is "
+                "p_i delta_ij, the matrix diag(p) (torch.diag_embed(p)), not the identity.", GRADIENT,
+                jacobian_identity_instead_of_diag),
+        Mistake("an inner product instead of the outer product p p^T", "p p^T is the (m, m) outer product, "
+                "p.unsqueeze(-1) * p.unsqueeze(-2); p^T p (the sum of p_i^2) is a single number.", GRADIENT,
+                jacobian_inner_product),
+        Mistake("torch.diag and torch.outer, which only work for one row", "for p of shape (..., m) with batch "
+                "dimensions, torch.diag returns a diagonal instead of building a matrix and torch.outer fails; "
+                "use torch.diag_embed(p) and p.unsqueeze(-1) * p.unsqueeze(-2).", GRADIENT,
+                jacobian_one_dimensional),
+    ],
+    "attention_entropy": [
+        Mistake("NaN on rows with zeros (0 * log 0)", "in floating point log(0) = -inf and 0 * -inf = NaN, but "
+                "the entropy uses the convention 0 log 0 = 0 (the limit of x log x as x -> 0): leave the zero "
+                "entries out of the sum, for example with torch.where on p > 0.", SATURATION,
+                entropy_nan_on_zeros),
+        Mistake("entropy in bits instead of nats", "the entropy here is in nats: use the natural logarithm "
+                "(torch.log), not log2. An entropy in bits is larger by a factor 1/ln 2.", SATURATION,
+                entropy_bits),
+        Mistake("the minus sign forgotten", "H(p) = -sum_i p_i log p_i; each log p_i is <= 0, so without the "
+                "minus sign the result is negative.", SATURATION, entropy_no_minus),
+        Mistake("an epsilon added inside the log", "log(p + eps) makes a one-hot row's entropy -eps instead "
+                "of exactly 0, and biases every other row; skip the zero entries instead.", SATURATION,
+                entropy_epsilon_in_log),
+        Mistake("the sum over the wrong axis", "each row is one distribution over the keys: sum over the "
+                "last axis (dim=-1).", SATURATION, entropy_wrong_axis),
+        Mistake("a mean instead of a sum over the keys", "H(p) = -sum_i p_i log p_i is a sum over the m "
+                "entries of the row, not a mean.", SATURATION, entropy_mean_not_sum),
+        Mistake("the entropy divided by log m", "return the entropy itself, in nats; dividing by its "
+                "maximum log m gives the normalised entropy, which is another quantity.", SATURATION,
+                entropy_normalised),
+        Mistake("keepdim=True", "the result has shape (...): one number per row, without a trailing axis "
+                "of size 1.", SATURATION, entropy_keepdim),
+    ],
+    "saturation_curve": [
+        Mistake("`scaled` ignored", "when `scaled` is True the scores Q K^T must be divided by sqrt(d_k) "
+                "before the softmax.", MEASURING_SATURATION, saturation_scaled_ignored),
+        Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k shrinks the scores to variance "
+                "1/d_k and the weights become nearly uniform; sqrt(d_k) restores variance 1.", MEAN_VARIANCE,
+                saturation_scaled_by_d_k),
+        Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
+                "the last axis (dim=-1) of the (num_queries, num_keys) scores.", MEASURING_SATURATION,
+                saturation_softmax_over_queries),
+        Mistake("the largest weight taken over the queries", "the max weight of a row is the largest of its "
+                "num_keys weights: w.max(dim=-1), then the mean over the rows.", MEASURING_SATURATION,
+                saturation_max_over_queries),
+        Mistake("entropy in bits instead of nats", "the entropy is in nats (natural logarithm), as "
+                "attention_entropy returns it.", SATURATION, saturation_entropy_bits),
+        Mistake("the entropy of the average row", "take the entropy of each row, then the mean of those "
+                "entropies; the average row is much flatter than a typical row.", MEASURING_SATURATION,
+                saturation_entropy_of_mean_row),
+        Mistake("the Jacobian without its off-diagonal terms", "the Jacobian of softmax is "
+                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT, saturation_jacobian_diag_only),
+        Mistake("one norm for all rows together", "torch.linalg.norm of a (rows, m, m) tensor is one norm of "
+                "everything; take the Frobenius norm of each row's (m, m) Jacobian "
+                "(torch.linalg.matrix_norm) and then the mean over the rows.", MEASURING_SATURATION,
+                saturation_one_norm_for_all_rows),
+        Mistake("the spectral norm instead of the Frobenius norm", "the Jacobian norm asked for is the "
+                "Frobenius norm, the square root of the sum of the squared entries (torch.linalg.matrix_norm's "
+                "default), not the largest singular value.", MEASURING_SATURATION, saturation_spectral_norm),
+    ],
+}
+
+
+def _mistake(exercise: str, name: str) -> Mistake:
+    return next(m for m in MISTAKES[exercise] if m.name == name)
+
+
+# --- diagnosis of random experiments ---------------------------------------------------------
+
+
+def _diagnose_random(
+    exercise: str,
+    make_args: Callable[[], tuple],
+    agrees: Callable[[Any], bool],
+) -> Mistake | None:
+    """The first catalogued mistake whose result on fresh ``make_args()`` satisfies ``agrees``."""
+    for mistake in MISTAKES[exercise]:
+        try:
+            value = mistake.fn(*make_args())
+        except Exception:  # noqa: BLE001 - a mistake that fails here simply does not match
+            continue
+        try:
+            if agrees(value):
+                return mistake
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def _fail_named(message: str, mistake: Mistake | None) -> None:
+    if mistake is not None:
+        message += "\n" + mistake.message()
+    fail(message)
+
+
+# --- empirical_score_variance ---------------------------------------------------------------
+
+
+def _as_number(value: Any, what: str) -> float:
+    """A real number from a Python number or a one-element tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value.detach())
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    fail(f"{what} should return a number (a Python float), but it returned {describe(value)}.")
+
+
+def _esv_pair(fn, d_k: int, num_samples: int, seed: int, *, student: bool) -> tuple[float, float]:
+    """(unscaled, scaled) variances, each from a fresh generator seeded with ``seed``."""
+    values = []
+    for scaled in (False, True):
+        args = (d_k, num_samples, scaled, generator(seed))
+        what = f"empirical_score_variance(d_k={d_k}, num_samples={num_samples}, scaled={scaled}, generator)"
+        if student:
+            values.append(_as_number(call_student(fn, *args, what=what), what))
+        else:
+            values.append(float(fn(*args)))
+    return values[0], values[1]
+
+
+#: The mistakes that draw from the wrong generator give the right values: the reproducibility checks name them.
+GENERATOR_MISTAKES = ("the generator ignored", "a fixed seed of your own instead of the generator")
+
+
+def _diagnose_variance(got: tuple[float, float], d_k: int, n: int, seed: int) -> Mistake | None:
+    """The first mistake whose (unscaled, scaled) results agree with the student's within 15%."""
+    for candidate in MISTAKES["empirical_score_variance"]:
+        if candidate.name in GENERATOR_MISTAKES:
+            continue
+        try:
+            pair = _esv_pair(candidate.fn, d_k, n, seed, student=False)
+        except Exception:  # noqa: BLE001 - a mistake that fails here simply does not match
+            continue
+        if all(abs(g - m) <= 0.15 * abs(m) for g, m in zip(got, pair, strict=True)):
+            return candidate
+    return None
+
+
+#: (d_k, num_samples, seed): the most telling case first, so that a wrong answer is diagnosed on it.
+ESV_CASES = [(64, 20000, 201), (512, 5000, 202), (4, 20000, 203), (1, 20000, 204), (16, 2000, 205)]
+#: Standard errors a correct estimate may be off by (a normal variable exceeds 6 with probability 2e-9).
+SIGMAS = 6.0
+
+
+@hidden
+def check_empirical_score_variance(empirical_score_variance) -> None:
+    """Theory within 6 standard errors for several d_k and sample sizes; the generator is used."""
+    exercise = "empirical_score_variance"
+    for d_k, n, seed in ESV_CASES:
+        got = _esv_pair(empirical_score_variance, d_k, n, seed, student=True)
+        for value, scaled in zip(got, (False, True), strict=True):
+            theory = 1.0 if scaled else float(d_k)
+            error = score_variance_standard_error(d_k, n, scaled)
+            if abs(value - theory) <= SIGMAS * error:
+                continue
+
+            mistake = _diagnose_variance(got, d_k, n, seed)
+            _fail_named(
+                f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator) returned "
+                f"{value:.6g}, but theory says {theory:g}{' (scores divided by sqrt(d_k))' if scaled else ''}. "
+                f"With {n} samples the estimate has a standard error of {error:.3g}, and yours is off by "
+                f"{abs(value - theory) / error:.1f} standard errors (at most {SIGMAS:g} are accepted).",
+                mistake,
+            )
+    for scaled in (False, True):
+        what = f"empirical_score_variance(d_k=8, num_samples=1000, scaled={scaled}, generator)"
+        first = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
+        again = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
+        if first != again:
+            _fail_named(
+                f"Called twice with generators seeded alike, {what} returned {first!r} and then {again!r}: "
+                "the same seed must give the same result.",
+                _mistake(exercise, "the generator ignored"),
+            )
+        other = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(8), what=what), what)
+        if other == first:
+            _fail_named(
+                f"{what} returned {first!r} both with a generator seeded 7 and with one seeded 8: "
+                "the result must depend on the generator it is given.",
+                _mistake(exercise, "a fixed seed of your own instead of the generator"),
+            )
+    for d_k, n, why in [(64, 1, "a variance needs at least 2 samples"), (0, 100, "d_k must be at least 1")]:
+        expect_error(empirical_score_variance, d_k, n, False, generator(0), error=ValueError,
+                     what=f"empirical_score_variance(d_k={d_k}, num_samples={n}, ...)", why=why)
+    print("empirical_score_variance passes the hidden checks.")
+
+
+# --- softmax_jacobian ------------------------------------------------------------------------
+
+
+def _softmax_rows(*shape: int, seed: int, spread: float = 1.0, dtype=torch.float64):
+    logits = randn(*shape, gen=generator(seed)) * spread
+    return logits.to(dtype)
+
+
+@hidden
+def check_softmax_jacobian(softmax_jacobian) -> None:
+    """Against torch.autograd.functional.jacobian in float64 on many shapes; exact zeros at one-hot rows."""
+    exercise = "softmax_jacobian"
+    cases, logits_of = [], {}
+    for i, (shape, spread, label) in enumerate([
+        ((5,), 1.0, "one row"),
+        ((3, 4), 1.0, "a batch of rows"),
+        ((2, 3, 6), 2.0, "two batch dimensions"),
+        ((2, 1, 2, 3), 0.5, "three batch dimensions"),
+        ((7,), 8.0, "a peaked row"),
+        ((4, 2), 1.0, "two keys"),
+        ((3, 1), 1.0, "a single key (the Jacobian is [[0]])"),
+    ]):
+        logits = _softmax_rows(*shape, seed=300 + i, spread=spread)
+        p = torch.softmax(logits, dim=-1)
+        logits_of[id(p)] = logits
+        cases.append(Case((p,), label=label))
+    verify(softmax_jacobian, cases, lambda p: _autograd_softmax_jacobian(logits_of[id(p)]), exercise=exercise,
+           arg_names=("p",), outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise],
+           rtol=1e-10, atol=1e-13)
+    one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    verify(softmax_jacobian, [Case((one_hot,), label="one-hot rows: the Jacobian is exactly zero")],
+           lambda p: torch.zeros(2, 4, 4, dtype=torch.float64), exercise=exercise, arg_names=("p",), outputs=None,
+           forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=0.0, atol=0.0)
+    logits32 = _softmax_rows(2, 3, 5, seed=310, dtype=torch.float32)
+    p32 = torch.softmax(logits32, dim=-1)
+    verify(softmax_jacobian, [Case((p32,), label="float32 input: float32 output")],
+           lambda p: _autograd_softmax_jacobian(logits32.double()).float(), exercise=exercise, arg_names=("p",),
+           outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
+    expect_error(softmax_jacobian, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
+                 what="softmax_jacobian(p of shape ())", why="p must have a last axis of probabilities (..., m)")
+    print("softmax_jacobian passes the hidden checks.")
+
+
+# --- attention_entropy -----------------------------------------------------------------------
+
+
+@hidden
+def check_attention_entropy(attention_entropy) -> None:
+    """Against -sum p log p with 0 log 0 = 0: random rows, one-hot rows, zeros, uniform rows, float32."""
+    exercise = "attention_entropy"
+    gen = generator(400)
+    random_rows = torch.softmax(randn(2, 3, 5, gen=gen), dim=-1)
+    with_zeros = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.0, 0.25, 0.75, 0.0], [0.1, 0.2, 0.3, 0.4]],
+                              dtype=torch.float64)
+    one_hot = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    mixed = torch.stack([torch.eye(4, dtype=torch.float64)[1], torch.full((4,), 0.25, dtype=torch.float64),
+                         torch.tensor([0.0, 0.3, 0.0, 0.7], dtype=torch.float64)]).reshape(3, 1, 4)
+    square = torch.softmax(randn(4, 4, gen=gen) * 3, dim=-1)
+    cases = [
+        Case((random_rows,), label="random rows, two batch dimensions"),
+        Case((square,), label="a square (4, 4) batch of rows"),
+        Case((with_zeros,), label="rows with exact zeros"),
+        Case((mixed,), label="a one-hot row, a uniform row and a row with zeros"),
+        Case((torch.softmax(randn(6, gen=gen), dim=-1),), label="a single row: the result has shape ()"),
+    ]
+    verify(attention_entropy, cases, _attention_entropy, exercise=exercise, arg_names=("weights",), outputs=None,
+           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
+    verify(attention_entropy, [Case((one_hot,), label="one-hot rows: the entropy is exactly 0")],
+           lambda w: torch.zeros(2, dtype=torch.float64), exercise=exercise, arg_names=("weights",), outputs=None,
+           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=0.0, atol=0.0)
+    for m in (1, 2, 7, 1000):
+        uniform = torch.full((2, m), 1.0 / m, dtype=torch.float64)
+        verify(attention_entropy, [Case((uniform,), label=f"uniform rows over {m} keys: the entropy is log {m}")],
+               lambda w, m=m: torch.full((2,), math.log(m), dtype=torch.float64), exercise=exercise,
+               arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise],
+               rtol=1e-12, atol=1e-14)
+    rows32 = torch.cat([torch.softmax(randn(3, 8, gen=gen), dim=-1), torch.eye(8, dtype=torch.float64)[:2]]).float()
+    verify(attention_entropy, [Case((rows32,), label="float32 input, two of its rows one-hot")],
+           lambda w: _attention_entropy(w.double()).float(), exercise=exercise, arg_names=("weights",), outputs=None,
+           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
+    result = call_student(attention_entropy, rows32, what="attention_entropy(float32 rows)", forbid=ENTROPY_BUILTINS)
+    if bool((result[-2:] != 0).any()):
+        fail(f"attention_entropy returns {result[-2:].tolist()} for one-hot float32 rows; it should be exactly 0.")
+    expect_error(attention_entropy, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
+                 what="attention_entropy(weights of shape ())", why="weights must have a last axis (..., m)")
+    print("attention_entropy passes the hidden checks.")
+
+
+# --- saturation_curve ------------------------------------------------------------------------
+
+#: The hidden experiment: d_ks, num_keys, num_queries.
+TABLE_D_KS = (16, 64, 256, 1024)
+TABLE_NUM_KEYS = 16
+TABLE_NUM_QUERIES = 1000
+#: Mean and standard deviation of each output of the reference over 400 seeds of this experiment
+#: (tests/test_mistakes_scaling.py recomputes them from fewer seeds and checks they agree).
+#: {scaled: {key: (means per d_k, standard deviations per d_k)}}
+TABLE: dict[bool, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = {
+    False: {
+        "max_weight": ((0.6839, 0.844, 0.9225, 0.9616), (0.0168, 0.007, 0.0046, 0.0031)),
+        "entropy": ((0.9061, 0.4109, 0.1938, 0.0935), (0.0509, 0.017, 0.0095, 0.0064)),
+        "jacobian_norm": ((0.2781, 0.1765, 0.0991, 0.0521), (0.0095, 0.0065, 0.005, 0.0037)),
+    },
+    True: {
+        "max_weight": ((0.2423, 0.2455, 0.2463, 0.2467), (0.0119, 0.0066, 0.0039, 0.0031)),
+        "entropy": ((2.3666, 2.3595, 2.3577, 2.3569), (0.0334, 0.0183, 0.01, 0.0069)),
+        "jacobian_norm": ((0.3026, 0.3045, 0.305, 0.3052), (0.0034, 0.0019, 0.0011, 0.0008)),
+    },
+}
+
+
+@dataclass
+class _Step:
+    """One call of the student's saturation_curve and what its result must satisfy."""
+
+    d_ks: Sequence[int]
+    scaled: bool
+    num_keys: int
+    num_queries: int
+    seed: int
+
+    def args(self) -> tuple:
+        return (list(self.d_ks), self.scaled, self.num_keys, self.num_queries, generator(self.seed))
+
+    def describe(self) -> str:
+        return (f"saturation_curve(d_ks={list(self.d_ks)}, scaled={self.scaled}, num_keys={self.num_keys}, "
+                f"num_queries={self.num_queries}, generator)")
+
+
+def curve_structure(result: Any, d_ks: Sequence[int], what: str) -> dict[str, torch.Tensor]:
+    """Fail unless ``result`` is a dict of three float64 tensors of shape (len(d_ks),)."""
+    if not isinstance(result, dict):
+        fail(f"{what} should return a dict with the keys {list(KEYS)}, but it returned {describe(result)}.")
+    if set(result) != set(KEYS):
+        fail(f"{what} should return a dict with exactly the keys {list(KEYS)}, but its keys are {list(result)}.")
+    for key in KEYS:
+        value = result[key]
+        if not isinstance(value, torch.Tensor):
+            fail(f"result[{key!r}] of {what} should be a torch.Tensor, but it is {describe(value)}.")
+        if tuple(value.shape) != (len(d_ks),):
+            fail(f"result[{key!r}] of {what} should have shape ({len(d_ks)},), one number per d_k, "
+                 f"but it has shape {tuple(value.shape)}.")
+        if value.dtype != torch.float64:
+            fail(f"result[{key!r}] of {what} should have dtype torch.float64 (draw q and k in float64), "
+                 f"but it has dtype {value.dtype}.")
+        if not bool(torch.isfinite(value).all()):
+            fail(f"result[{key!r}] of {what} contains NaN or infinity: {value.tolist()}.")
+    return result
+
+
+def _run_step(saturation_curve, step: _Step) -> dict[str, torch.Tensor]:
+    outcome, error = attempt(saturation_curve, step.args(), exercise="saturation_curve")
+    if error is not None:
+        fail(describe_error(step.describe(), error))
+    return curve_structure(outcome.value, step.d_ks, step.describe())
+
+
+def _tolerance(scaled: bool, key: str) -> torch.Tensor:
+    _, sds = TABLE[scaled][key]
+    return SIGMAS * torch.tensor(sds, dtype=torch.float64) + 2e-3
+
+
+def _close_to(result: dict, expected: dict[str, torch.Tensor], tolerance: dict[str, torch.Tensor]) -> bool:
+    return all(
+        isinstance(result.get(key), torch.Tensor)
+        and result[key].shape == expected[key].shape
+        and bool(((result[key].double() - expected[key]).abs() <= tolerance[key]).all())
+        for key in KEYS
+    )
+
+
+def _diagnose_curve(step: _Step, result: dict, tolerance: dict[str, torch.Tensor]) -> Mistake | None:
+    return _diagnose_random("saturation_curve", step.args, lambda value: _close_to(value, result, tolerance))
+
+
+@hidden
+def check_saturation_curve(saturation_curve) -> None:
+    """Edge cases that are exact, then the curves against a table of the experiment (6 standard deviations)."""
+    exact = {key: torch.full((2,), 1e-9, dtype=torch.float64) for key in KEYS}
+
+    # One key: every weight is 1, so max weight 1, entropy 0, Jacobian 0, whatever d_k.
+    step = _Step((3, 200), False, 1, 50, 500)
+    result = _run_step(saturation_curve, step)
+    expected = {"max_weight": torch.ones(2, dtype=torch.float64), "entropy": torch.zeros(2, dtype=torch.float64),
+                "jacobian_norm": torch.zeros(2, dtype=torch.float64)}
+    if not _close_to(result, expected, exact):
+        _fail_named(f"With a single key every weight is 1, so {step.describe()} should return max_weight 1, "
+                    f"entropy 0 and jacobian_norm 0 for each d_k, but it returned "
+                    f"{ {k: v.tolist() for k, v in result.items()} }.", _diagnose_curve(step, result, exact))
+
+    # d_k = 1: dividing by sqrt(1) changes nothing, so the same seed gives the same curves.
+    plain = _run_step(saturation_curve, _Step((1, 1), False, 8, 100, 501))
+    step = _Step((1, 1), True, 8, 100, 501)
+    scaled = _run_step(saturation_curve, step)
+    if not _close_to(scaled, plain, exact):
+        _fail_named(f"With d_k = 1 the scale 1/sqrt(d_k) is 1, so with generators seeded alike scaled=True and "
+                    f"scaled=False should give the same curves; they give {scaled} and {plain}.",
+                    _diagnose_curve(step, scaled, exact))
+
+    for is_scaled in (False, True):
+        step = _Step(TABLE_D_KS, is_scaled, TABLE_NUM_KEYS, TABLE_NUM_QUERIES, 502 + is_scaled)
+        result = _run_step(saturation_curve, step)
+        tolerance = {key: _tolerance(is_scaled, key) for key in KEYS}
+        for key in KEYS:
+            means, sds = TABLE[is_scaled][key]
+            mean = torch.tensor(means, dtype=torch.float64)
+            off = (result[key] - mean).abs() > tolerance[key]
+            if bool(off.any()):
+                i = int(off.nonzero()[0])
+                trend = ("stays flat as d_k grows" if is_scaled else
+                         "saturates as d_k grows: max weight towards 1, entropy and Jacobian norm towards 0")
+                _fail_named(
+                    f"{step.describe()}: result[{key!r}] is {[round(v, 4) for v in result[key].tolist()]}. At "
+                    f"d_k = {TABLE_D_KS[i]} it is {result[key][i].item():.4f}, but this experiment gives "
+                    f"{means[i]:.4f} on average with a spread (standard deviation) of {sds[i]:.4f} from one seed "
+                    f"to the next; yours is further than {SIGMAS:g} of those away. With scaled={is_scaled} "
+                    f"the curve {trend}.",
+                    _diagnose_curve(step, result, tolerance),
+                )
+    for bad, why in [(dict(d_ks=[4, 0]), "every d_k must be at least 1"),
+                     (dict(num_keys=0), "num_keys must be at least 1"),
+                     (dict(num_queries=0), "num_queries must be at least 1")]:
+        kwargs = {**dict(d_ks=[4], scaled=True, num_keys=4, num_queries=4, generator=generator(0)), **bad}
+        expect_error(saturation_curve, error=ValueError,
+                     what=f"saturation_curve({', '.join(f'{k}={v}' for k, v in bad.items())}, ...)", why=why,
+                     **kwargs)
+    print("saturation_curve passes the hidden checks.")
+
+
+# --- numeric answers --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrongAnswer:
+    """A known wrong value of a numeric answer and the reasoning that leads to it."""
+
+    name: str
+    explanation: str
+    section: str
+    value: float
+
+    def message(self) -> str:
+        return (
+            f"This looks like the mistake '{self.name}': {self.explanation} "
+            f"Section '{self.section}' of this notebook explains it."
+        )
+
+
+#: The exact value of each numeric answer.
+ANSWERS = {
+    "std_unscaled_512": math.sqrt(512),
+    "scale_for_unit_variance": 1 / math.sqrt(64 * 2.0 * 0.5),
+    "jacobian_norm_uniform_16": math.sqrt(15) / 16,
+}
+#: Relative tolerance of a numeric answer: four significant digits.
+ANSWER_RTOL = 5e-4
+
+WRONG_ANSWERS: dict[str, list[WrongAnswer]] = {
+    "std_unscaled_512": [
+        WrongAnswer("the variance instead of the standard deviation", "Var(q.k) = d_k; the standard deviation is "
+                    "its square root.", MEAN_VARIANCE, 512.0),
+        WrongAnswer("the standard deviation of the scaled scores", "the question is about the unscaled scores "
+                    "q.k; dividing by sqrt(d_k) is what brings their standard deviation down to 1.",
+                    MEAN_VARIANCE, 1.0),
+        WrongAnswer("the scale instead of the standard deviation", "1/sqrt(d_k) is the factor that rescales the "
+                    "scores; their standard deviation is sqrt(d_k).", MEAN_VARIANCE, 1 / math.sqrt(512)),
+    ],
+    "scale_for_unit_variance": [
+        WrongAnswer("the divisor instead of the multiplier", "the scale multiplies the scores, as the `scale` "
+                    "argument of F.scaled_dot_product_attention does; dividing by sqrt(Var(q.k)) is multiplying "
+                    "by its inverse.", MEAN_VARIANCE, math.sqrt(64.0)),
+        WrongAnswer("one over the variance instead of one over the standard deviation", "Var(c X) = c^2 Var(X), "
+                    "so the scale is 1 / sqrt(Var(q.k)), not 1 / Var(q.k).", MEAN_VARIANCE, 1 / 64.0),
+        WrongAnswer("the variances added instead of multiplied", "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = "
+                    "var_q * var_k: the variances multiply.", MEAN_VARIANCE, 1 / math.sqrt(64 * 2.5)),
+        WrongAnswer("only the variance of the queries used", "Var(q.k) = d_k var_q var_k involves both "
+                    "variances.", MEAN_VARIANCE, 1 / math.sqrt(128.0)),
+        WrongAnswer("only the variance of the keys used", "Var(q.k) = d_k var_q var_k involves both variances.",
+                    MEAN_VARIANCE, 1 / math.sqrt(32.0)),
+    ],
+    "jacobian_norm_uniform_16": [
+        WrongAnswer("the squared norm", "the Frobenius norm is the square ROOT of the sum of the squared "
+                    "entries.", GRADIENT, 15 / 256),
+        WrongAnswer("the off-diagonal terms left out", "every entry of p p^T is 1/m^2, the off-diagonal ones "
+                    "too: they add m (m - 1) squared terms of 1/m^4.", GRADIENT, math.sqrt(16) * (1 / 16 - 1 / 256)),
+        WrongAnswer("the Jacobian taken as diag(p)", "the Jacobian is diag(p) - p p^T, not diag(p).", GRADIENT,
+                    math.sqrt(16) / 16),
+    ],
+}
+
+
+def answer_value(value: Any, name: str) -> float:
+    """The student's numeric answer as a float, or a message saying what is wrong with it."""
+    if value is None:
+        fail(f"{name} is still None: set it to a number in its cell, run the cell, then run this check.")
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(f"{name} should be a number (a Python float), but it is {describe(value)}.")
+    value = float(value)
+    if not math.isfinite(value):
+        fail(f"{name} should be a finite number, but it is {value}.")
+    return value
+
+
+def _check_answer(value: Any, name: str, simulated: str = "") -> None:
+    value = answer_value(value, name)
+    exact = ANSWERS[name]
+    if math.isclose(value, exact, rel_tol=ANSWER_RTOL):
+        print(f"{name} passes the hidden checks.")
+        return
+    message = f"{name} = {value:.6g} is not the exact value asked for (to four significant digits)."
+    for wrong in WRONG_ANSWERS[name]:
+        if math.isclose(value, wrong.value, rel_tol=ANSWER_RTOL):
+            fail(message + "\n" + wrong.message())
+    if simulated and math.isclose(value, exact, rel_tol=0.05):
+        message += " " + simulated
+    fail(message)
+
+
+@hidden
+def check_std_unscaled_512(std_unscaled_512) -> None:
+    """The exact standard deviation of q.k at d_k = 512."""
+    _check_answer(std_unscaled_512, "std_unscaled_512",
+                  "It is close: is it a measured value? The question asks for the exact one, from the formula.")
+
+
+@hidden
+def check_scale_for_unit_variance(scale_for_unit_variance) -> None:
+    """The factor that gives q.k unit variance when var_q = 2, var_k = 0.5, d_k = 64."""
+    _check_answer(scale_for_unit_variance, "scale_for_unit_variance",
+                  "It is close: is it a measured value? The question asks for the exact one, from the formula.")
+
+
+@hidden
+def check_jacobian_norm_uniform_16(jacobian_norm_uniform_16) -> None:
+    """The Frobenius norm of the softmax Jacobian at the uniform distribution over 16 keys."""
+    _check_answer(jacobian_norm_uniform_16, "jacobian_norm_uniform_16")

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .diagnosis import Outcome
 from .errors import CheckFailed, fail
 from .guard import Forbidden, ForbiddenCallError, Guard, message_for
@@ -35,6 +37,10 @@ def not_written(exercise: str) -> str:
     )
 
 
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
 def attempt(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -48,9 +54,13 @@ def attempt(
     A forbidden call or an unwritten exercise stops the check at once with its message.
     """
     guard = Guard(tuple(forbid), exercise)
+    # The student's function gets copies: changing its inputs in place must not change
+    # the inputs the reference is computed from.
+    args = tuple(_copy(a) for a in args)
+    kwargs = {k: _copy(v) for k, v in (kwargs or {}).items()}
     try:
         with guard:
-            value = fn(*args, **(kwargs or {}))
+            value = fn(*args, **kwargs)
     except CheckFailed:
         raise
     except ForbiddenCallError as error:

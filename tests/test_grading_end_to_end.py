@@ -31,6 +31,11 @@ def test_grading(tmp_path, assignment):
     reference = reference_answers(assignment)
     submit(course, assignment, "reference", fill(student_version, reference))
     submit(course, assignment, "untouched", student_version)
+    if assignment == ASSIGNMENTS[0]:
+        # A correct answer whose library prints a warning to stderr keeps its points.
+        exercise, answer = next(iter(reference.items()))
+        noisy = answer.replace(":\n", ":\n    import sys; sys.stderr.write('UserWarning: this API is deprecated\\n')\n", 1)
+        submit(course, assignment, "warns", fill(student_version, dict(reference, **{exercise: noisy})))
     mistakes = importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
     expected = {}
     for exercise, catalogue in mistakes.items():
@@ -49,6 +54,8 @@ def test_grading(tmp_path, assignment):
         assert ref.max_score > 0
         assert ref.score == ref.max_score, [(g.name, g.score) for g in ref.notebooks[0].grades if g.score < g.max_score]
         assert gb.find_submission(assignment, "untouched").score == 0
+        if assignment == ASSIGNMENTS[0]:
+            assert gb.find_submission(assignment, "warns").score == ref.max_score
         for student, (exercise, mistake) in expected.items():
             notebook = gb.find_submission_notebook(assignment, assignment, student)
             hidden = {g.name: g for g in notebook.grades}[f"test_{exercise}_hidden"]

@@ -304,3 +304,19 @@ def test_saturation_table_agrees_with_the_reference():
             values = torch.stack([r[key] for r in runs])
             means, sds = (torch.tensor(x, dtype=torch.float64) for x in hidden.TABLE[scaled][key])
             assert ((values.mean(0) - means).abs() <= 5 * sds / math.sqrt(len(seeds)) + 1e-3).all(), (scaled, key)
+
+
+@pytest.mark.parametrize(("exercise", "mistake"), list(_mistakes()))
+def test_mistake_is_self_contained(exercise, mistake):
+    """Pasted alone into a notebook (only torch, math, F and nn imported), the mistake is still named."""
+    import inspect
+
+    from torch import nn
+    from torch.nn import functional as F
+
+    namespace = {"torch": torch, "math": math, "F": F, "nn": nn}
+    source = inspect.getsource(mistake.fn).replace(f"def {mistake.fn.__name__}(", f"def {exercise}(", 1)
+    exec(compile(source, f"<{exercise}>", "exec"), namespace)
+    with pytest.raises(CheckFailed) as caught:
+        getattr(hidden, f"check_{exercise}")(namespace[exercise])
+    assert f"'{mistake.name}'" in str(caught.value)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS
+from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS, autograd_softmax_jacobian
 from ..compare import describe
 from ..diagnosis import Mistake
 from ..errors import fail
@@ -39,14 +39,6 @@ MEASURING_SATURATION = "6. Measuring saturation"
 
 def _softmax_jacobian(p):
     return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
-
-
-def _autograd_softmax_jacobian(logits):
-    """The Jacobian of softmax at ``logits`` (..., m), row by row, by automatic differentiation."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    blocks = [torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), row) for row in rows]
-    m = logits.shape[-1]
-    return torch.stack(blocks).reshape(*logits.shape[:-1], m, m)
 
 
 def _attention_entropy(weights):
@@ -676,7 +668,7 @@ def _softmax_rows(*shape: int, seed: int, spread: float = 1.0, dtype=torch.float
 def check_softmax_jacobian(softmax_jacobian) -> None:
     """Against torch.autograd.functional.jacobian in float64 on many shapes; exact zeros at one-hot rows."""
     exercise = "softmax_jacobian"
-    cases, logits_of = [], {}
+    cases = []
     for i, (shape, spread, label) in enumerate([
         ((5,), 1.0, "one row"),
         ((3, 4), 1.0, "a batch of rows"),
@@ -686,21 +678,16 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
         ((4, 2), 1.0, "two keys"),
         ((3, 1), 1.0, "a single key (the Jacobian is [[0]])"),
     ]):
-        logits = _softmax_rows(*shape, seed=300 + i, spread=spread)
-        p = torch.softmax(logits, dim=-1)
-        logits_of[id(p)] = logits
-        cases.append(Case((p,), label=label))
-    verify(softmax_jacobian, cases, lambda p: _autograd_softmax_jacobian(logits_of[id(p)]), exercise=exercise,
-           arg_names=("p",), outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise],
-           rtol=1e-10, atol=1e-13)
+        cases.append(Case((torch.softmax(_softmax_rows(*shape, seed=300 + i, spread=spread), dim=-1),), label=label))
+    verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise=exercise, arg_names=("p",), outputs=None,
+           forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
     one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
     verify(softmax_jacobian, [Case((one_hot,), label="one-hot rows: the Jacobian is exactly zero")],
            lambda p: torch.zeros(2, 4, 4, dtype=torch.float64), exercise=exercise, arg_names=("p",), outputs=None,
            forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=0.0, atol=0.0)
-    logits32 = _softmax_rows(2, 3, 5, seed=310, dtype=torch.float32)
-    p32 = torch.softmax(logits32, dim=-1)
+    p32 = torch.softmax(_softmax_rows(2, 3, 5, seed=310, dtype=torch.float32), dim=-1)
     verify(softmax_jacobian, [Case((p32,), label="float32 input: float32 output")],
-           lambda p: _autograd_softmax_jacobian(logits32.double()).float(), exercise=exercise, arg_names=("p",),
+           lambda p: autograd_softmax_jacobian(p.double()).float(), exercise=exercise, arg_names=("p",),
            outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
     expect_error(softmax_jacobian, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
                  what="softmax_jacobian(p of shape ())", why="p must have a last axis of probabilities (..., m)")

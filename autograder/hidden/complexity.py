@@ -1,0 +1,832 @@
+"""Hidden checks and mistake catalogue for notebook 07 (instructor-only).
+
+Besides the values, the attention checks watch the tensors the student's function
+allocates (:class:`TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
+operation, composite ones included): ``chunked_attention`` and ``flash_attention`` must
+never allocate an n x m tensor, ``flash_attention`` must tile the keys as well as the
+queries, and the bytes it keeps alive at once must stay well below one n x m matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..checks.complexity import (
+    FIT_ATOL,
+    FIT_RTOL,
+    FLOPS_ARGS,
+    MEMORY_ARGS,
+    assert_bool_mask,
+    sdpa_reference,
+    verify_number,
+)
+from ..compare import assert_close
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, randn
+from ..student import attempt, describe_error, expect_error
+from ..verify import Case, verify
+from . import hidden
+
+FLOPS = "1. Counting the work: FLOPs"
+MEMORY = "2. The memory wall: the n x m score matrix"
+POWER_LAW = "3. Measuring growth: the exponent of a power law"
+CHUNKS = "4. Chunking the queries"
+FLASH = "5. Tiling the keys: online softmax (FlashAttention's forward pass)"
+WINDOW = "6. Local attention: a sliding window"
+
+
+# --- references -------------------------------------------------------------------------------
+
+
+def _flops(batch, heads, n, m, d_k, d_v):
+    return 2 * batch * heads * n * m * d_k + 2 * batch * heads * n * m * d_v
+
+
+def _memory_bytes(batch, heads, n, m, dtype):
+    return batch * heads * n * m * torch.empty((), dtype=dtype).element_size()
+
+
+def _fit(ns, costs):
+    x = torch.log(torch.tensor(ns, dtype=torch.float64))
+    y = torch.log(torch.tensor(costs, dtype=torch.float64))
+    dx = x - x.mean()
+    return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
+
+
+def _window(n, window):
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
+
+
+def flops_without_factor_2(batch, heads, n, m, d_k, d_v):
+    return batch * heads * n * m * d_k + batch * heads * n * m * d_v
+
+
+def flops_scores_only(batch, heads, n, m, d_k, d_v):
+    return 2 * batch * heads * n * m * d_k
+
+
+def flops_d_k_twice(batch, heads, n, m, d_k, d_v):
+    return 2 * batch * heads * n * m * d_k + 2 * batch * heads * n * m * d_k
+
+
+def flops_n_squared(batch, heads, n, m, d_k, d_v):
+    return 2 * batch * heads * n * n * (d_k + d_v)
+
+
+def flops_without_heads(batch, heads, n, m, d_k, d_v):
+    return 2 * batch * n * m * (d_k + d_v)
+
+
+def flops_without_batch(batch, heads, n, m, d_k, d_v):
+    return 2 * heads * n * m * (d_k + d_v)
+
+
+def bytes_ignoring_dtype(batch, heads, n, m, dtype):
+    return batch * heads * n * m * 4
+
+
+def bytes_in_bits(batch, heads, n, m, dtype):
+    return batch * heads * n * m * torch.finfo(dtype).bits
+
+
+def bytes_counting_entries(batch, heads, n, m, dtype):
+    return batch * heads * n * m
+
+
+def bytes_n_squared(batch, heads, n, m, dtype):
+    return batch * heads * n * n * torch.empty((), dtype=dtype).element_size()
+
+
+def bytes_without_heads(batch, heads, n, m, dtype):
+    return batch * n * m * torch.empty((), dtype=dtype).element_size()
+
+
+def fit_through_origin(ns, costs):
+    x = [math.log(v) for v in ns]
+    y = [math.log(v) for v in costs]
+    return sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+
+
+def fit_end_points(ns, costs):
+    return math.log(costs[-1] / costs[0]) / math.log(ns[-1] / ns[0])
+
+
+def fit_axes_swapped(ns, costs):
+    x = [math.log(v) for v in ns]
+    y = [math.log(v) for v in costs]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((b - my) ** 2 for b in y)
+
+
+def fit_semilog(ns, costs):
+    x = [float(v) for v in ns]
+    y = [math.log(v) for v in costs]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
+def fit_without_logs(ns, costs):
+    x = [float(v) for v in ns]
+    y = [float(v) for v in costs]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
+def chunked_last_chunk_dropped(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for start in range(0, n - chunk_size + 1, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        outputs.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(outputs, dim=-2)
+
+
+def chunked_last_chunk_dropped_into_zeros(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype)
+    for c in range(n // chunk_size):
+        start = c * chunk_size
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        out[..., start:start + chunk_size, :] = torch.softmax(scores, dim=-1) @ V
+    return out
+
+
+def chunked_bottom_right(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for start in range(0, n, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None] + (m - n)
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        outputs.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(outputs, dim=-2)
+
+
+def chunked_mask_not_shifted(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for start in range(0, n, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        outputs.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(outputs, dim=-2)
+
+
+def chunked_no_scaling(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for start in range(0, n, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1)
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        outputs.append(torch.softmax(scores, dim=-1) @ V)
+    return torch.cat(outputs, dim=-2)
+
+
+def chunked_softmax_over_queries(Q, K, V, chunk_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for start in range(0, n, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        outputs.append(torch.softmax(scores, dim=-2) @ V)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_accumulator_not_rescaled(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            row_sum = torch.exp(row_max - new_max) * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_sum_not_rescaled(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            row_sum = row_sum + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_no_max(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            p = torch.exp(s)
+            row_sum = row_sum + p.sum(dim=-1, keepdim=True)
+            acc = acc + p @ V[..., k0:k0 + block_size, :]
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_no_final_division(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_last_key_block_dropped(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m - block_size + 1, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_last_query_block_dropped(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype)
+    for q0 in range(0, n - block_size + 1, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        out[..., q0:q0 + block_size, :] = acc / row_sum
+    return out
+
+
+def flash_bottom_right(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_block_local_causal(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(s.shape[-2])[:, None]
+                j = torch.arange(s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_no_scaling(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def window_one_too_many(n, window):
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return (distance >= 0) & (distance <= window)
+
+
+def window_one_too_few(n, window):
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return (distance >= 0) & (distance < window - 1)
+
+
+def window_future_allowed(n, window):
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return distance < window
+
+
+def window_looks_ahead(n, window):
+    distance = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+    return (distance >= 0) & (distance < window)
+
+
+def window_symmetric(n, window):
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return distance.abs() < window
+
+
+def window_inverted(n, window):
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return ~((distance >= 0) & (distance < window))
+
+
+LAST_CHUNK = (
+    "when chunk_size does not divide n the last chunk is shorter, and it must still be computed: loop with "
+    "range(0, n, chunk_size) and slice Q[..., start:start + chunk_size, :] (a slice past the end just stops)."
+)
+LAST_BLOCK = (
+    "when block_size does not divide the length, the last block is shorter, and it must still be processed: "
+    "loop with range(0, length, block_size); a slice past the end just stops."
+)
+BOTTOM_RIGHT = (
+    "with is_causal=True, F.scaled_dot_product_attention aligns the diagonal to the top-left corner: query i "
+    "may attend to key j when j <= i, whatever n and m are. Shifting the diagonal by m - n (bottom-right, as "
+    "for decoding with a cache) is a different mask."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "attention_flops": [
+        Mistake("FLOPs without the factor 2", "a multiply-add counts as 2 FLOPs, so a (p x r)(r x q) product costs "
+                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, flops_without_factor_2),
+        Mistake("only Q K^T counted", "attention has two matrix products: the scores Q K^T (2 b h n m d_k) and "
+                "the output A V (2 b h n m d_v).", FLOPS, flops_scores_only),
+        Mistake("d_k used for both products", "the output product A V is (n x m)(m x d_v): its length is d_v, "
+                "not d_k.", FLOPS, flops_d_k_twice),
+        Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
+                "n = m only for self-attention.", FLOPS, flops_n_squared),
+        Mistake("heads forgotten", "every head computes its own attention: multiply by the number of heads.",
+                FLOPS, flops_without_heads),
+        Mistake("batch forgotten", "every sequence of the batch computes its own attention: multiply by the "
+                "batch size.", FLOPS, flops_without_batch),
+    ],
+    "attention_memory_bytes": [
+        Mistake("bytes that ignore the dtype (4 bytes assumed)", "an element of float16 or bfloat16 takes 2 "
+                "bytes and one of float64 8 bytes: use torch.empty((), dtype=dtype).element_size() (or "
+                "dtype.itemsize).", MEMORY, bytes_ignoring_dtype),
+        Mistake("bits instead of bytes", "torch.finfo(dtype).bits counts bits; a byte is 8 bits.", MEMORY,
+                bytes_in_bits),
+        Mistake("entries counted instead of bytes", "the function returns bytes: multiply the number of entries "
+                "by the size of one element of the dtype.", MEMORY, bytes_counting_entries),
+        Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
+                "n = m only for self-attention.", MEMORY, bytes_n_squared),
+        Mistake("heads forgotten", "every head has its own score matrix: multiply by the number of heads.",
+                MEMORY, bytes_without_heads),
+    ],
+    "fit_power_law": [
+        Mistake("line forced through the origin", "fitting log(cost) = p log(n) without an intercept assumes "
+                "the constant c is 1; fit log(cost) = log(c) + p log(n) with both unknowns (centre x and y).",
+                POWER_LAW, fit_through_origin),
+        Mistake("slope of the two end points", "the slope between the first and the last point ignores every "
+                "other measurement; with noisy data the least-squares slope over all points differs.",
+                POWER_LAW, fit_end_points),
+        Mistake("log n regressed on log cost", "the exponent is the slope of log(cost) against log(n): divide "
+                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW, fit_axes_swapped),
+        Mistake("semi-log fit (n not logged)", "a power law is a straight line when both n and the cost are on "
+                "a log scale: take the logarithm of the sizes too.", POWER_LAW, fit_semilog),
+        Mistake("straight line fitted without logarithms", "the exponent is the slope on a log-log plot: take "
+                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW, fit_without_logs),
+    ],
+    "chunked_attention": [
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped),
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped_into_zeros),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, chunked_bottom_right),
+        Mistake("causal mask not shifted to the chunk's rows", "row r of the chunk that starts at query s is "
+                "query s + r: the causal mask of the chunk must compare the keys with the global query index.",
+                CHUNKS, chunked_mask_not_shifted),
+        Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k), in every chunk.", CHUNKS,
+                chunked_no_scaling),
+        Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
+                "the last axis (dim=-1).", CHUNKS, chunked_softmax_over_queries),
+    ],
+    "flash_attention": [
+        Mistake("output accumulator not rescaled", "when a block raises the running max from m_old to m_new, "
+                "the accumulated output was computed with exp(s - m_old): multiply it by exp(m_old - m_new), "
+                "like the running sum, before adding the new block.", FLASH, flash_accumulator_not_rescaled),
+        Mistake("running sum not rescaled", "when a block raises the running max from m_old to m_new, the "
+                "running sum must be multiplied by exp(m_old - m_new) before adding the new block's sum.",
+                FLASH, flash_sum_not_rescaled),
+        Mistake("no running max (exp overflows)", "exp of a raw score overflows to inf for large scores and "
+                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, flash_no_max),
+        Mistake("no final division by the running sum", "the accumulator holds sum_j exp(s_j - m) v_j; the "
+                "output is the accumulator divided by the running sum.", FLASH, flash_no_final_division),
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_last_key_block_dropped),
+        Mistake("last query block dropped", LAST_BLOCK, FLASH, flash_last_query_block_dropped),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_bottom_right),
+        Mistake("causal mask with indices inside the block", "inside the block of queries starting at q0 and "
+                "keys starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare "
+                "global indices, not positions inside the blocks.", FLASH, flash_block_local_causal),
+        Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k); scale the queries (or every "
+                "block of scores).", FLASH, flash_no_scaling),
+    ],
+    "sliding_window_mask": [
+        Mistake("window off by one (w + 1 keys)", "query i sees the w keys i - w + 1, ..., i: the condition is "
+                "0 <= i - j < w, with a strict <.", WINDOW, window_one_too_many),
+        Mistake("window off by one (w - 1 keys)", "query i sees the w keys i - w + 1, ..., i, itself included: "
+                "the condition is 0 <= i - j < w.", WINDOW, window_one_too_few),
+        Mistake("future keys allowed", "the window is causal: keys after the query (i - j < 0) are not allowed, "
+                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, window_future_allowed),
+        Mistake("window looking ahead", "the window holds the w most recent keys, j <= i; the mask is "
+                "transposed (it allows 0 <= j - i < w).", WINDOW, window_looks_ahead),
+        Mistake("symmetric window", "|i - j| < w also allows future keys: the sliding window is causal, "
+                "0 <= i - j < w.", WINDOW, window_symmetric),
+        Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention), so the allowed "
+                "pairs 0 <= i - j < w are the True entries.", WINDOW, window_inverted),
+    ],
+}
+
+
+# --- watching the tensors a function allocates ----------------------------------------------------
+
+
+class TensorWatch(TorchDispatchMode):
+    """Sees every tensor PyTorch operations allocate while active.
+
+    It records the first newly allocated tensor that is too big (two different axes of
+    at least ``rows`` and ``cols``, or at least ``max_elements`` elements in its storage,
+    whatever its shape) and the peak of the bytes alive at once. Views and in-place
+    results share storage that is already known and are not counted again.
+    """
+
+    def __init__(self, inputs, rows: int, cols: int, max_elements: int) -> None:
+        super().__init__()
+        self.rows, self.cols, self.max_elements = rows, cols, max_elements
+        self.alive = {t.untyped_storage().data_ptr() for t in inputs}
+        self.current = 0
+        self.peak = 0
+        self.offender: tuple[str, tuple[int, ...]] | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for t in tree_flatten(result)[0]:
+            if isinstance(t, torch.Tensor):
+                self._allocated(func, t)
+        return result
+
+    def _allocated(self, func, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        address, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or address in self.alive:
+            return
+        self.alive.add(address)
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._freed, address, size)
+        shape = tuple(t.shape)
+        two_long_axes = any(
+            a >= self.rows and b >= self.cols for i, a in enumerate(shape) for j, b in enumerate(shape) if i != j
+        )
+        if self.offender is None and (two_long_axes or size // t.element_size() >= self.max_elements):
+            self.offender = (str(func), shape)
+
+    def _freed(self, address: int, size: int) -> None:
+        self.alive.discard(address)
+        self.current -= size
+
+
+class NumpyWatch(TorchFunctionMode):
+    """Notes a conversion of a tensor to NumPy, where TensorWatch could not follow it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("numpy", "__array__"):
+            self.used = True
+        return func(*args, **(kwargs or {}))
+
+
+def watched_call(fn, args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int, max_elements: int):
+    """Run the student's ``fn`` under the guard and the watches; return (value, TensorWatch)."""
+    tensors = TensorWatch(args[:3], rows, cols, max_elements)
+    arrays = NumpyWatch()
+    with arrays, tensors:
+        outcome, error = attempt(fn, args, kwargs, exercise=exercise, forbid=ATTENTION_BUILTINS)
+    if error is not None:
+        fail(describe_error(f"{exercise}(...)", error))
+    if arrays.used:
+        fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
+             "every tensor your function allocates, to make sure it never holds the n x m scores.")
+    return outcome.value, tensors
+
+
+def _shapes(args: tuple) -> str:
+    return ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip("QKV", args[:3]))
+
+
+def _check_no_n_by_m(fn, exercise: str, size_name: str, *, is_causal: bool) -> None:
+    """Config A: n = 40 and m = 45 are both longer than the block; no n x m tensor may appear."""
+    gen = generator(700 + is_causal)
+    Q, K, V = randn(2, 40, 3, gen=gen), randn(2, 45, 3, gen=gen), randn(2, 45, 4, gen=gen)
+    args = (Q, K, V, 8)
+    value, watch = watched_call(fn, args, {"is_causal": is_causal}, exercise=exercise, rows=40, cols=45,
+                                max_elements=40 * 45)
+    if watch.offender is not None:
+        op, shape = watch.offender
+        fail(f"With {_shapes(args)}, {size_name}=8, is_causal={is_causal}: {exercise} allocated a tensor of "
+             f"shape {shape} (in {op}), as big as the n x m = 40 x 45 score matrix of a head. "
+             + ("Compute the scores one chunk of queries at a time: (chunk_size x m) per head at most, and build "
+                "a causal mask per chunk, not for the whole matrix." if exercise == "chunked_attention" else
+                "FlashAttention never builds it, not even as a mask: work on blocks of queries and keys, keep "
+                "a running max, a running sum and an output accumulator per query."))
+    _check_value(value, args, is_causal, exercise)
+
+
+def _check_value(value, args, is_causal, exercise) -> None:
+    assert_close(value, sdpa_reference(*args, is_causal=is_causal), f"The result of {exercise}", rtol=1e-9,
+                 atol=1e-11)
+
+
+def _check_keys_tiled(flash_attention) -> None:
+    """Config B: m = 70 keys, blocks of 6, d_k + d_v < 6: a block of queries against all keys is caught."""
+    gen = generator(710)
+    args = (randn(2, 20, 2, gen=gen), randn(2, 70, 2, gen=gen), randn(2, 70, 2, gen=gen), 6)
+    value, watch = watched_call(flash_attention, args, {}, exercise="flash_attention", rows=6, cols=70,
+                                max_elements=2 * 6 * 70)
+    if watch.offender is not None:
+        op, shape = watch.offender
+        fail(f"With {_shapes(args)}, block_size=6: flash_attention allocated a tensor of shape {shape} (in {op}): "
+             "a block of queries against all m = 70 keys. That is chunking the queries (section 4), not "
+             "FlashAttention: tile the keys too, in blocks of block_size, and combine the blocks with the "
+             "online softmax (running max, rescaled running sum, rescaled output accumulator).")
+    _check_value(value, args, False, "flash_attention")
+
+
+def _check_peak(flash_attention) -> None:
+    """Config C: the bytes alive at once stay below half of one n x m matrix (no list of every block)."""
+    gen = generator(720)
+    args = (randn(1, 96, 2, gen=gen), randn(1, 96, 2, gen=gen), randn(1, 96, 2, gen=gen), 8)
+    matrix = 96 * 96 * 8
+    value, watch = watched_call(flash_attention, args, {"is_causal": True}, exercise="flash_attention", rows=96,
+                                cols=96, max_elements=96 * 96)
+    if watch.offender is not None or watch.peak > matrix // 2:
+        fail(f"With {_shapes(args)}, block_size=8, is_causal=True: flash_attention had {watch.peak} bytes of "
+             f"tensors alive at once, while one 96 x 96 score matrix in float64 is {matrix} bytes. FlashAttention "
+             "keeps only the current block of scores and, per query, a running max, a running sum and an output "
+             "accumulator: do not keep every block (in a list, or in a preallocated matrix).")
+    _check_value(value, args, True, "flash_attention")
+
+
+# --- hidden checks -------------------------------------------------------------------------------
+
+
+@hidden
+def check_attention_flops(attention_flops) -> None:
+    """Many configurations, every size different, and the realistic one of the notebook."""
+    configs = [(3, 5, 7, 11, 13, 17), (8, 32, 8192, 8192, 128, 128), (1, 1, 1, 1, 1, 1), (2, 4, 100, 30, 64, 16),
+               (5, 2, 1, 9, 3, 3), (1, 12, 4096, 1024, 64, 128)]
+    cases = [(Case(c), _flops(*c)) for c in configs]
+    verify_number(attention_flops, cases, exercise="attention_flops", arg_names=FLOPS_ARGS, integer=True,
+                  mistakes=MISTAKES["attention_flops"])
+    print("attention_flops passes the hidden checks.")
+
+
+@hidden
+def check_attention_memory_bytes(attention_memory_bytes) -> None:
+    """Every floating dtype of the course, n != m, and the realistic configuration."""
+    configs = [(3, 5, 7, 11, torch.float16), (3, 5, 7, 11, torch.bfloat16), (3, 5, 7, 11, torch.float64),
+               (2, 3, 10, 20, torch.float32), (8, 32, 8192, 8192, torch.float16), (8, 32, 8192, 8192, torch.float32),
+               (1, 1, 1, 1, torch.float64), (4, 16, 512, 2048, torch.bfloat16)]
+    cases = [(Case(c), _memory_bytes(*c)) for c in configs]
+    verify_number(attention_memory_bytes, cases, exercise="attention_memory_bytes", arg_names=MEMORY_ARGS,
+                  integer=True, mistakes=MISTAKES["attention_memory_bytes"])
+    print("attention_memory_bytes passes the hidden checks.")
+
+
+@hidden
+def check_fit_power_law(fit_power_law) -> None:
+    """Exact power laws with constants far from 1, noisy ones, unsorted sizes, two points."""
+    gen = generator(730)
+    ns = [16, 32, 64, 128, 256, 512, 1024]
+    cases = [
+        (ns, [0.003 * n**1.5 for n in ns], "cost = 0.003 n^1.5 exactly"),
+        (ns, [2e-9 * n**2 * math.exp(0.2 * randn(1, gen=gen).item()) for n in ns], "2e-9 n^2 with noise"),
+        ([10, 30, 100, 300, 1000, 3000], [7.5e4 * n**3 * math.exp(0.5 * randn(1, gen=gen).item())
+                                          for n in [10, 30, 100, 300, 1000, 3000]], "7.5e4 n^3 with noise"),
+        ([100, 10, 1000, 50], [2.0 * n for n in [100, 10, 1000, 50]], "unsorted sizes, cost = 2 n"),
+        ([4, 8], [1e6 / 4, 1e6 / 8], "two points, cost = 1e6 / n"),
+        ([1, 2, 3, 4], [1.0, 1.0, 1.0, 1.0], "a constant cost"),
+    ]
+    pairs = [(Case((x, y), label=label), _fit(x, y)) for x, y, label in cases]
+    verify_number(fit_power_law, pairs, exercise="fit_power_law", arg_names=("ns", "costs"), integer=False,
+                  mistakes=MISTAKES["fit_power_law"], rel_tol=FIT_RTOL, abs_tol=FIT_ATOL)
+    for ns_, costs, why in [([1, 2, 3], [1.0, 2.0], "there are 3 sizes and 2 costs"),
+                            ([8], [3.0], "one point has no slope"),
+                            ([1, 2, 4], [1.0, 0.0, 3.0], "a cost of 0 has no logarithm")]:
+        expect_error(fit_power_law, ns_, costs, error=ValueError, what=f"fit_power_law({ns_}, {costs})", why=why)
+    print("fit_power_law passes the hidden checks.")
+
+
+ATTENTION_SHAPES = [
+    # (batch dims, n, m, d_k, d_v, chunk or block size, is_causal, label)
+    ((2,), 37, 45, 5, 7, 8, False, "n = 37 and m = 45 are not multiples of the size 8"),
+    ((2, 3), 12, 12, 4, 4, 4, False, "two batch dimensions, sizes that divide"),
+    ((), 9, 11, 3, 2, 4, False, "no batch dimension"),
+    ((3,), 5, 5, 4, 6, 16, False, "a size larger than n"),
+    ((1,), 1, 1, 1, 1, 1, False, "one query, one key"),
+    ((2,), 6, 10, 4, 3, 1, False, "a size of 1"),
+    ((2,), 7, 11, 4, 5, 3, True, "causal, n = 7 < m = 11"),
+    ((2, 2), 13, 13, 4, 4, 5, True, "causal, n = m = 13"),
+    ((2,), 11, 6, 3, 3, 4, True, "causal, n = 11 > m = 6"),
+    ((), 10, 16, 4, 4, 3, True, "causal, no batch dimension"),
+]
+
+
+def _attention_cases(seed: int, size_name: str) -> list[Case]:
+    gen = generator(seed)
+    cases = []
+    for batch, n, m, d_k, d_v, size, causal, label in ATTENTION_SHAPES:
+        args = (randn(*batch, n, d_k, gen=gen), randn(*batch, m, d_k, gen=gen), randn(*batch, m, d_v, gen=gen), size)
+        cases.append(Case(args, {"is_causal": True} if causal else {}, label))
+    return cases
+
+
+def _check_attention(fn, exercise: str, size_name: str, seed: int, extra: list[Case]) -> None:
+    names = ("Q", "K", "V", size_name)
+    verify(fn, _attention_cases(seed, size_name) + extra, sdpa_reference, exercise=exercise, arg_names=names,
+           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-9, atol=1e-11)
+    gen = generator(seed + 1)
+    float32 = Case((randn(2, 3, 19, 8, gen=gen, dtype=torch.float32), randn(2, 3, 23, 8, gen=gen, dtype=torch.float32),
+                    randn(2, 3, 23, 8, gen=gen, dtype=torch.float32), 4), {"is_causal": True}, "float32 inputs")
+    verify(fn, [float32], sdpa_reference, exercise=exercise, arg_names=names, outputs=None,
+           forbid=ATTENTION_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-4, atol=1e-5)
+    for shapes, why in [(((2, 3, 4), (2, 5, 3), (2, 5, 6)), "Q and K have different d_k (4 and 3)"),
+                        (((2, 3, 4), (2, 5, 4), (2, 6, 4)), "K has 5 keys but V has 6 values")]:
+        args = tuple(randn(*s, gen=gen) for s in shapes)
+        expect_error(fn, *args, 2, error=ValueError, why=why,
+                     what=f"{exercise}(Q {shapes[0]}, K {shapes[1]}, V {shapes[2]}, 2)")
+    expect_error(fn, randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 4, gen=gen), 0,
+                 error=ValueError, what=f"{exercise}(Q, K, V, {size_name}=0)", why=f"{size_name} must be at least 1")
+
+
+@hidden
+def check_chunked_attention(chunked_attention) -> None:
+    """Against SDPA (math backend, float64) on many shapes, causal included; never an n x m tensor."""
+    _check_attention(chunked_attention, "chunked_attention", "chunk_size", 740, [])
+    for causal in (False, True):
+        _check_no_n_by_m(chunked_attention, "chunked_attention", "chunk_size", is_causal=causal)
+    print("chunked_attention passes the hidden checks.")
+
+
+@hidden
+def check_flash_attention(flash_attention) -> None:
+    """Against SDPA on many shapes and huge scores; no n x m tensor, keys tiled, little memory alive."""
+    gen = generator(750)
+    large = [
+        Case((40 * randn(2, 11, 4, gen=gen), 40 * randn(2, 13, 4, gen=gen), randn(2, 13, 3, gen=gen), 4),
+             label="scores in the thousands: exp of a raw score overflows"),
+        Case((40 * randn(2, 11, 4, gen=gen), 40 * randn(2, 13, 4, gen=gen), randn(2, 13, 3, gen=gen), 5),
+             {"is_causal": True}, label="causal, scores in the thousands"),
+    ]
+    _check_attention(flash_attention, "flash_attention", "block_size", 760, large)
+    for causal in (False, True):
+        _check_no_n_by_m(flash_attention, "flash_attention", "block_size", is_causal=causal)
+    _check_keys_tiled(flash_attention)
+    _check_peak(flash_attention)
+    print("flash_attention passes the hidden checks.")
+
+
+@hidden
+def check_sliding_window_mask(sliding_window_mask) -> None:
+    """Against the definition 0 <= i - j < window: window 1, windows inside, equal to and beyond n."""
+    assert_bool_mask(sliding_window_mask)
+    cases = [Case((n, w)) for n, w in [(6, 3), (1, 1), (5, 1), (8, 2), (13, 4), (7, 7), (4, 9), (10, 10), (0, 3)]]
+    verify(sliding_window_mask, cases, _window, exercise="sliding_window_mask", arg_names=("n", "window"),
+           outputs=None, mistakes=MISTAKES["sliding_window_mask"])
+    for n, w in [(5, 0), (3, -2)]:
+        expect_error(sliding_window_mask, n, w, error=ValueError, what=f"sliding_window_mask({n}, {w})",
+                     why="a window must hold at least one key")
+    print("sliding_window_mask passes the hidden checks.")

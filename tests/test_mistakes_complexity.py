@@ -1,0 +1,353 @@
+"""Notebook 07: the reference passes every check, every catalogued mistake is caught and named,
+and the tensor watch of flash_attention catches what it must (and nothing the reference does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import complexity as visible
+from autograder.errors import CheckFailed
+from autograder.hidden import complexity as hidden
+from autograder.hidden.complexity import MISTAKES
+
+from .notebook_code import ROOT, solution_namespace, source_notebook
+
+ASSIGNMENT = "07_complexity"
+SIGNATURES = {
+    "attention_flops": "(batch, heads, n, m, d_k, d_v)",
+    "attention_memory_bytes": "(batch, heads, n, m, dtype)",
+    "fit_power_law": "(ns, costs)",
+    "chunked_attention": "(Q, K, V, chunk_size, is_causal=False)",
+    "flash_attention": "(Q, K, V, block_size, is_causal=False)",
+    "sliding_window_mask": "(n, window)",
+}
+EXERCISES = list(SIGNATURES)
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return solution_namespace(ASSIGNMENT)
+
+
+def headings() -> set[str]:
+    found = set()
+    for cell in source_notebook(ASSIGNMENT).cells:
+        if cell.cell_type == "markdown":
+            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
+    return found
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
+    fn = getattr(solution, exercise)
+    assert str(inspect.signature(fn)) == SIGNATURES[exercise]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a check that warns would zero the test cell (stderr)
+        getattr(visible, f"check_{exercise}")(fn)
+        getattr(hidden, f"check_{exercise}")(fn)
+    out = capsys.readouterr()
+    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
+    assert out.err == ""
+
+
+def test_catalogue_covers_every_exercise_and_section():
+    assert set(MISTAKES) == set(EXERCISES)
+    sections = headings()
+    for exercise, catalogue in MISTAKES.items():
+        for mistake in catalogue:
+            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
+            assert str(inspect.signature(mistake.fn)) == SIGNATURES[exercise], mistake.fn.__name__
+
+
+REQUIRED = {
+    "attention_flops": {"FLOPs without the factor 2"},
+    "attention_memory_bytes": {"bytes that ignore the dtype (4 bytes assumed)"},
+    "chunked_attention": {"last chunk dropped", "bottom-right causal alignment"},
+    "flash_attention": {"output accumulator not rescaled", "bottom-right causal alignment", "last key block dropped",
+                        "last query block dropped"},
+    "sliding_window_mask": {"window off by one (w + 1 keys)", "window off by one (w - 1 keys)"},
+    "fit_power_law": {"line forced through the origin", "slope of the two end points"},
+}
+
+
+def test_the_issue_mistakes_are_catalogued():
+    for exercise, names in REQUIRED.items():
+        assert names <= {m.name for m in MISTAKES[exercise]}, exercise
+
+
+CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
+IDS = [f"{e}-{i}-{n}" for e, i, n in CASES]
+
+
+def self_contained(fn):
+    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
+    namespace = {"torch": torch, "math": math, "F": F, "nn": torch.nn}
+    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
+def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
+    mistake = MISTAKES[exercise][index]
+    with pytest.raises(CheckFailed) as failure:
+        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
+    message = str(failure.value)
+    assert f"'{name}'" in message, message
+    assert mistake.section in message
+
+
+@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
+def test_mistake_fails_visible_check(exercise, index, name):
+    mistake = MISTAKES[exercise][index]
+    with pytest.raises(CheckFailed):
+        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn))
+
+
+# --- the visible checks' hand-computed numbers agree with the references -------------------------
+
+
+def test_visible_numbers_agree_with_the_formulas(solution):
+    assert solution.attention_flops(2, 3, 5, 7, 11, 13) == 10080
+    assert solution.attention_flops(1, 1, 1, 1, 1, 1) == 4
+    assert solution.attention_memory_bytes(1, 1, 2, 3, torch.float32) == 24
+    assert solution.attention_memory_bytes(2, 4, 8, 16, torch.float16) == 2048
+    assert solution.attention_memory_bytes(3, 1, 5, 2, torch.float64) == 240
+    noisy = solution.fit_power_law([1, 2, 4, 8, 16], [1.0, 2.5, 9.0, 14.0, 70.0])
+    assert noisy == pytest.approx(1.4743992861060176, rel=1e-12)
+    expected = torch.ones(5, 5, dtype=torch.bool).tril() & ~torch.ones(5, 5, dtype=torch.bool).tril(-2)
+    assert torch.equal(solution.sliding_window_mask(5, 2), expected)
+
+
+def test_fit_accepts_a_float32_computation():
+    """A correct fit computed in float32 must pass: the tolerance is not float64-only."""
+
+    def fit_float32(ns, costs):
+        if len(ns) != len(costs) or len(ns) < 2 or min(costs) <= 0:
+            raise ValueError("bad input")
+        x = torch.log(torch.tensor(ns, dtype=torch.float32))
+        y = torch.log(torch.tensor(costs, dtype=torch.float32))
+        dx = x - x.mean()
+        return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
+
+    visible.check_fit_power_law(fit_float32)
+    hidden.check_fit_power_law(fit_float32)
+
+
+def test_numbers_must_be_plain_python_numbers(solution):
+    def flops_as_float(batch, heads, n, m, d_k, d_v):
+        return float(solution.attention_flops(batch, heads, n, m, d_k, d_v))
+
+    def fit_as_tensor(ns, costs):
+        return torch.tensor(solution.fit_power_law(ns, costs))
+
+    with pytest.raises(CheckFailed, match="should be an int, but it is the float"):
+        visible.check_attention_flops(flops_as_float)
+    with pytest.raises(CheckFailed, match="should be a float .*tensor of shape \\(\\)"):
+        visible.check_fit_power_law(fit_as_tensor)
+
+
+def test_mask_must_be_boolean(solution):
+    with pytest.raises(CheckFailed, match="torch.bool"):
+        visible.check_sliding_window_mask(lambda n, window: solution.sliding_window_mask(n, window).float())
+
+
+# --- the tensor watch of chunked_attention and flash_attention -----------------------------------
+
+
+def validated(fn):
+    """``fn`` with the ValueErrors the checks ask for, so that only what the test is about can fail."""
+
+    def wrapper(Q, K, V, block_size, is_causal=False):
+        if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or block_size < 1:
+            raise ValueError(f"bad shapes {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)} or size {block_size}")
+        return fn(Q, K, V, block_size, is_causal)
+
+    return wrapper
+
+
+def naive_attention(Q, K, V, block_size, is_causal=False):
+    return F.scaled_dot_product_attention(Q, K, V, is_causal=is_causal)
+
+
+@validated
+def naive_by_hand(Q, K, V, block_size, is_causal=False):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ V
+
+
+@validated
+def naive_flattened(Q, K, V, block_size, is_causal=False):
+    """The n x m scores built one row at a time into a flat buffer: no 2-D tensor of that shape exists."""
+    n, m = Q.shape[-2], K.shape[-2]
+    flat = torch.empty(*Q.shape[:-2], n * m, dtype=Q.dtype)
+    for i in range(n):
+        flat[..., i * m:(i + 1) * m] = (Q[..., i, :, None] * K.transpose(-2, -1)).sum(-2) / math.sqrt(Q.shape[-1])
+    scores = flat.unflatten(-1, (n, m))
+    if is_causal:
+        scores = scores.masked_fill(torch.arange(m) > torch.arange(n)[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ V
+
+
+@validated
+def every_block_kept(Q, K, V, block_size, is_causal=False):
+    """Correct values, tiled keys, but every block of probabilities is kept in a list until the end."""
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, kept = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        blocks = []
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > torch.arange(q0, q0 + s.shape[-2])[:, None],
+                                  float("-inf"))
+            blocks.append(s)
+        row_max = torch.stack([b.amax(-1) for b in blocks]).amax(0)[..., None]
+        probs = [torch.exp(b - row_max) for b in blocks]
+        kept += probs
+        total = sum(p.sum(-1, keepdim=True) for p in probs)
+        outputs.append(sum(p @ V[..., k0:k0 + block_size, :] for p, k0 in zip(probs, range(0, m, block_size))) / total)
+    return torch.cat(outputs, dim=-2)
+
+
+@validated
+def through_numpy(Q, K, V, block_size, is_causal=False):
+    import numpy as np
+
+    q, k, v = (np.asarray(t) for t in (Q, K, V))
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        s = np.where(np.arange(s.shape[-1]) > np.arange(s.shape[-2])[:, None], -np.inf, s)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ v)
+
+
+@pytest.mark.parametrize("fn", [naive_attention])
+def test_guard_forbids_sdpa_in_chunked_and_flash(fn):
+    for check in (visible.check_chunked_attention, visible.check_flash_attention, hidden.check_chunked_attention,
+                  hidden.check_flash_attention):
+        with pytest.raises(CheckFailed, match="called torch.nn.functional.scaled_dot_product_attention"):
+            check(fn)
+
+
+def mha_inside(Q, K, V, block_size, is_causal=False):
+    d = Q.shape[-1]
+    mha = torch.nn.MultiheadAttention(d, 1, batch_first=True, dtype=Q.dtype)
+    return mha(Q, K, V, need_weights=False)[0]
+
+
+def test_guard_forbids_multi_head_attention():
+    for check in (visible.check_flash_attention, hidden.check_flash_attention):
+        with pytest.raises(CheckFailed, match="called torch.nn.MultiheadAttention"):
+            check(mha_inside)
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (naive_by_hand, "as big as the n x m = 40 x 45 score matrix"),
+        (naive_flattened, "as big as the n x m = 40 x 45 score matrix"),
+        (every_block_kept, "bytes of tensors alive at once"),
+        (through_numpy, "converted a tensor to NumPy"),
+    ],
+)
+def test_tensor_watch_of_flash(fn, expected):
+    """Each of these gives the right values; the watch is what fails them."""
+    gen = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(2, s, 3, generator=gen, dtype=torch.float64) for s in (9, 11, 11))
+    for causal in (False, True):
+        torch.testing.assert_close(fn(Q, K, V, 4, causal), F.scaled_dot_product_attention(Q, K, V, is_causal=causal))
+    with pytest.raises(CheckFailed, match=expected):
+        hidden.check_flash_attention(fn)
+
+
+def test_chunked_attention_submitted_as_flash_is_caught(solution):
+    def chunked_as_flash(Q, K, V, block_size, is_causal=False):
+        return solution.chunked_attention(Q, K, V, block_size, is_causal)
+
+    visible.check_flash_attention(chunked_as_flash)  # the values are right...
+    with pytest.raises(CheckFailed, match="a block of queries against all m = 70 keys"):
+        hidden.check_flash_attention(chunked_as_flash)  # ...but the keys are not tiled
+
+
+def test_naive_submitted_as_chunked_is_caught():
+    def naive_as_chunked(Q, K, V, chunk_size, is_causal=False):
+        return naive_by_hand(Q, K, V, chunk_size, is_causal)
+
+    visible.check_chunked_attention(naive_as_chunked)
+    with pytest.raises(CheckFailed, match="one chunk of queries at a time"):
+        hidden.check_chunked_attention(naive_as_chunked)
+
+
+def test_reference_flash_stays_far_below_the_budgets(solution):
+    gen = torch.Generator().manual_seed(1)
+    args = tuple(torch.randn(1, 96, 2, generator=gen, dtype=torch.float64) for _ in range(3)) + (8,)
+    _, watch = hidden.watched_call(solution.flash_attention, args, {"is_causal": True}, exercise="flash_attention",
+                                   rows=96, cols=96, max_elements=96 * 96)
+    assert watch.offender is None
+    assert watch.peak < 96 * 96 * 8 // 4, watch.peak  # under half of the budget (half a matrix)
+
+
+# --- the reference functions and the notebook's numbers ------------------------------------------
+
+
+def test_bad_inputs_raise_value_error(solution):
+    for fn in (solution.chunked_attention, solution.flash_attention):
+        with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(2, 5, 3\)"):
+            fn(torch.zeros(2, 3, 4), torch.zeros(2, 5, 3), torch.zeros(2, 5, 4), 2)
+        with pytest.raises(ValueError):
+            fn(torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.zeros(2, 5, 4), 0)
+    with pytest.raises(ValueError):
+        solution.fit_power_law([1, 2], [1.0])
+    with pytest.raises(ValueError):
+        solution.sliding_window_mask(4, 0)
+
+
+def test_reference_matches_sdpa_in_float32_at_bench_sizes(solution):
+    gen = torch.Generator().manual_seed(2)
+    Q, K, V = (torch.randn(1, 2, 1000, 64, generator=gen) for _ in range(3))
+    for causal in (False, True):
+        expected = F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+        torch.testing.assert_close(solution.flash_attention(Q, K, V, 256, causal), expected, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(solution.chunked_attention(Q, K, V, 300, causal), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_the_numbers_in_the_prose(solution):
+    """The prose quotes these; they must be what the cells compute."""
+    GiB = 2**30
+    assert solution.attention_memory_bytes(8, 32, 8192, 8192, torch.float16) == 32 * GiB
+    assert solution.attention_memory_bytes(8, 32, 8192, 8192, torch.float32) == 64 * GiB
+    assert solution.attention_memory_bytes(1, 8, 16384, 16384, torch.float32) == 8 * GiB  # the bench's naive point
+    text = "\n".join(c.source for c in source_notebook(ASSIGNMENT).cells if c.cell_type == "markdown")
+    assert "32 GiB in float16 and 64 GiB in float32" in text
+    namespace: dict = {}
+    code = next(c.source for c in source_notebook(ASSIGNMENT).cells if "def blocks_visited" in c.source)
+    exec(code.split("\n\n\nn, B")[0], namespace)
+    assert namespace["blocks_visited"](8192, 1024, 128) == 540
+    assert "leaves 540 of the 4096 blocks" in text
+    flops = solution.attention_flops(1, 1, 8192, 8192, 64, 64)
+    naive, fused = 6 * 8192 * 8192 * 4, (2 * 8192 * 64 + 64 * 2 * 8192 * 64) * 4
+    assert round((flops / fused) / (flops / naive)) == 6 and "six times more arithmetic" in text
+
+
+def test_bench_runs_the_notebook_reference():
+    spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "bench" / "attention_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    names = bench.reference_functions()
+    for name in ("chunked_attention", "flash_attention"):
+        assert str(inspect.signature(names[name])) == SIGNATURES[name]
+    gen = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(1, 2, 70, 8, generator=gen) for _ in range(3))
+    torch.testing.assert_close(names["flash_attention"](Q, K, V, bench.BLOCK), F.scaled_dot_product_attention(Q, K, V))
+    assert bench.fit_power_law([2, 4, 8], [3 * 2**1.5, 3 * 4**1.5, 3 * 8**1.5]) == pytest.approx(1.5)

@@ -30,6 +30,20 @@ c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = False
 c.Execute.execute_retries = 1
 
+# Grading a class safely (README): nbgrader's Execute is replaced by one that runs the kernel
+# in a sandbox, keeps grading after the student's code kills or hangs its kernel, limits the
+# time of the whole notebook and caps output (autograder/pipeline/execute.py). The other
+# steps are nbgrader's defaults.
+c.Autograde.autograde_preprocessors = [
+    "autograder.pipeline.execute.ResilientExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+
 # A library warning printed to stderr must not zero a correct test cell: nbgrader gives
 # zero to any cell with stderr output, so warnings are dropped before grading.
 c.IgnorePattern.enabled = True

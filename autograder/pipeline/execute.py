@@ -1,0 +1,296 @@
+"""nbgrader's ``Execute``, made to survive what a submission can do to its kernel.
+
+nbgrader executes a notebook in one kernel and gives up on the whole submission when that
+kernel dies; a cell that ignores the interrupt after its timeout blocks it for ever; a flood
+of output fills the grader's memory. :class:`ResilientExecute` replaces nbgrader's
+``Execute`` in ``Autograde.autograde_preprocessors`` (``nbgrader_config.py``) and grades what
+can be graded:
+
+- **the kernel dies** in a cell (``os._exit``, a segmentation fault, the memory limit,
+  ``exit()``): the cell gets an error output saying so, a new kernel is started, the cells
+  that had run before are run again (outputs discarded) to rebuild the state, and grading
+  goes on with the next cell;
+- **a cell runs past its timeout** (``Execute.timeout``): it is interrupted and gets an error
+  output; if the kernel does not come back (the code swallows ``KeyboardInterrupt``), it is
+  restarted as above;
+- **the whole notebook** may take at most ``ResilientExecute.notebook_timeout`` seconds,
+  restarts included; the cells left get an error output "not run";
+- **output** beyond ``ResilientExecute.max_output_bytes`` per cell is dropped (a note says so;
+  a dropped stderr stream still leaves a stderr note, so nbgrader's rule "a test cell that
+  writes to stderr scores zero" is unchanged).
+
+Each of these is an error output of the cell, so nbgrader scores that cell as failed and
+the student reads why in the feedback. The kernel runs in the sandbox of
+:mod:`autograder.pipeline.sandbox` (``ResilientExecute.sandbox``, default on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import signal
+from queue import Empty
+from time import monotonic
+
+from jupyter_core.utils import ensure_async, run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat import NotebookNode
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
+from nbgrader.utils import is_grade
+from traitlets import Bool, Integer
+
+#: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
+HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
+#: The ``ename`` of the error outputs this preprocessor adds.
+TIMEOUT, KERNEL_DIED, NOT_RUN = "CellTimeoutError", "KernelDied", "NotRun"
+
+
+def error_output(ename: str, message: str) -> NotebookNode:
+    """An error output showing ``ename: message`` without a traceback."""
+    return new_output("error", ename=ename, evalue=message, traceback=[f"\x1b[0;31m{ename}\x1b[0m: {message}"])
+
+
+def describe_exit(code: int | None) -> str:
+    """How a kernel process ended, in words (negative codes and 128+n are signals)."""
+    if code is None:
+        return "it stopped responding"
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+        why = {
+            "SIGSEGV": "a crash in native code, for example through ctypes",
+            "SIGKILL": "killed, usually for going over the memory limit",
+            "SIGXCPU": "it used up its CPU-time limit",
+            "SIGABRT": "an abort in native code",
+        }.get(name, "a signal")
+        return f"it was stopped by {name} ({why})"
+    return f"it exited with code {code} (os._exit, exit() or quit(), or sys.exit outside a cell)"
+
+
+class ResilientExecute(Execute):
+    """``Execute`` that survives dead kernels, runaway cells and output floods (see the module doc)."""
+
+    notebook_timeout = Integer(600, help="Seconds the whole notebook may take, restarts included.").tag(config=True)
+    max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
+    max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
+    sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.pipeline.sandbox.").tag(config=True)
+    # A kernel that never goes idle must not lose the cells already executed.
+    raise_on_iopub_timeout = Bool(False).tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        from .sandbox import SandboxedKernelManager
+
+        kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+        if not self.sandbox:
+            from jupyter_client.manager import AsyncKernelManager
+
+            self.kernel_manager_class = AsyncKernelManager
+
+    # -- the notebook -----------------------------------------------------------------------
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._started = monotonic()
+        self._replay: list[int] = []
+        self._restarts = 0
+        self._given_up: str | None = None
+        self._timed_out = False
+        self._cell_limit: int | None = None
+        self._output_bytes: dict[int, int] = {}
+        self._flooded: dict[int, set[str]] = {}
+        self._started_cells: set[int] = set()
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code" or not cell.source.strip():
+            return cell, self.resources
+        if self._given_up is None and self._remaining() < 1:
+            self._given_up = (
+                f"This cell was not run: grading this notebook took longer than {self.notebook_timeout} s "
+                "(the limit for the whole notebook), so the cells left were skipped."
+            )
+        if self._given_up is not None:
+            cell.outputs = [error_output(NOT_RUN, self._given_up)]
+            return cell, self.resources
+        for attempt in range(2):
+            self._timed_out = False
+            self._started_cells.discard(index)
+            try:
+                cell = self._run(cell, index)
+            except CellTimeoutError:
+                self._timed_out = True
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(TIMEOUT, self._timeout_message(
+                    self._cell_limit or 0))]
+            except DeadKernelError:
+                code = self._exit_code()
+                started = index in self._started_cells or bool(cell.get("outputs"))
+                self._recover()
+                if attempt == 0 and not started and self._given_up is None:
+                    continue  # the kernel may have died of an earlier cell (exit()): try this one again
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, self._death_message(code))]
+                return cell, self.resources
+            if self._timed_out:
+                # the interrupt's KeyboardInterrupt says less than the timeout's own message
+                cell.outputs = [o for o in cell.outputs if o.get("ename") != "KeyboardInterrupt"]
+                if not run_sync(self._async_responsive)(5):
+                    self._recover()
+            else:
+                self._replay.append(index)
+            return self._without_hidden_source(cell), self.resources
+        return self._without_hidden_source(cell), self.resources
+
+    @staticmethod
+    def _without_hidden_source(cell):
+        """Tracebacks of a cell with hidden tests keep their last line only: they would show its source."""
+        if HIDDEN_TESTS in cell.source:
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    out.traceback = [f"\x1b[0;31m{out.ename}\x1b[0m: {out.evalue}"]
+        return cell
+
+    def _run(self, cell, index, store_history=True):
+        self._cell_limit = max(1, int(min(self.timeout or 10**9, self._remaining())))
+        return self.execute_cell(cell, index, store_history=store_history)
+
+    def _timeout_message(self, timeout: int) -> str:
+        if timeout < (self.timeout or 10**9):
+            return (f"This cell was stopped after {timeout} s: the notebook reached its time limit "
+                    f"of {self.notebook_timeout} s.")
+        return (f"This cell was stopped after running for {timeout} s (the limit per cell). "
+                "Look for a loop that never ends, or work that is far too large.")
+
+    def _remaining(self) -> float:
+        return self.notebook_timeout - (monotonic() - self._started)
+
+    def _death_message(self, code: int | None) -> str:
+        return (
+            f"The kernel (the Python process running this notebook) stopped while this cell ran: {describe_exit(code)}. "
+            "Everything the notebook had defined was lost, so the grader started a new kernel, ran the cells "
+            "before this one again, and went on with the next cell."
+        )
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _exit_code(self) -> int | None:
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is None:
+            return None
+        try:
+            process.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - still running or already reaped
+            pass
+        return process.returncode
+
+    def _recover(self) -> None:
+        """Start a new kernel and rebuild the notebook's state by running the cells that ran before."""
+        while self._given_up is None:
+            if self._restarts >= self.max_restarts or self._remaining() < 5:
+                self._given_up = (
+                    "This cell was not run: the kernel had to be restarted too often, or too late, "
+                    "while grading this notebook."
+                )
+                return
+            self._restarts += 1
+            run_sync(self._async_restart)()
+            failed = self._replay_cells()
+            if failed is None:
+                return
+            self._replay.remove(failed)
+            if not is_grade(self.nb.cells[failed]):
+                self.nb.cells[failed].outputs.append(error_output(
+                    KERNEL_DIED,
+                    "When this cell was run again (to rebuild the notebook after a crash in a later cell), "
+                    "the kernel stopped or hung in it, so it was left out.",
+                ))
+
+    def _replay_cells(self) -> int | None:
+        """Run the cells that ran before again (outputs dropped); the index of one that fails, else None."""
+        for index in list(self._replay):
+            cell = self.nb.cells[index]
+            if is_grade(cell):
+                continue
+            self._timed_out = False
+            try:
+                self._run(copy.deepcopy(cell), index, store_history=False)
+            except DeadKernelError:
+                return index
+            if self._timed_out and not run_sync(self._async_responsive)(5):
+                return index
+        return None
+
+    async def _async_restart(self) -> None:
+        if self.kc is not None:
+            try:
+                await ensure_async(self.kc.stop_channels())
+            except Exception:  # noqa: BLE001 - the old channels may already be gone
+                pass
+        await ensure_async(self.km.restart_kernel(now=True))
+        self.kc = self.km.client()
+        await ensure_async(self.kc.start_channels())
+        await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+        self.kc.allow_stdin = False
+
+    async def _async_responsive(self, wait: float) -> bool:
+        """Whether the kernel answers an empty request within ``wait`` seconds (it is idle again)."""
+        try:
+            if not await ensure_async(self.km.is_alive()):
+                return False
+            msg_id = self.kc.execute("", silent=True, store_history=False)
+            deadline = monotonic() + wait
+            while (left := deadline - monotonic()) > 0:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=left))
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+        except (Empty, RuntimeError):
+            return False
+        return False
+
+    # -- nbclient hooks ---------------------------------------------------------------------
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        before = set(asyncio.all_tasks())
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        finally:
+            # nbclient leaves its output poller running after a timeout: it would eat the next cell's output
+            for task in asyncio.all_tasks() - before:
+                if task is not asyncio.current_task() and not task.done():
+                    task.cancel()
+
+    execute_cell = run_sync(async_execute_cell)
+
+    def _get_timeout(self, cell):
+        return self._cell_limit if self._cell_limit is not None else super()._get_timeout(cell)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = True
+        await super()._async_handle_timeout(timeout, cell)
+        out = error_output(TIMEOUT, self._timeout_message(timeout))
+        return {"content": {"status": "error", "ename": out.ename, "evalue": out.evalue, "traceback": out.traceback}}
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") == "execute_input":
+            self._started_cells.add(cell_index)  # the kernel began this cell: if it dies now, this cell did it
+        return super().process_message(msg, cell, cell_index)
+
+    def output(self, outs, msg, display_id, cell_index):
+        msg_type = msg["msg_type"]
+        content = msg.get("content", {})
+        if msg_type in ("stream", "display_data", "execute_result", "update_display_data"):
+            text = content.get("text", "") if msg_type == "stream" else json.dumps(content.get("data", {}))
+            used = self._output_bytes.get(cell_index, 0)
+            self._output_bytes[cell_index] = used + len(text)
+            if used + len(text) > self.max_output_bytes:
+                stream = content.get("name", "stdout") if msg_type == "stream" else "stdout"
+                noted = self._flooded.setdefault(cell_index, set())
+                keep = max(0, self.max_output_bytes - used)
+                if msg_type == "stream" and keep:
+                    outs.append(new_output("stream", name=stream, text=text[:keep]))
+                if stream not in noted:
+                    noted.add(stream)
+                    outs.append(new_output("stream", name=stream, text=(
+                        f"\n[output cut: this cell wrote more than {self.max_output_bytes} bytes to {stream}]\n")))
+                return None
+        return super().output(outs, msg, display_id, cell_index)

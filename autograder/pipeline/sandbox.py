@@ -1,0 +1,444 @@
+"""Run a student's code where it can do no harm: a bubblewrap sandbox with resource limits.
+
+nbgrader runs a submission in an ordinary Jupyter kernel with the grader's rights. Here the
+kernel's command is wrapped, so that the kernel (and anything it starts) runs
+
+- in a bubblewrap (``bwrap``) sandbox, as the unprivileged user ``nobody`` when the grader
+  is root: its own network namespace with no interface but loopback (no network), its own
+  PID namespace (it sees and can signal only its own processes; when the kernel ends, every
+  process it left behind is killed by the kernel), a file system made of the system's
+  read-only folders, the Python environment read-only, the public part of the
+  ``autograder`` package plus the one hidden-checks module of the notebook being graded, and
+  a writable *copy* of the submission's folder (what the code writes there is thrown away);
+- under resource limits (address space, CPU seconds, file size, a small private ``TMPDIR``),
+  one thread for PyTorch and an environment with nothing of the grader's (no database URL,
+  no tokens).
+
+The kernel talks to nbgrader through Unix sockets in a private folder (``transport=ipc``),
+since it has no network. When ``bwrap`` is missing or cannot create namespaces, the kernel
+runs with the resource limits only, the processes it leaves behind are found by a token in
+their environment and killed, and :func:`mode` says ``"limits only"``: that is the reduced
+protection README's "Grading a class safely" describes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+
+#: The user the sandboxed code runs as when the grader is root.
+NOBODY = 65534
+#: The environment variable that marks every process started for one sandbox.
+TOKEN_VARIABLE = "AUTOGRADER_SANDBOX_TOKEN"
+#: The environment variable that marks every process started to grade one submission (set by grade.py).
+RUN_VARIABLE = "AUTOGRADER_RUN"
+#: Environment variables passed through to the sandboxed code (everything else is dropped).
+PASSED_ENVIRONMENT = ("LANG", "LC_ALL", "TZ", "PYTHONWARNINGS", "PYTHONHASHSEED", "SOURCE_DATE_EPOCH")
+#: The package whose public part the sandboxed code may import.
+PACKAGE = Path(__file__).resolve().parents[1]
+#: Largest copy of a submission folder's other files given to the kernel.
+MAX_WORKDIR_BYTES = 100 * 2**20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed process tree (environment variables override the defaults)."""
+
+    memory_mb: int = 4096  # address space of each process (RLIMIT_AS)
+    cpu_seconds: int = 1200  # CPU time of each process (RLIMIT_CPU)
+    file_mb: int = 256  # largest file written (RLIMIT_FSIZE)
+    tmp_mb: int = 256  # size of the private /tmp
+    processes: int = 256  # processes of the sandbox user (RLIMIT_NPROC; only without root)
+    threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
+
+    @classmethod
+    def from_environment(cls) -> Limits:
+        """``AUTOGRADER_MEMORY_MB``, ``AUTOGRADER_CPU_SECONDS``, ... override the defaults."""
+        values = {}
+        for name, default in asdict(cls()).items():
+            raw = os.environ.get(f"AUTOGRADER_{name.upper()}")
+            values[name] = int(raw) if raw else default
+        return cls(**values)
+
+
+def _run_quiet(cmd: Sequence[str]) -> bool:
+    try:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _probe() -> list[str]:
+    """A sandbox that must be able to start this Python (its prefix may be unreadable for nobody)."""
+    return ["--unshare-all", "--die-with-parent", *_system_binds(), *_python_binds(), "--proc", "/proc", "--dev", "/dev",
+            sys.executable, "-S", "-c", "pass"]
+
+
+@functools.cache
+def mode() -> str:
+    """How sandboxed code runs here: ``"bwrap as nobody"``, ``"bwrap"`` or ``"limits only"``.
+
+    ``AUTOGRADER_SANDBOX=off`` forces ``"limits only"``.
+    """
+    if os.environ.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
+        return "limits only"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "limits only"
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv and _run_quiet([*_as_nobody(setpriv), bwrap, *_probe()]):
+            return "bwrap as nobody"
+        if _run_quiet([bwrap, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL", *_probe()]):
+            return "bwrap"
+        return "limits only"
+    return "bwrap" if _run_quiet([bwrap, *_probe()]) else "limits only"
+
+
+def _as_nobody(setpriv: str) -> list[str]:
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all", "--"]
+
+
+_LIMIT_SNIPPET = (
+    "import json,os,resource,sys\n"
+    "for name,(soft,hard) in json.loads(sys.argv[1]).items():\n"
+    "    resource.setrlimit(getattr(resource,name),(soft,hard))\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+def limited(cmd: Sequence[str], limits: Limits, python: str = sys.executable) -> list[str]:
+    """``cmd`` run under ``limits`` (a tiny exec wrapper: no dependency on ``prlimit``)."""
+    mb = 2**20
+    rlimits = {
+        "RLIMIT_AS": (limits.memory_mb * mb, limits.memory_mb * mb),
+        "RLIMIT_CPU": (limits.cpu_seconds, limits.cpu_seconds + 5),
+        "RLIMIT_FSIZE": (limits.file_mb * mb, limits.file_mb * mb),
+        "RLIMIT_CORE": (0, 0),
+    }
+    if mode() == "bwrap as nobody" or os.geteuid() != 0:
+        rlimits["RLIMIT_NPROC"] = (limits.processes, limits.processes)
+    return [python, "-S", "-c", _LIMIT_SNIPPET, json.dumps(rlimits), *cmd]
+
+
+def hidden_modules_for(assignment: str, root: Path | None) -> set[str]:
+    """The hidden-checks modules the notebook ``assignment`` needs (and the modules they import)."""
+    import re
+
+    names = set()
+    if "_" in assignment:
+        names.add(assignment.split("_", 1)[1])
+    if root is not None:
+        source = root / "source" / assignment / f"{assignment}.ipynb"
+        if source.is_file():
+            names |= set(re.findall(r"autograder\.hidden\.(\w+)", source.read_text(errors="replace")))
+    todo, closure = list(names), set()
+    while todo:
+        name = todo.pop()
+        path = PACKAGE / "hidden" / f"{name}.py"
+        if name in closure or not path.is_file():
+            continue
+        closure.add(name)
+        text = path.read_text(errors="replace")
+        todo += re.findall(r"from \.(\w+) import", text) + re.findall(r"autograder\.hidden\.(\w+)", text)
+    return closure
+
+
+#: What of /etc the code may see: enough to run, nothing secret (no shadow, no keys).
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "localtime", "nsswitch.conf", "hosts",
+       "mime.types", "alternatives", "os-release", "fonts")
+
+
+def _system_binds() -> list[str]:
+    args = []
+    for folder in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(folder):
+            args += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            args += ["--ro-bind", folder, folder]
+    for name in ETC:
+        path = f"/etc/{name}"
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _python_binds() -> list[str]:
+    """The Python installation and environment, read-only (never the course around them)."""
+    folders = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    return [a for f in sorted(folders) if not f.startswith("/usr/") for a in ("--ro-bind", f, f)]
+
+
+def _package_binds(hidden: Iterable[str], extra_files: Iterable[Path] = ()) -> list[str]:
+    """The autograder package read-only, minus ``pipeline`` and every hidden module not listed."""
+    pkg = str(PACKAGE)
+    args = ["--ro-bind", pkg, pkg]
+    for private in ("hidden", "pipeline"):
+        args += ["--tmpfs", f"{pkg}/{private}"]
+    keep = [PACKAGE / "hidden" / "__init__.py"] + [PACKAGE / "hidden" / f"{m}.py" for m in sorted(hidden)]
+    for path in [*keep, *extra_files]:
+        if path.is_file():
+            args += ["--ro-bind", str(path), str(path)]
+    for private in ("hidden", "pipeline"):
+        args += ["--remount-ro", f"{pkg}/{private}"]
+    return args
+
+
+def environment(limits: Limits, home: str, token: str) -> dict[str, str]:
+    """The whole environment of sandboxed code."""
+    env = {k: os.environ[k] for k in PASSED_ENVIRONMENT if k in os.environ}
+    bindir = os.path.dirname(sys.executable)
+    env.update(
+        PATH=f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        HOME=home,
+        TMPDIR=os.path.join(os.path.dirname(home), "tmp"),
+        IPYTHONDIR=f"{home}/.ipython",
+        MPLCONFIGDIR=f"{home}/.matplotlib",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYDEVD_DISABLE_FILE_VALIDATION="1",
+        OMP_NUM_THREADS=str(limits.threads),
+        MKL_NUM_THREADS=str(limits.threads),
+        OPENBLAS_NUM_THREADS=str(limits.threads),
+        **{TOKEN_VARIABLE: token},
+    )
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def wrap(
+    cmd: Sequence[str],
+    *,
+    workdir: str,
+    scratch: str,
+    private: str,
+    limits: Limits,
+    token: str,
+    hidden: Iterable[str] = (),
+    extra_files: Iterable[Path] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that run ``cmd`` sandboxed.
+
+    ``workdir`` is the folder the code believes it runs in; ``scratch`` (a copy of it) is
+    what is mounted there, writable. ``private`` is mounted at the same path, writable
+    (connection file and sockets of a kernel).
+    """
+    env = environment(limits, os.path.join(private, "home"), token)
+    current = mode()
+    if current == "limits only":
+        return limited(cmd, limits), env
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    prefix: list[str] = []
+    if current == "bwrap as nobody":
+        prefix = _as_nobody(shutil.which("setpriv") or "setpriv")
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv"]
+    if current == "bwrap" and os.geteuid() == 0:
+        args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
+    if current == "bwrap as nobody":
+        args += ["--unshare-user", "--disable-userns"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    args += _system_binds() + _python_binds()
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += _package_binds(hidden, extra_files)
+    args += ["--bind", scratch, workdir, "--bind", private, private, "--chdir", workdir]
+    args += ["--size", str(limits.tmp_mb * 2**20), "--tmpfs", env["TMPDIR"]]
+    # Nothing outside the submission's folder and its private folder is writable (not even /tmp).
+    args += ["--remount-ro", "/"]
+    # Outside the sandbox, bwrap itself keeps the grading run's mark, so a run that is
+    # stopped can find and kill it (and with it every process in the sandbox).
+    env_outside = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if RUN_VARIABLE in os.environ:
+        env_outside[RUN_VARIABLE] = os.environ[RUN_VARIABLE]
+    return prefix + args + limited(cmd, limits), env_outside
+
+
+def prepare_scratch(workdir: str | None, into: Path, owner: int | None) -> None:
+    """Copy the regular files of ``workdir`` (no notebooks, no links) to ``into``, capped in size."""
+    into.mkdir(parents=True, exist_ok=True)
+    total = 0
+    if workdir and os.path.isdir(workdir):
+        for dirpath, dirnames, filenames in os.walk(workdir, followlinks=False):
+            rel = os.path.relpath(dirpath, workdir)
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+            target = into / rel
+            target.mkdir(parents=True, exist_ok=True)
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if name.endswith(".ipynb") or not os.path.isfile(path) or os.path.islink(path):
+                    continue
+                total += os.path.getsize(path)
+                if total > MAX_WORKDIR_BYTES:
+                    return
+                shutil.copyfile(path, target / name)
+    if owner is not None:
+        chown_tree(into, owner)
+
+
+def chown_tree(path: Path, owner: int) -> None:
+    """Give ``path`` and everything in it to ``owner`` (the sandbox user)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, owner, owner)
+
+
+def sandbox_owner() -> int | None:
+    """The uid that must own the writable folders of a sandbox (None: the grader itself)."""
+    return NOBODY if mode() == "bwrap as nobody" else None
+
+
+def _copy_font_cache(home: Path) -> None:
+    """Give matplotlib in the sandbox the grader's font cache, so it need not rebuild it each time."""
+    base = os.environ.get("MPLCONFIGDIR") or os.path.join(os.path.expanduser("~"), ".cache", "matplotlib")
+    target = home / ".matplotlib"
+    target.mkdir(parents=True, exist_ok=True)
+    (home / ".ipython").mkdir(exist_ok=True)
+    (home.parent / "tmp").mkdir(exist_ok=True)
+    if os.path.isdir(base):
+        for name in os.listdir(base):
+            if name.startswith("fontlist") and name.endswith(".json"):
+                shutil.copyfile(os.path.join(base, name), target / name)
+
+
+def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE) -> int:
+    """Kill every process whose environment has ``variable=token``; return how many were killed."""
+    import psutil
+
+    killed = 0
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(variable) == token:
+                proc.kill()
+                killed += 1
+        except (psutil.Error, OSError):
+            continue
+    return killed
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernels run in the sandbox (nbgrader: ``Execute.kernel_manager_class``)."""
+
+    def __init__(self, **kwargs):
+        self._private = Path(tempfile.mkdtemp(prefix="autograder-kernel-"))
+        self._token = uuid.uuid4().hex
+        kwargs.setdefault("transport", "ipc")
+        kwargs.setdefault("ip", str(self._private / "kernel"))
+        kwargs.setdefault("connection_file", str(self._private / "kernel.json"))
+        super().__init__(**kwargs)
+        self.limits = Limits.from_environment()
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        workdir = os.path.realpath(kw.get("cwd") or os.getcwd())
+        scratch = self._private / "work"
+        if scratch.exists():
+            shutil.rmtree(scratch)
+        owner = sandbox_owner()
+        prepare_scratch(workdir, scratch, owner)
+        home = self._private / "home"
+        _copy_font_cache(home)
+        if owner is not None:
+            chown_tree(home, owner)
+            os.chown(self._private, owner, owner)
+            os.chown(self.connection_file, owner, owner)
+        root = _course_root(workdir)
+        cmd, env = wrap(
+            kernel_cmd,
+            workdir=workdir,
+            scratch=str(scratch),
+            private=str(self._private),
+            limits=self.limits,
+            token=self._token,
+            hidden=hidden_modules_for(os.path.basename(workdir), root),
+        )
+        if mode() == "limits only":
+            kw["cwd"] = str(scratch)
+            env = {**kw.get("env", os.environ), **env}
+            env.pop("JPY_PARENT_PID", None)
+        else:
+            kw["cwd"] = str(self._private)
+            # A SIGINT to the process group would end bwrap itself (and with it the sandbox):
+            # interrupt through the kernel's control channel instead.
+            self.kernel_spec.interrupt_mode = "message"
+        kw["env"] = env
+        await super()._async_launch_kernel(cmd, **kw)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        kill_leftovers(self._token)
+        if not restart:
+            shutil.rmtree(self._private, ignore_errors=True)
+
+
+def _course_root(workdir: str) -> Path | None:
+    """The course root of an ``autograded/<student>/<assignment>`` folder (or None)."""
+    path = Path(workdir)
+    for parent in path.parents:
+        if (parent / "nbgrader_config.py").is_file():
+            return parent
+    return None
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    stdin: bytes,
+    timeout: float,
+    hidden: Iterable[str] = (),
+    extra_files: Iterable[Path] = (),
+    limits: Limits | None = None,
+) -> tuple[int | None, bytes, bytes]:
+    """Run ``cmd`` sandboxed with ``stdin``; return (exit code or None on timeout, stdout, stderr).
+
+    On timeout the whole sandbox is killed; nothing it started survives.
+    """
+    limits = limits or Limits.from_environment()
+    private = Path(tempfile.mkdtemp(prefix="autograder-run-"))
+    token = uuid.uuid4().hex
+    try:
+        scratch = private / "work"
+        owner = sandbox_owner()
+        prepare_scratch(None, scratch, owner)
+        home = private / "home"
+        _copy_font_cache(home)
+        if owner is not None:
+            chown_tree(private, owner)
+        full, env = wrap(cmd, workdir=str(scratch), scratch=str(scratch), private=str(private), limits=limits,
+                         token=token, hidden=hidden, extra_files=extra_files)
+        if mode() == "limits only":
+            env = {**os.environ, **env}
+        proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=str(scratch), env=env, start_new_session=True)
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out, err = proc.communicate()
+            code = None
+        _kill_group(proc.pid)
+        return code, out, err
+    finally:
+        kill_leftovers(token)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass

@@ -1,0 +1,348 @@
+"""Hostile and broken submissions, graded with a reference student in one parallel run.
+
+Each case is a submission of notebook 01 that hangs, crashes, floods, tampers with the
+checks or the notebook, or tries to leave its sandbox. For each: the test cells that can be
+graded honestly are, the rest score 0, the feedback says what happened, the reference
+student keeps full marks, nothing the submission started is left running, and the run
+ends with a summary.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbgrader.api import Gradebook
+
+from autograder.pipeline import grade, sandbox
+from autograder.pipeline.integrity import NOTES_FILE
+
+from .course_copy import fill, make_course, reference_answers, released, submit
+from .notebook_code import ROOT, nbgrader_meta
+
+pytestmark = pytest.mark.slow
+
+A = "01_soft_lookup"
+CELL_TIMEOUT = 15
+NOTEBOOK_TIMEOUT = 300
+MARKER = f"hostile-{uuid.uuid4().hex}"
+POINTS = {
+    "test_hard_lookup": 1, "test_hard_lookup_hidden": 1,
+    "test_soft_lookup": 1, "test_soft_lookup_hidden": 2,
+    "test_nadaraya_watson": 1, "test_nadaraya_watson_hidden": 2,
+    "test_scaled_dot_product_attention": 2, "test_scaled_dot_product_attention_hidden": 3,
+}
+TESTS_OF = {ex: [f"test_{ex}", f"test_{ex}_hidden"]
+            for ex in ("hard_lookup", "soft_lookup", "nadaraya_watson", "scaled_dot_product_attention")}
+SIGNATURES = {
+    "hard_lookup": "def hard_lookup(query, keys, values):",
+    "soft_lookup": "def soft_lookup(query, keys, values, temperature=1.0):",
+    "nadaraya_watson": "def nadaraya_watson(x_query, x_train, y_train, bandwidth):",
+    "scaled_dot_product_attention": "def scaled_dot_product_attention(Q, K, V):",
+}
+
+
+def body(exercise: str, code: str) -> str:
+    """The exercise's function with ``code`` (indented) as its body."""
+    lines = "\n".join("    " + line for line in code.strip().splitlines())
+    return f"{SIGNATURES[exercise]}\n{lines}\n"
+
+
+WRONG = {
+    "hard_lookup": body("hard_lookup", "return values[0] * 0"),
+    "soft_lookup": body("soft_lookup", "return values[0] * 0, keys[:, 0] * 0"),
+    "nadaraya_watson": body("nadaraya_watson", "return x_query * 0, x_query[:, None] * x_train[None, :] * 0"),
+    "scaled_dot_product_attention": body("scaled_dot_product_attention", "return Q * 0, Q @ K.mT * 0"),
+}
+
+
+def cell_index(notebook, grade_id: str) -> int:
+    return next(i for i, c in enumerate(notebook.cells) if nbgrader_meta(c).get("grade_id") == grade_id)
+
+
+def with_cell(notebook, after: str, source: str, metadata: dict | None = None):
+    """A copy of ``notebook`` with a code cell inserted after the cell ``after``."""
+    notebook = copy.deepcopy(notebook)
+    cell = nbformat.v4.new_code_cell(source, metadata=metadata or {})
+    notebook.cells.insert(cell_index(notebook, after) + 1, cell)
+    return notebook
+
+
+# -- the submissions ------------------------------------------------------------------------
+# name -> (build(release, reference answers, course) -> notebook or None, expected zero test
+# cells (None: all), words expected in the feedback)
+
+def loop_forever(rel, ref, course):
+    return fill(rel, dict(ref, hard_lookup=body("hard_lookup", "while True:\n    pass")))
+
+
+def swallow_interrupt(rel, ref, course):
+    code = "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass"
+    return fill(rel, dict(ref, soft_lookup=body("soft_lookup", code)))
+
+
+def kernel_exit(rel, ref, course):
+    return fill(rel, dict(ref, nadaraya_watson=body("nadaraya_watson", "import os\nos._exit(3)")))
+
+
+def segfault(rel, ref, course):
+    return fill(rel, dict(ref, scaled_dot_product_attention=body(
+        "scaled_dot_product_attention", "import ctypes\nctypes.string_at(0)")))
+
+
+def system_exit(rel, ref, course):
+    return fill(rel, dict(ref, hard_lookup=body("hard_lookup", "raise SystemExit(1)")))
+
+
+def flood(rel, ref, course):
+    return fill(rel, dict(ref, hard_lookup="print('spam ' * 4_000_000)\n" + ref["hard_lookup"]))
+
+
+def memory(rel, ref, course):
+    code = "import torch\nbig = torch.ones(2**33, dtype=torch.float64)\nreturn big[:1], big[:1]"
+    top = "try:\n    hoard = bytearray(64 * 2**30)\nexcept MemoryError:\n    print('no memory for that')\n"
+    return fill(rel, dict(ref, soft_lookup=top + body("soft_lookup", code)))
+
+
+def patch_torch(rel, ref, course):
+    patch = ("import torch\nimport torch.testing\n"
+             "torch.allclose = lambda *args, **kwargs: True\n"
+             "torch.testing.assert_close = lambda *args, **kwargs: None\n"
+             "torch.Tensor.allclose = lambda *args, **kwargs: True\n")
+    return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
+
+
+def patch_hidden(rel, ref, course):
+    patch = ("import autograder.hidden.soft_lookup as h\nimport autograder.checks.soft_lookup as v\n"
+             "for name in dir(h):\n    if name.startswith('check_'):\n        setattr(h, name, lambda fn: None)\n"
+             "for name in dir(v):\n    if name.startswith('check_'):\n        setattr(v, name, lambda fn: None)\n")
+    return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
+
+
+def patch_fail(rel, ref, course):
+    patch = ("import autograder.errors, autograder.verify, autograder.compare, autograder.student\n"
+             "for module in (autograder.errors, autograder.verify, autograder.compare, autograder.student):\n"
+             "    module.fail = lambda message: None\n")
+    return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
+
+
+def sys_modules(rel, ref, course):
+    patch = ("import sys, types\n"
+             "for name in ('autograder.hidden.soft_lookup', 'autograder.checks.soft_lookup'):\n"
+             "    fake = types.ModuleType(name)\n"
+             "    fake.__getattr__ = lambda attr: (lambda fn: None)\n"
+             "    sys.modules[name] = fake\n")
+    return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
+
+
+def ipython_hooks(rel, ref, course):
+    patch = ("shell = get_ipython()\n"
+             "shell.input_transformers_post.append(lambda lines: ['pass\\n'] if 'check' in ''.join(lines) else lines)\n"
+             "shell.set_custom_exc((BaseException,), lambda *args, **kwargs: None)\n")
+    return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
+
+
+def edit_tests(rel, ref, course):
+    notebook = fill(rel, dict(ref, scaled_dot_product_attention=WRONG["scaled_dot_product_attention"]))
+    for cell in notebook.cells:
+        if nbgrader_meta(cell).get("grade"):
+            cell.source = "pass"
+    return notebook
+
+
+def delete_tests(rel, ref, course):
+    notebook = fill(rel, dict(ref, nadaraya_watson=WRONG["nadaraya_watson"]))
+    gone = {"test_nadaraya_watson", "test_nadaraya_watson_hidden", "test_scaled_dot_product_attention_hidden"}
+    notebook.cells = [c for c in notebook.cells if nbgrader_meta(c).get("grade_id") not in gone]
+    return notebook
+
+
+def reorder_tests(rel, ref, course):
+    notebook = fill(rel, ref)
+    cells = notebook.cells
+    hidden = cells.pop(cell_index(notebook, "test_hard_lookup_hidden"))
+    cells.insert(0, hidden)
+    visible = cells.pop(cell_index(notebook, "test_soft_lookup"))
+    cells.append(visible)
+    return notebook
+
+
+def metadata(rel, ref, course):
+    notebook = fill(rel, ref)
+    nbgrader_meta(notebook.cells[cell_index(notebook, "test_hard_lookup")])["points"] = 100
+    nbgrader_meta(notebook.cells[cell_index(notebook, "test_soft_lookup_hidden")])["grade_id"] = "bonus_points"
+    fake = {"nbgrader": {"grade": True, "grade_id": "extra_credit", "locked": True, "points": 50,
+                         "schema_version": 3, "solution": False, "task": False}}
+    return with_cell(notebook, "test_scaled_dot_product_attention_hidden", "print('free points')", fake)
+
+
+def renamed(rel, ref, course):
+    folder = course / "submitted" / "renamed" / A
+    folder.mkdir(parents=True)
+    nbformat.write(fill(rel, ref), folder / "my_attention_homework.ipynb")
+
+
+def omitted(rel, ref, course):
+    folder = course / "submitted" / "omitted" / A
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("I forgot the notebook.\n")
+
+
+def added_cells(rel, ref, course):
+    notebook = with_cell(fill(rel, ref), "test_hard_lookup_hidden", "def helper(x):\n    return 2 * x\n\nhelper(3)")
+    notebook.cells.append(nbformat.v4.new_markdown_cell("My own notes."))
+    return notebook
+
+
+def background(rel, ref, course):
+    launch = (
+        "import os, subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)', '{MARKER}'], start_new_session=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(3600)', '{MARKER}-daemon'])\n"
+    )
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", launch)
+
+
+def chdir(rel, ref, course):
+    return fill(rel, dict(ref, hard_lookup="import os\nos.chdir('/')\n" + ref["hard_lookup"]))
+
+
+def snoop(rel, ref, course):
+    targets = {
+        "source": ROOT / "source" / A / f"{A}.ipynb",
+        "course source": course / "source" / A / f"{A}.ipynb",
+        "solutions": ROOT / "solutions" / A / f"{A}.ipynb",
+        "gradebook": course / "gradebook.db",
+        "other student": course / "submitted" / "reference" / A / f"{A}.ipynb",
+        "other hidden checks": ROOT / "autograder" / "hidden" / "masking.py",
+        "pipeline": ROOT / "autograder" / "pipeline" / "grade.py",
+    }
+    code = ["import os, socket", "results = []"]
+    for what, path in targets.items():
+        code += [f"try:\n    open({str(path)!r}, 'rb').read(100)\n    results.append('LEAKED {what}')\n"
+                 f"except OSError:\n    results.append('BLOCKED {what}')"]
+    for what, path in {"course": course / "written.txt", "repository": ROOT / f"written-{MARKER}.txt"}.items():
+        code += [f"try:\n    open({str(path)!r}, 'w').write('x')\n    results.append('LEAKED write {what}')\n"
+                 f"except OSError:\n    results.append('BLOCKED write {what}')"]
+    code += ["try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    results.append('LEAKED network')\n"
+             "except OSError:\n    results.append('BLOCKED network')",
+             "print(' / '.join(results))"]
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", "\n".join(code))
+
+
+ALL = None
+CASES = {
+    "reference": (lambda rel, ref, course: fill(rel, ref), [], []),
+    "untouched": (lambda rel, ref, course: rel, ALL, []),
+    "loop_forever": (loop_forever, TESTS_OF["hard_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
+    "swallow_interrupt": (swallow_interrupt, TESTS_OF["soft_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
+    "kernel_exit": (kernel_exit, TESTS_OF["nadaraya_watson"], ["The kernel", "exited with code 3"]),
+    "segfault": (segfault, TESTS_OF["scaled_dot_product_attention"], ["The kernel", "SIGSEGV"]),
+    "system_exit": (system_exit, TESTS_OF["hard_lookup"], ["SystemExit"]),
+    "flood": (flood, [], ["output cut"]),
+    "memory": (memory, TESTS_OF["soft_lookup"], ["allocate memory"]),
+    "patch_torch": (patch_torch, ALL, ["allclose was", "protected re-run"]),
+    "patch_hidden": (patch_hidden, ALL, ["was replaced", "protected re-run"]),
+    "patch_fail": (patch_fail, ALL, ["fail was replaced"]),
+    "sys_modules": (sys_modules, ALL, ["sys.modules", "was replaced"]),
+    "ipython_hooks": (ipython_hooks, ALL, ["protected re-run", "hard_lookup"]),
+    "edit_tests": (edit_tests, TESTS_OF["scaled_dot_product_attention"], ["was edited; the original was run"]),
+    "delete_tests": (delete_tests, TESTS_OF["nadaraya_watson"], ["was missing from your notebook"]),
+    "reorder_tests": (reorder_tests, [], ["had been moved"]),
+    "metadata": (metadata, [], ["was restored", "claims to be graded"]),
+    "renamed": (renamed, [], ["was named my_attention_homework.ipynb"]),
+    "omitted": (omitted, ALL, ["was not in your submission"]),
+    "added_cells": (added_cells, [], []),
+    "background": (background, [], []),
+    "chdir": (chdir, [], []),
+    "snoop": (snoop, [], []),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("hostile"), [A])
+    rel, ref = released(course, A), reference_answers(A)
+    for student, (build, _, _) in CASES.items():
+        notebook = build(rel, ref, course)
+        if notebook is not None:
+            submit(course, A, student, notebook)
+    options = grade.Options(cell_timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT)
+    summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
+    errors = grade.feedback([A], root=course)
+    scores = {}
+    with Gradebook(grade.db_url(course)) as gb:
+        for student in CASES:
+            notebook = gb.find_submission_notebook(A, A, student)
+            scores[student] = {g.name: g.score for g in notebook.grades}
+    return course, summary, scores, errors
+
+
+def feedback_text(course: Path, student: str) -> str:
+    page = course / "feedback" / student / A / f"{A}.html"
+    return html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
+
+
+def test_the_run_ends_with_a_summary(graded):
+    course, summary, scores, errors = graded
+    assert not summary.failed, str(summary)
+    assert sorted(s for _, s in summary.graded) == sorted(CASES)
+    assert not errors
+    text = str(summary)
+    assert text.startswith(f"graded {len(CASES)}, failed 0") and "submissions per minute" in text
+
+
+@pytest.mark.parametrize("student", sorted(CASES))
+def test_each_submission(graded, student):
+    course, summary, scores, errors = graded
+    _, zero, words = CASES[student]
+    zero = set(POINTS) if zero is ALL else set(zero)
+    expected = {name: 0.0 if name in zero else float(points) for name, points in POINTS.items()}
+    assert scores[student] == expected
+    text = feedback_text(course, student)
+    for word in words:
+        assert word in text, f"{word!r} is not in the feedback of {student}"
+    assert "BEGIN HIDDEN TESTS" not in text
+
+
+def test_reference_keeps_full_marks(graded):
+    course, summary, scores, errors = graded
+    with Gradebook(grade.db_url(course)) as gb:
+        reference = gb.find_submission(A, "reference")
+        assert reference.score == reference.max_score == sum(POINTS.values())
+        assert gb.find_submission(A, "metadata").max_score == sum(POINTS.values())
+    assert not (course / "autograded" / "reference" / A / NOTES_FILE).read_text().strip("[]\n ")
+
+
+def test_tampering_is_found_by_the_recheck(graded):
+    course, summary, scores, errors = graded
+    for student in ("patch_torch", "patch_hidden", "patch_fail", "sys_modules", "ipython_hooks"):
+        assert (A, student) in summary.rechecked
+        assert summary.zeroed[(A, student)], student
+    assert (A, "reference") not in summary.rechecked
+
+
+def test_nothing_is_left_running(graded):
+    leftovers = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(MARKER in part for part in proc.info["cmdline"] or []):
+            leftovers.append(proc.info["cmdline"])
+    assert not leftovers
+
+
+def test_the_sandbox_keeps_the_submission_in(graded):
+    if sandbox.mode() == "limits only":
+        pytest.skip("bubblewrap is not available here: the kernel runs with resource limits only")
+    course, summary, scores, errors = graded
+    notebook = nbformat.read(course / "autograded" / "snoop" / A / f"{A}.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))
+    assert "BLOCKED" in printed and "LEAKED" not in printed, printed
+    assert not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists()

@@ -14,7 +14,7 @@ import pytest
 from autograder.errors import CheckFailed
 from autograder.pipeline.course import assignments, module_name
 
-from .notebook_code import nbgrader_meta, solution_namespace, source_notebook
+from .notebook_code import answer_cells, nbgrader_meta, solution_namespace, source_notebook
 
 
 def hidden_module(assignment):
@@ -42,10 +42,10 @@ def headings(assignment):
 def test_reference_passes_every_hidden_check(assignment):
     module = hidden_module(assignment)
     reference = solution_namespace(assignment)
-    checked = [name for name in vars(module) if name.startswith("check_")]
-    assert checked, f"autograder.hidden.{module_name(assignment)} has no check"
-    for name in checked:
-        getattr(module, name)(getattr(reference, name.removeprefix("check_")))
+    exercises = [e for e in answer_cells(assignment) if hasattr(module, f"check_{e}")]
+    assert exercises, f"autograder.hidden.{module_name(assignment)} checks no exercise"
+    for exercise in exercises:
+        getattr(module, f"check_{exercise}")(getattr(reference, exercise))
 
 
 @pytest.mark.parametrize("assignment", assignments())

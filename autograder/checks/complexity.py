@@ -191,7 +191,7 @@ def check_flash_attention(flash_attention) -> None:
 def assert_bool_mask(sliding_window_mask) -> None:
     """Fail unless the mask is a torch.bool tensor (True = may attend), before comparing values."""
     mask = call_student(sliding_window_mask, 4, 2, what="sliding_window_mask(4, 2)")
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
         got = f"dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         fail(f"sliding_window_mask(4, 2) should return a torch.bool tensor (True = may attend, SDPA's "
              f"convention), but it returned {got}. A comparison such as (a >= 0) & (a < w) is already boolean.")

@@ -21,12 +21,11 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import grade, sandbox
-from autograder.pipeline.integrity import NOTES_FILE
+from autograder.pipeline.course import assignments
+from autograder.pipeline.integrity import NOTES_FILE, normalize, recheck, scan, stage
 
 from .course_copy import fill, make_course, reference_answers, released, submit
-from .notebook_code import ROOT, nbgrader_meta
-
-pytestmark = pytest.mark.slow
+from .notebook_code import ROOT, nbgrader_meta, source_notebook
 
 A = "01_soft_lookup"
 CELL_TIMEOUT = 15
@@ -269,6 +268,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    """The whole class graded in one parallel run, with its feedback."""
     course = make_course(tmp_path_factory.mktemp("hostile"), [A])
     rel, ref = released(course, A), reference_answers(A)
     for student, (build, _, _) in CASES.items():
@@ -291,6 +291,7 @@ def feedback_text(course: Path, student: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_a_summary(graded):
     course, summary, scores, errors = graded
     assert not summary.failed, str(summary)
@@ -300,6 +301,7 @@ def test_the_run_ends_with_a_summary(graded):
     assert text.startswith(f"graded {len(CASES)}, failed 0") and "submissions per minute" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student", sorted(CASES))
 def test_each_submission(graded, student):
     course, summary, scores, errors = graded
@@ -313,6 +315,7 @@ def test_each_submission(graded, student):
     assert "BEGIN HIDDEN TESTS" not in text
 
 
+@pytest.mark.slow
 def test_reference_keeps_full_marks(graded):
     course, summary, scores, errors = graded
     with Gradebook(grade.db_url(course)) as gb:
@@ -322,6 +325,7 @@ def test_reference_keeps_full_marks(graded):
     assert not (course / "autograded" / "reference" / A / NOTES_FILE).read_text().strip("[]\n ")
 
 
+@pytest.mark.slow
 def test_tampering_is_found_by_the_recheck(graded):
     course, summary, scores, errors = graded
     for student in ("patch_torch", "patch_hidden", "patch_fail", "sys_modules", "ipython_hooks"):
@@ -330,6 +334,7 @@ def test_tampering_is_found_by_the_recheck(graded):
     assert (A, "reference") not in summary.rechecked
 
 
+@pytest.mark.slow
 def test_nothing_is_left_running(graded):
     leftovers = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -338,6 +343,7 @@ def test_nothing_is_left_running(graded):
     assert not leftovers
 
 
+@pytest.mark.slow
 def test_the_sandbox_keeps_the_submission_in(graded):
     if sandbox.mode() == "limits only":
         pytest.skip("bubblewrap is not available here: the kernel runs with resource limits only")
@@ -346,3 +352,111 @@ def test_the_sandbox_keeps_the_submission_in(graded):
     printed = "".join(o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))
     assert "BLOCKED" in printed and "LEAKED" not in printed, printed
     assert not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists()
+
+
+# -- the parts, without nbgrader -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", assignments())
+def test_the_recheck_passes_every_reference(assignment):
+    """No false alarm: every notebook's reference solution passes the protected re-run as it is."""
+    notebook = source_notebook(assignment)
+    verdicts, problem = recheck(notebook, assignment, ROOT, cell_timeout=120, timeout=900)
+    assert problem == ""
+    tests = {nbgrader_meta(c)["grade_id"] for c in notebook.cells
+             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
+    assert set(verdicts) == tests
+    assert {g: v.reason for g, v in verdicts.items() if not v.ok} == {}
+
+
+def released_source() -> nbformat.NotebookNode:
+    """The release of notebook 01 as nbgrader makes it, from the source (no nbgrader run)."""
+    notebook = source_notebook(A)
+    for cell in notebook.cells:
+        meta = nbgrader_meta(cell)
+        if meta.get("solution"):
+            cell.source = re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "raise NotImplementedError()", cell.source,
+                                 flags=re.S)
+        elif "BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+    return notebook
+
+
+@pytest.mark.parametrize("code", [
+    "torch.allclose = lambda *a, **k: True",
+    "import torch.testing\ntorch.testing.assert_close = print",
+    "setattr(torch, 'allclose', print)",
+    "get_ipython().set_custom_exc((Exception,), print)",
+    "import sys\nsys.modules['autograder.hidden.soft_lookup'] = None",
+    "hard_lookup.__code__ = (lambda q, k, v: v).__code__",
+    "class Cheat(torch.Tensor):\n    pass",
+    "from torch.overrides import TorchFunctionMode",
+    "torch._C._set_grad_enabled(False)",
+    "getattr(torch, name)",
+    "%load_ext something",
+    "import autograder.hidden.soft_lookup as h",
+    "def f():\n    import ctypes\n    return ctypes",
+])
+def test_scan_finds_code_that_can_tamper(code):
+    release = released_source()
+    notebook = fill(release, {"hard_lookup": code + "\n" + body("hard_lookup", "return values[0]")})
+    assert any(f.startswith("hard_lookup: ") for f in scan(notebook, release)), code
+
+
+def test_scan_leaves_ordinary_answers_alone():
+    release = released_source()
+    assert scan(fill(release, reference_answers(A)), release) == []
+    plain = body("soft_lookup", "w = torch.softmax(keys @ query / temperature, dim=-1)\n"
+                                "print(getattr(w, 'dtype', None))\nreturn w @ values, w")
+    assert scan(fill(release, {"soft_lookup": plain}), release) == []
+
+
+def test_normalize_puts_locked_cells_back():
+    release = released_source()
+    notebook = fill(release, reference_answers(A))
+    cells = notebook.cells
+    cells.pop(cell_index(notebook, "test_nadaraya_watson_hidden"))  # deleted
+    moved = cells.pop(cell_index(notebook, "test_hard_lookup"))
+    cells.insert(0, moved)  # moved before its exercise
+    cells[cell_index(notebook, "test_soft_lookup")].source = "pass"  # edited
+    nbgrader_meta(cells[cell_index(notebook, "test_soft_lookup_hidden")])["points"] = 99  # metadata
+    nbgrader_meta(cells[cell_index(notebook, "test_scaled_dot_product_attention")])["grade_id"] = "mine"  # renamed id
+    cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade": True, "grade_id": "bonus",
+                                                                          "points": 9, "locked": True}}))
+    fixed, notes = normalize(notebook, release)
+    kinds = sorted({n.kind for n in notes})
+    assert kinds == ["added", "deleted", "edited", "metadata", "moved"], notes
+    ids = [nbgrader_meta(c).get("grade_id") for c in fixed.cells if nbgrader_meta(c)]
+    expected = [nbgrader_meta(c)["grade_id"] for c in release.cells if nbgrader_meta(c)]
+    assert ids == expected
+    by_id = {nbgrader_meta(c)["grade_id"]: c for c in fixed.cells if nbgrader_meta(c)}
+    released_by_id = {nbgrader_meta(c)["grade_id"]: c for c in release.cells if nbgrader_meta(c)}
+    for gid, cell in by_id.items():
+        assert nbgrader_meta(cell) == nbgrader_meta(released_by_id[gid])
+        if nbgrader_meta(cell).get("locked"):
+            assert cell.source == released_by_id[gid].source
+    assert fixed.cells[-1].source == "x = 1" and "nbgrader" not in fixed.cells[-1].metadata
+    assert normalize(fill(release, reference_answers(A)), release)[1] == []
+
+
+def test_stage_copies_regular_files_and_finds_a_renamed_notebook(tmp_path):
+    root = tmp_path / "course"
+    (root / "build" / "release" / A).mkdir(parents=True)
+    release = released_source()
+    nbformat.write(release, root / "build" / "release" / A / f"{A}.ipynb")
+    folder = root / "submitted" / "s" / A
+    folder.mkdir(parents=True)
+    nbformat.write(fill(release, reference_answers(A)), folder / "copy of my work.ipynb")
+    (folder / "data.txt").write_text("mine")
+    (folder / "secret").symlink_to(ROOT / "nbgrader_config.py")
+    (folder / "timestamp.txt").write_text("2026-01-01 10:00:00")
+    staged = stage(root, A, "s", tmp_path / "staging")
+    assert staged.notebooks == [A]
+    assert {n.kind for n in staged.notes} == {"renamed", "link"}
+    target = tmp_path / "staging" / "s" / A
+    assert sorted(p.name for p in target.iterdir()) == sorted([f"{A}.ipynb", "data.txt", "timestamp.txt"])
+    assert not any(p.is_symlink() for p in target.iterdir())
+    (folder / "copy of my work.ipynb").unlink()
+    staged = stage(root, A, "s", tmp_path / "staging2")
+    assert staged.notebooks == [] and [n.kind for n in staged.notes if n.kind != "link"] == ["missing"]

@@ -323,7 +323,7 @@ class _Scanner(ast.NodeVisitor):
                 self.flag(f"from {node.module} import {alias.name}")
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in RISKY_NAMES:
+        if node.id in RISKY_NAMES and not getattr(node, "harmless", False):
             self.flag(node.id)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -358,6 +358,10 @@ class _Scanner(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
             self.flag("type(name, bases, namespace)")
+        if (isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                and not node.args[1].value.startswith("_") and node.args[1].value not in RISKY_ATTRIBUTES):
+            node.func.harmless = True  # getattr(x, "dtype", default): reading a plain attribute
         self.generic_visit(node)
 
 

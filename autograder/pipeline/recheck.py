@@ -37,9 +37,14 @@ import threading
 import types
 
 #: Modules whose namespaces (callables, classes, modules) the checks rely on.
-WATCHED = ("torch", "numpy", "autograder", "builtins", "math", "operator", "functools", "itertools", "collections",
+WATCHED = ("numpy", "autograder", "builtins", "math", "operator", "functools", "itertools", "collections",
            "types", "inspect", "traceback", "re", "dataclasses", "typing", "contextlib", "copy", "abc", "sys",
            "importlib", "IPython")
+#: The parts of PyTorch the checks use (the rest of it changes itself as it loads lazily).
+TORCH = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.modules", "torch.nn.init", "torch.nn.attention",
+         "torch.nn.parameter", "torch.testing", "torch.linalg", "torch.special", "torch.fft", "torch.overrides",
+         "torch.functional", "torch._tensor", "torch.random", "torch.autograd", "torch.utils._python_dispatch",
+         "torch.utils._pytree")
 #: Names that change while an IPython shell works normally.
 VOLATILE = {"_", "__", "___", "displayhook", "excepthook", "last_type", "last_value", "last_traceback", "last_exc",
             "ps1", "ps2", "ps3"}
@@ -50,7 +55,26 @@ class CellTimeout(BaseException):
 
 
 def _watched(name: str) -> bool:
+    if name == "torch" or name.startswith("torch."):
+        return name == "torch" or any(name == t or name.startswith(t + ".") for t in TORCH[1:])
     return any(name == w or name.startswith(w + ".") for w in WATCHED)
+
+
+def _torch_wrapper(new: object, old: object) -> bool:
+    """Whether ``new`` is PyTorch's own wrapper of ``old`` (it wraps functions as it loads, e.g. for dynamo)."""
+    import torch
+
+    code = getattr(new, "__code__", None)
+    if code is None or not code.co_filename.startswith(os.path.dirname(torch.__file__) + os.sep):
+        return False
+    target = new
+    for _ in range(5):
+        target = getattr(target, "__wrapped__", None)
+        if target is old:
+            return True
+        if target is None:
+            return False
+    return False
 
 
 def _functions_of(value: object) -> list[types.FunctionType]:
@@ -69,7 +93,7 @@ class Snapshot:
     """Identities of everything the checks rely on, to compare after student code ran."""
 
     def __init__(self) -> None:
-        self.modules: dict[str, tuple[types.ModuleType, dict[str, int]]] = {}
+        self.modules: dict[str, tuple[types.ModuleType, dict[str, object]]] = {}
         self.classes: dict[int, tuple[type, dict[str, int]]] = {}
         self.functions: dict[int, tuple[types.FunctionType, tuple]] = {}
         self.keep: list[object] = []  # keeps every recorded object alive, so ids stay unique
@@ -82,8 +106,7 @@ class Snapshot:
                 if key in VOLATILE:
                     continue
                 if everything or _important(value):
-                    names[key] = id(value)
-                    self.keep.append(value)
+                    names[key] = value
                     self._visit(value)
             self.modules[name] = (module, names)
 
@@ -123,10 +146,10 @@ class Snapshot:
                 found.append(f"sys.modules[{name!r}] was replaced")
                 continue
             now = vars(module)
-            for key, ident in names.items():
+            for key, old in names.items():
                 if key not in now:
                     found.append(f"{name}.{key} was deleted")
-                elif id(now[key]) != ident:
+                elif now[key] is not old and not _torch_wrapper(now[key], old):
                     found.append(f"{name}.{key} was replaced")
             if len(found) > 20:
                 return found
@@ -208,6 +231,7 @@ def main() -> None:
     config = Config()
     config.HistoryManager.enabled = False
     shell = InteractiveShell.instance(config=config)
+    shell.enable_gui = lambda gui=None: None  # `%matplotlib inline` works without a front end
     run_cell, run_code, compile_code = shell.run_cell, exec, compile
     namespace = shell.user_ns
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -228,9 +252,12 @@ def main() -> None:
         if cell["kind"] == "code":
             try:
                 alarm(timeout)
-                run_cell(cell["source"], store_history=False)
-            except BaseException:  # noqa: BLE001 - a student cell may raise anything, even SystemExit
-                pass
+                result = run_cell(cell["source"], store_history=False)
+                error = result.error_before_exec or result.error_in_exec
+                if error is not None:
+                    emit(cell_error=f"{type(error).__name__}: {error}"[:300])
+            except BaseException as error:  # noqa: BLE001 - a student cell may raise anything, even SystemExit
+                emit(cell_error=f"{type(error).__name__}: {error}"[:300])
             finally:
                 alarm(0)
             continue

@@ -367,8 +367,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         )
         if mode() == "limits only":
             kw["cwd"] = str(scratch)
-            env = {**kw.get("env", os.environ), **env}
-            env.pop("JPY_PARENT_PID", None)
+            if RUN_VARIABLE in os.environ:
+                env[RUN_VARIABLE] = os.environ[RUN_VARIABLE]
         else:
             kw["cwd"] = str(self._private)
             # A SIGINT to the process group would end bwrap itself (and with it the sandbox):
@@ -419,8 +419,6 @@ def run(
             chown_tree(private, owner)
         full, env = wrap(cmd, workdir=str(scratch), scratch=str(scratch), private=str(private), limits=limits,
                          token=token, hidden=hidden, extra_files=extra_files)
-        if mode() == "limits only":
-            env = {**os.environ, **env}
         proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=str(scratch), env=env, start_new_session=True)
         try:

@@ -1,0 +1,127 @@
+"""Parallel grading: the same grades as one at a time, every time, with nothing lost in the gradebook."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import sqlalchemy
+from nbgrader.api import Gradebook
+
+from autograder.pipeline import grade
+from autograder.pipeline.course import module_name, nbgrader
+
+from .course_copy import fill, make_course, mistake_source, reference_answers, released, submit
+
+A = "01_soft_lookup"
+
+
+def export(course, name: str) -> bytes:
+    """``nbgrader export`` of the course's gradebook, as bytes."""
+    path = course / name
+    nbgrader("export", "--to", str(path), f"--db={grade.db_url(course)}", "--log-level=WARN", root=course)
+    return path.read_bytes()
+
+
+def cell_grades(course) -> list[tuple[str, str, float | None]]:
+    """Every (student, test cell, score) of the gradebook, sorted."""
+    with Gradebook(grade.db_url(course)) as gb:
+        return sorted(
+            (student.id, g.name, g.score)
+            for student in gb.students
+            for g in gb.find_submission_notebook(A, A, student.id).grades
+        )
+
+
+@pytest.mark.slow
+def test_parallel_equals_serial_and_repeats(tmp_path):
+    course = make_course(tmp_path, [A])
+    rel, ref = released(course, A), reference_answers(A)
+    mistakes = importlib.import_module(f"autograder.hidden.{module_name(A)}").MISTAKES
+    submit(course, A, "reference", fill(rel, ref))
+    submit(course, A, "untouched", rel)
+    for i, (exercise, catalogue) in enumerate(sorted(mistakes.items())[:2]):
+        submit(course, A, f"mistake_{i}", fill(rel, dict(ref, **{exercise: mistake_source(catalogue[0], exercise)})))
+    submit(course, A, "broken", fill(rel, dict(ref, soft_lookup="def soft_lookup(:\n    pass\n")))
+
+    runs = []
+    for workers in (1, 2, 2):
+        summary = grade.autograde([A], workers=workers, root=course, progress=False)
+        assert not summary.failed, str(summary)
+        assert len(summary.graded) == 5
+        runs.append((export(course, f"grades-{len(runs)}.csv"), cell_grades(course)))
+    (csv1, cells1), (csv2, cells2), (csv3, cells3) = runs
+    assert csv1 == csv2 == csv3, "grading in parallel or twice changed the exported grades"
+    assert cells1 == cells2 == cells3
+    assert csv1.count(b"\n") == 6  # a header and one row per student
+    scores = {(s, g): v for s, g, v in cells1}
+    assert all(v > 0 for (s, _), v in scores.items() if s == "reference")
+    assert all(v == 0 for (s, _), v in scores.items() if s == "untouched")
+
+
+def test_sqlite_gradebook_waits_instead_of_failing(tmp_path):
+    engine = sqlalchemy.create_engine(grade.db_url(tmp_path))
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == grade.SQLITE_BUSY_TIMEOUT * 1000
+    engine.dispose()
+
+
+def _write_submission(args) -> str:
+    url, student = args
+    with Gradebook(url) as gb:
+        gb.update_or_create_student(student)
+        submission = gb.update_or_create_submission("a", student)
+        for notebook in submission.notebooks:
+            for g in notebook.grades:
+                g.auto_score = float(len(student))
+        gb.db.commit()
+    return student
+
+
+def test_many_writers_lose_no_row(tmp_path):
+    url = grade.db_url(tmp_path)
+    with Gradebook(url) as gb:
+        gb.add_assignment("a")
+        gb.add_notebook("n", "a")
+        for i in range(3):
+            gb.add_grade_cell(f"g{i}", "n", "a", max_score=1, cell_type="code")
+    students = [f"student{'x' * (i % 5)}{i}" for i in range(48)]
+    with ProcessPoolExecutor(max_workers=8) as pool:
+        done = list(pool.map(_write_submission, [(url, s) for s in students]))
+    assert sorted(done) == sorted(students)
+    with Gradebook(url) as gb:
+        assert len(gb.students) == len(students)
+        for student in students:
+            grades = gb.find_submission_notebook("n", "a", student).grades
+            assert [g.auto_score for g in grades] == [float(len(student))] * 3
+
+
+def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch, capsys):
+    for student in ("a", "b", "c", "d", "e"):
+        (tmp_path / "submitted" / student / A).mkdir(parents=True)
+    (tmp_path / "source" / A).mkdir(parents=True)
+    (tmp_path / "source" / A / f"{A}.ipynb").write_text("{}")
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def fake_grade_one(assignment, student, root, options):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return grade.Outcome(assignment, student, error="it broke" if student == "c" else None)
+
+    monkeypatch.setattr(grade, "grade_one", fake_grade_one)
+    monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, root: None)
+    monkeypatch.setattr(grade.os, "cpu_count", lambda: 2)
+    summary = grade.autograde([A], root=tmp_path, progress=True)
+    assert peak[0] == 2
+    assert len(summary.graded) == 4 and summary.failed == [(A, "c", "it broke")]
+    progress = capsys.readouterr().err
+    assert "5/5 graded, 1 failed" in progress and "ETA" in progress
+    text = str(summary)
+    assert text.startswith("graded 4, failed 1, in ") and "FAILED 01_soft_lookup / c: it broke" in text

@@ -16,6 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     auto = commands.add_parser("autograde", help="grade every submission in submitted/, in parallel")
     auto.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     auto.add_argument("--workers", type=int, default=None, help="processes at once (default: number of cores)")
+    auto.add_argument("--cell-timeout", type=int, default=None,
+                      help="seconds per cell (default: Execute.timeout of nbgrader_config.py)")
+    auto.add_argument("--notebook-timeout", type=int, default=grade.NOTEBOOK_TIMEOUT,
+                      help="seconds per notebook, restarts included (default: %(default)s)")
+    auto.add_argument("--recheck", choices=grade.RECHECK_MODES, default="suspicious",
+                      help="when to re-run a notebook where its code cannot change the checks (default: %(default)s)")
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     bundle = commands.add_parser("bundle", help="zip the student bundle")
@@ -24,11 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "release":
         release.release(args.assignments)
     elif args.command == "autograde":
-        summary = grade.autograde(args.assignments, args.workers)
+        options = grade.Options(args.cell_timeout, args.notebook_timeout, args.recheck)
+        summary = grade.autograde(args.assignments, args.workers, options=options)
         print(summary)
         return 1 if summary.failed else 0
     elif args.command == "feedback":
-        grade.feedback(args.assignments)
+        errors = grade.feedback(args.assignments)
+        for error in errors:
+            print(f"FAILED {error}")
+        return 1 if errors else 0
     elif args.command == "bundle":
         from .pipeline import bundle as bundle_module
 

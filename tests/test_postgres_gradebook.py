@@ -68,7 +68,7 @@ def postgres_url():
         "-o", f"-p {port} -k {base} -h 127.0.0.1", "start")
     try:
         run(str(folder / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "grader", "gradebook")
-        yield f"postgresql://grader@127.0.0.1:{port}/gradebook"
+        yield f"postgresql+psycopg2://grader@127.0.0.1:{port}/gradebook"  # SQLAlchemy 2 would pick psycopg 3
     finally:
         subprocess.run([*prefix, str(folder / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
                        capture_output=True, cwd=base, timeout=120)

@@ -45,6 +45,10 @@ release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS
 autograde: setup ## grade every submission in submitted/ (WORKERS=n, default: number of cores)
 	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS))
 
+.PHONY: collect-zip
+collect-zip: setup ## put an LMS zip of submissions into submitted/ (ZIP=file.zip ASSIGNMENTS=01_soft_lookup)
+	$(BIN)/python -m autograder collect-zip $(ASSIGNMENTS) $(ZIP)
+
 feedback: setup ## write feedback/ HTML for every graded submission
 	$(BIN)/python -m autograder feedback $(ASSIGNMENTS)
 

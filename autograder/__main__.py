@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="seconds per notebook, restarts included (default: %(default)s)")
     auto.add_argument("--recheck", choices=grade.RECHECK_MODES, default="suspicious",
                       help="when to re-run a notebook where its code cannot change the checks (default: %(default)s)")
+    collect = commands.add_parser("collect-zip", help="put an LMS zip of submissions into submitted/ (nbgrader zip_collect)")
+    collect.add_argument("assignment", help="the assignment the zip holds")
+    collect.add_argument("zip", help="the zip as the learning platform exports it")
+    collect.add_argument("--pattern", default=grade.LMS_PATTERN,
+                         help="regular expression naming student_id and file_id in each file's path (default: Canvas)")
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     bundle = commands.add_parser("bundle", help="zip the student bundle")
@@ -34,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = grade.autograde(args.assignments, args.workers, options=options)
         print(summary)
         return 1 if summary.failed else 0
+    elif args.command == "collect-zip":
+        from pathlib import Path
+
+        students = grade.collect_zip(args.assignment, Path(args.zip), args.pattern)
+        print(f"collected {len(students)} submissions of {args.assignment}: {', '.join(students)}")
     elif args.command == "feedback":
         errors = grade.feedback(args.assignments)
         for error in errors:

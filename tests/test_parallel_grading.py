@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import threading
 import time
+import zipfile
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -15,6 +17,7 @@ from autograder.pipeline import grade
 from autograder.pipeline.course import module_name, nbgrader
 
 from .course_copy import fill, make_course, mistake_source, reference_answers, released, submit
+from .notebook_code import ROOT
 
 A = "01_soft_lookup"
 
@@ -125,3 +128,25 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
     assert "5/5 graded, 1 failed" in progress and "ETA" in progress
     text = str(summary)
     assert text.startswith("graded 4, failed 1, in ") and "FAILED 01_soft_lookup / c: it broke" in text
+
+
+def test_an_lms_zip_lands_in_submitted(tmp_path):
+    shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    (tmp_path / "build" / "release" / A).mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / f"{A}.ipynb", tmp_path / "build" / "release" / A / f"{A}.ipynb")
+    notebook = (ROOT / "notebooks" / f"{A}.ipynb").read_bytes()
+    archive = tmp_path / "submissions.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(f"doejane_1234_567890_{A}.ipynb", notebook)
+        zf.writestr(f"roesmith_LATE_1235_567891_{A}-1.ipynb", notebook)  # late, resubmitted
+        zf.writestr("kimlee_1236_567892_my homework.ipynb", notebook)  # renamed: graded as the notebook later
+        zf.writestr(f".._1237_567893_{A}.ipynb", notebook)  # no student id may leave submitted/
+        zf.writestr("readme.txt", "not a submission")
+    students = grade.collect_zip(A, archive, root=tmp_path)
+    assert students == ["doejane", "kimlee", "roesmith"]
+    submitted = tmp_path / "submitted"
+    assert (submitted / "doejane" / A / f"{A}.ipynb").read_bytes() == notebook
+    assert (submitted / "roesmith" / A / f"{A}.ipynb").is_file()
+    assert (submitted / "kimlee" / A / "my homework.ipynb").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["nbgrader_config.py", "build", "submissions.zip", "downloaded", "submitted"])

@@ -28,7 +28,7 @@ from .course_copy import fill, make_course, reference_answers, released, submit
 from .notebook_code import ROOT, nbgrader_meta, source_notebook
 
 A = "01_soft_lookup"
-CELL_TIMEOUT = 15
+CELL_TIMEOUT = 25
 NOTEBOOK_TIMEOUT = 300
 MARKER = f"hostile-{uuid.uuid4().hex}"
 POINTS = {

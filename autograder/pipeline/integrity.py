@@ -264,8 +264,9 @@ def _clean(cell: NotebookNode, index: int, minor: int) -> NotebookNode:
     cell = copy.deepcopy(cell)
     if cell.cell_type == "code":
         cell.outputs, cell.execution_count = [], None
-    for key in [k for k in cell if k not in ("cell_type", "metadata", "source", "outputs", "execution_count",
-                                              "attachments")]:
+    allowed = ("cell_type", "metadata", "source") + (("outputs", "execution_count") if cell.cell_type == "code"
+                                                       else ("attachments",))
+    for key in [k for k in cell if k not in allowed]:
         cell.pop(key)
     if minor >= 5:
         cell["id"] = f"cell-{index:04d}"

@@ -266,10 +266,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The whole class graded in one parallel run, with its feedback."""
-    course = make_course(tmp_path_factory.mktemp("hostile"), [A])
+def grade_the_class(course: Path):
+    """Submit every case, grade the class in one parallel run and write its feedback."""
     rel, ref = released(course, A), reference_answers(A)
     for student, (build, _, _) in CASES.items():
         notebook = build(rel, ref, course)
@@ -278,12 +276,10 @@ def graded(tmp_path_factory):
     options = grade.Options(cell_timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT)
     summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
     errors = grade.feedback([A], root=course)
-    scores = {}
     with Gradebook(grade.db_url(course)) as gb:
-        for student in CASES:
-            notebook = gb.find_submission_notebook(A, A, student)
-            scores[student] = {g.name: g.score for g in notebook.grades}
-    return course, summary, scores, errors
+        scores = {s: {g.name: g.score for g in gb.find_submission_notebook(A, A, s).grades} for s in CASES}
+        totals = {s: (gb.find_submission(A, s).score, gb.find_submission(A, s).max_score) for s in CASES}
+    return summary, errors, scores, totals
 
 
 def feedback_text(course: Path, student: str) -> str:
@@ -292,69 +288,101 @@ def feedback_text(course: Path, student: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_run_ends_with_a_summary(graded):
-    course, summary, scores, errors = graded
-    assert not summary.failed, str(summary)
-    assert sorted(s for _, s in summary.graded) == sorted(CASES)
-    assert not errors
-    text = str(summary)
-    assert text.startswith(f"graded {len(CASES)}, failed 0") and "submissions per minute" in text
+def test_a_hostile_class(tmp_path):
+    """One test (one parallel run, on one pytest worker); every problem found is reported at the end."""
+    course = make_course(tmp_path, [A])
+    summary, errors, scores, totals = grade_the_class(course)
+    problems: list[str] = []
 
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            problems.append(what)
 
-@pytest.mark.slow
-@pytest.mark.parametrize("student", sorted(CASES))
-def test_each_submission(graded, student):
-    course, summary, scores, errors = graded
-    _, zero, words = CASES[student]
-    zero = set(POINTS) if zero is ALL else set(zero)
-    expected = {name: 0.0 if name in zero else float(points) for name, points in POINTS.items()}
-    assert scores[student] == expected
-    text = feedback_text(course, student)
-    for word in words:
-        assert word in text, f"{word!r} is not in the feedback of {student}"
-    assert "BEGIN HIDDEN TESTS" not in text
+    # the run ends with a summary, every submission graded
+    check(not summary.failed and not errors, f"failures: {summary.failed} {errors}")
+    check(sorted(s for _, s in summary.graded) == sorted(CASES), f"graded: {summary.graded}")
+    check(str(summary).startswith(f"graded {len(CASES)}, failed 0") and "submissions per minute" in str(summary),
+          f"summary: {str(summary)[:200]}")
 
+    # each submission: the expected scores, and the feedback says what happened
+    for student, (_, zero, words) in CASES.items():
+        zero = set(POINTS) if zero is ALL else set(zero)
+        expected = {name: 0.0 if name in zero else float(points) for name, points in POINTS.items()}
+        check(scores[student] == expected, f"{student}: scores {scores[student]}, expected {expected}")
+        text = feedback_text(course, student)
+        for word in words:
+            check(word in text, f"{student}: {word!r} is not in the feedback")
+        check("BEGIN HIDDEN TESTS" not in text, f"{student}: the feedback shows hidden tests")
 
-@pytest.mark.slow
-def test_reference_keeps_full_marks(graded):
-    course, summary, scores, errors = graded
-    with Gradebook(grade.db_url(course)) as gb:
-        reference = gb.find_submission(A, "reference")
-        assert reference.score == reference.max_score == sum(POINTS.values())
-        assert gb.find_submission(A, "metadata").max_score == sum(POINTS.values())
-    assert not (course / "autograded" / "reference" / A / NOTES_FILE).read_text().strip("[]\n ")
+    # no other student's grade changes: the reference keeps full marks, nothing earns extra
+    full = float(sum(POINTS.values()))
+    check(totals["reference"] == (full, full), f"reference: {totals['reference']}")
+    check(all(maximum == full for _, maximum in totals.values()), f"max scores: {totals}")
+    notes = (course / "autograded" / "reference" / A / NOTES_FILE).read_text()
+    check(not notes.strip("[]\n "), f"reference has notes: {notes}")
 
-
-@pytest.mark.slow
-def test_tampering_is_found_by_the_recheck(graded):
-    course, summary, scores, errors = graded
+    # the tampering ones were re-run and lost their points there
     for student in ("patch_torch", "patch_hidden", "patch_fail", "sys_modules", "ipython_hooks"):
-        assert (A, student) in summary.rechecked
-        assert summary.zeroed[(A, student)], student
-    assert (A, "reference") not in summary.rechecked
+        check((A, student) in summary.rechecked and summary.zeroed.get((A, student)), f"{student} not re-checked")
+    check((A, "reference") not in summary.rechecked, "the reference was re-checked")
+
+    # nothing is left running
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if any(MARKER in part for part in p.info["cmdline"] or [])]
+    check(not leftovers, f"left running: {leftovers}")
+
+    # the sandbox keeps the submission in (only where bubblewrap runs)
+    if sandbox.mode() != "limits only":
+        graded = nbformat.read(course / "autograded" / "snoop" / A / f"{A}.ipynb", as_version=4)
+        printed = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
+        check("BLOCKED" in printed and "LEAKED" not in printed, f"snoop: {printed[:600]}")
+    check(not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists(), "a file was written")
+
+    assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow
-def test_nothing_is_left_running(graded):
-    leftovers = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(MARKER in part for part in proc.info["cmdline"] or []):
-            leftovers.append(proc.info["cmdline"])
-    assert not leftovers
+SNOOP = """
+import os, socket, sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").read(10)
+        print("LEAKED read", path)
+    except OSError:
+        print("BLOCKED read", path)
+for path in ("/tmp/outside.txt", os.path.join(os.path.dirname(sys.argv[1]), "written.txt")):
+    try:
+        open(path, "w").write("x")
+        print("LEAKED write", path)
+    except OSError:
+        print("BLOCKED write", path)
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=3)
+    print("LEAKED network")
+except OSError:
+    print("BLOCKED network")
+try:
+    bytearray(8 * 2**30)
+    print("LEAKED memory")
+except MemoryError:
+    print("BLOCKED memory")
+print("uid", os.getuid(), "environment", sorted(os.environ))
+"""
 
 
-@pytest.mark.slow
-def test_the_sandbox_keeps_the_submission_in(graded):
+def test_the_sandbox_on_its_own(tmp_path):
+    """Without nbgrader: what sandboxed code can read, write, reach and allocate."""
     if sandbox.mode() == "limits only":
-        pytest.skip("bubblewrap is not available here: the kernel runs with resource limits only")
-    course, summary, scores, errors = graded
-    notebook = nbformat.read(course / "autograded" / "snoop" / A / f"{A}.ipynb", as_version=4)
-    printed = "".join(o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))
-    assert "BLOCKED" in printed and "LEAKED" not in printed, printed
-    assert not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists()
+        pytest.skip("bubblewrap is not available here: grading runs with resource limits only (see README)")
+    secrets_ = [ROOT / "source" / A / f"{A}.ipynb", ROOT / "solutions" / A / f"{A}.ipynb",
+                ROOT / "autograder" / "hidden" / "soft_lookup.py", ROOT / "nbgrader_config.py", Path("/etc/shadow")]
+    import sys
 
-
-# -- the parts, without nbgrader -------------------------------------------------------------
+    code, out, err = sandbox.run([sys.executable, "-c", SNOOP, *map(str, secrets_)], stdin=b"", timeout=120)
+    text = out.decode()
+    assert code == 0, err.decode()[-2000:]
+    assert text.count("BLOCKED") == len(secrets_) + 4 and "LEAKED" not in text, text
+    assert "uid 65534" in text and "NBGRADER" not in text and "AUTOGRADER_RUN" not in text, text
+    assert not (ROOT / "source" / A / "written.txt").exists()
 
 
 @pytest.mark.slow

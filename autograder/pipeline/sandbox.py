@@ -280,9 +280,8 @@ def prepare_scratch(workdir: str | None, into: Path, owner: int | None) -> None:
                 if name.endswith(".ipynb") or not os.path.isfile(path) or os.path.islink(path):
                     continue
                 total += os.path.getsize(path)
-                if total > MAX_WORKDIR_BYTES:
-                    return
-                shutil.copyfile(path, target / name)
+                if total <= MAX_WORKDIR_BYTES:
+                    shutil.copyfile(path, target / name)
     if owner is not None:
         chown_tree(into, owner)
 

@@ -150,3 +150,19 @@ def test_an_lms_zip_lands_in_submitted(tmp_path):
     assert (submitted / "kimlee" / A / "my homework.ipynb").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["nbgrader_config.py", "build", "submissions.zip", "downloaded", "submitted"])
+
+
+def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):
+    from autograder.pipeline.course import tool_env
+    from autograder.pipeline.forkserver import ForkServer
+
+    server = ForkServer()
+    try:
+        code, out, err = server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)
+        assert code == 0 and out.strip() == nbgrader("--version", root=tmp_path).stdout.strip()
+        code, out, err = server.run(["autograde", "no_such_assignment", "--student", "x"], tmp_path, tool_env(), 120,
+                                    tmp_path)
+        assert code == 1 and "no_such_assignment" in err
+    finally:
+        server.close()
+    assert server.process.returncode == 0

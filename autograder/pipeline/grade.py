@@ -7,7 +7,9 @@ submission can never take another down. For each submission (:func:`grade_one`):
 1. :func:`autograder.pipeline.integrity.stage` copies it to a private folder that nbgrader
    reads instead of ``submitted/``: regular files only, a renamed notebook recognised, the
    locked test cells and their metadata restored;
-2. nbgrader grades that copy. Its ``Execute`` is :class:`~autograder.pipeline.execute.ResilientExecute`
+2. nbgrader grades that copy (its process forked from a server that has imported nbgrader
+   once, :mod:`autograder.pipeline.forkserver`; ``AUTOGRADER_FORKSERVER=0`` starts each one
+   afresh instead). Its ``Execute`` is :class:`~autograder.pipeline.execute.ResilientExecute`
    (``nbgrader_config.py``): the kernel runs in the sandbox of :mod:`autograder.pipeline.sandbox`,
    survives crashes and hangs of the student's code, and the notebook has a time limit; this
    module adds a last wall-clock limit on the whole nbgrader process;
@@ -39,6 +41,7 @@ import nbformat
 
 from . import integrity, sandbox
 from .course import ROOT, assignments, nbgrader, tool_env
+from .forkserver import ForkServer
 from .integrity import Note
 
 #: Seconds a SQLite writer waits for another one before giving up.
@@ -50,6 +53,8 @@ NBGRADER_MARGIN = 120
 RUN_VARIABLE = sandbox.RUN_VARIABLE
 #: When to run the protected re-check: only for code that could tamper, for every submission, or never.
 RECHECK_MODES = ("suspicious", "always", "never")
+#: The server that starts nbgrader processes during a run (None: plain subprocesses).
+_server: ForkServer | None = None
 
 
 def db_url(root: Path = ROOT) -> str:
@@ -148,21 +153,30 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, opti
     token = uuid.uuid4().hex
     env = tool_env()
     env[RUN_VARIABLE] = token
-    proc = subprocess.Popen(args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = _server
     try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        proc.communicate()
-        return f"grading took longer than {limit:.0f} s and was stopped"
+        if server is not None and server.process.poll() is None:
+            code, out, err = server.run(args[3:], root, env, limit, staging)
+        else:
+            proc = subprocess.Popen(args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            try:
+                out, err = proc.communicate(timeout=limit)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                out, err = proc.communicate()
+                code = None
+            finally:
+                _kill_group(proc.pid)
     finally:
-        _kill_group(proc.pid)
         sandbox.kill_leftovers(token, RUN_VARIABLE)
-    if proc.returncode == 0:
+    if code is None:
+        return f"grading took longer than {limit:.0f} s and was stopped"
+    if code == 0:
         return None
     tail = [line for line in (err or out).strip().splitlines() if line.strip()][-5:]
-    return " | ".join(tail) or f"nbgrader exited with {proc.returncode}"
+    return " | ".join(tail) or f"nbgrader exited with {code}"
 
 
 def _record_zero(root: Path, assignment: str, student: str) -> None:
@@ -279,6 +293,25 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     start = time.monotonic()
     if jobs:
         prepare_gradebook(jobs, root)
+    global _server
+    if jobs and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
+        try:
+            _server = ForkServer()
+        except OSError:
+            _server = None
+    try:
+        _grade_all(jobs, workers, root, options, progress, summary, start)
+    finally:
+        if _server is not None:
+            _server.close()
+            _server = None
+    summary.graded.sort()
+    summary.failed.sort()
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def _grade_all(jobs, workers, root, options, progress, summary, start) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(grade_one, a, s, root, options): (a, s) for a, s in jobs}
         for future in as_completed(futures):
@@ -293,10 +326,6 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
                 _progress(len(summary.graded) + len(summary.failed), len(jobs), len(summary.failed), start)
     if progress and jobs:
         sys.stderr.write("\n")
-    summary.graded.sort()
-    summary.failed.sort()
-    summary.seconds = time.monotonic() - start
-    return summary
 
 
 def feedback(names: list[str] | None = None, root: Path = ROOT) -> list[str]:

@@ -1,0 +1,173 @@
+"""Start ``nbgrader`` processes without paying for its imports each time.
+
+Every submission is graded by its own ``nbgrader autograde`` process, and a fresh Python
+spends about two CPU seconds importing nbgrader, nbconvert, Jupyter and SQLAlchemy before it
+grades anything: a fifth of the time of a small notebook. This module's server
+(``python -m autograder.pipeline.forkserver``) imports them once and then, for each request,
+forks a child that runs ``nbgrader ARGS`` in its own session, working folder and environment,
+exactly as a new process would. The server is single-threaded (forking is safe) and only
+forks, reaps and reports; :class:`ForkServer` is its client, safe to share between threads.
+
+Protocol (one JSON object per line): the client sends ``{"id", "argv", "cwd", "env", "out",
+"err"}``; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
+when it ends (``out`` and ``err`` are files for its output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+
+def _child(request: dict) -> None:
+    """In the forked child: become ``nbgrader ARGV`` in a new session; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["out"]), (2, request["err"])):
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(handle, fd)
+        sys.argv = ["nbgrader", *request["argv"]]
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from nbgrader.apps.nbgraderapp import main
+
+        try:
+            main()
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> None:
+    """The server loop: read requests on stdin, fork, report on stdout."""
+    import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
+    import nbgrader.apps.nbgraderapp  # noqa: F401
+    import nbgrader.converters.autograde  # noqa: F401
+    import nbgrader.preprocessors  # noqa: F401
+    import sqlalchemy  # noqa: F401
+
+    from . import execute, sandbox  # noqa: F401
+
+    sandbox.mode()  # probe bubblewrap once, for every child
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    stdin = sys.stdin.buffer
+    running: dict[int, str] = {}
+    buffer = b""
+    open_input = True
+    while open_input or running:
+        ready, _, _ = select.select([stdin] if open_input else [], [], [], 0.05)
+        if ready:
+            chunk = os.read(stdin.fileno(), 65536)
+            if not chunk:
+                open_input = False
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(request)
+                running[pid] = request["id"]
+                out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            ident = running.pop(pid, None)
+            if ident is not None:
+                out.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+class ForkServer:
+    """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.pipeline.forkserver"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ), cwd=str(Path(__file__).parent),
+        )
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[str, queue.Queue] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            with self._lock:
+                box = self._waiting.get(message["id"])
+            if box is not None:
+                box.put(message)
+        with self._lock:
+            boxes = list(self._waiting.values())
+        for box in boxes:
+            box.put({"exit": None, "gone": True})
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float, workdir: Path
+            ) -> tuple[int | None, str, str]:
+        """Run ``nbgrader ARGV``; return (exit code, or None when it was killed at ``timeout``, stdout, stderr)."""
+        out, err = workdir / "nbgrader.out", workdir / "nbgrader.err"
+        box: queue.Queue = queue.Queue()
+        with self._lock:
+            self._next += 1
+            ident = str(self._next)
+            self._waiting[ident] = box
+            assert self.process.stdin is not None
+            self.process.stdin.write((json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env,
+                                                  "out": str(out), "err": str(err)}) + "\n").encode())
+            self.process.stdin.flush()
+        try:
+            started = box.get(timeout=60)
+            if started.get("gone"):
+                raise RuntimeError("the fork server stopped")
+            pid = started["pid"]
+            try:
+                code = box.get(timeout=timeout)["exit"]
+            except queue.Empty:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                box.get(timeout=60)
+                code = None
+        finally:
+            with self._lock:
+                self._waiting.pop(ident, None)
+        read = lambda p: p.read_text(errors="replace") if p.is_file() else ""  # noqa: E731
+        return code, read(out), read(err)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+if __name__ == "__main__":
+    serve()

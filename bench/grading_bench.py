@@ -11,7 +11,10 @@ syntax error and an exception). It then measures
 * **parallel**: ``grade.autograde(workers=N)`` (default: the number of cores) on the same class;
 * **plain**: the same graded notebooks (hidden tests included) executed one at a time by
   plain ``nbclient`` in an ordinary kernel (no nbgrader, no sandbox), with the same one
-  thread per kernel that grading uses.
+  thread per kernel that grading uses;
+
+alternating over batches of ``--batch`` students (serial, parallel, plain for each batch), so
+that a change in the machine's load weighs on the three alike,
 
 and prints submissions per minute, the parallel speedup (serial / parallel time) and the
 overhead of grading over plain execution (serial time / plain time). Both grading runs must
@@ -97,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--students", type=int, default=40)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--batch", type=int, default=10, help="students per batch (the measures alternate)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grading_bench.json")
     args = parser.parse_args()
 
@@ -108,13 +112,24 @@ def main() -> None:
         print(f"{len(jobs)} submissions of {len(names)} notebooks ({kinds}); sandbox: {sandbox.mode()}; "
               f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
 
-        serial = grade.autograde(workers=1, root=course, progress=True)
-        serial_csv = export(course, "serial.csv")
-        print(serial, flush=True)
-        parallel = grade.autograde(workers=args.workers, root=course, progress=True)
-        parallel_csv = export(course, "parallel.csv")
-        print(parallel, flush=True)
-        plain = plain_execution(course, jobs)
+        # The three measures alternate over batches of the class, so that a machine whose load
+        # changes (other work on it) weighs on all three alike.
+        students = sorted({s for _, s in jobs})
+        serial_s = parallel_s = plain = 0.0
+        serial_csv, parallel_csv, rechecked, failed = [], [], 0, 0
+        for first in range(0, len(students), args.batch):
+            batch = students[first:first + args.batch]
+            serial = grade.autograde(workers=1, root=course, progress=False, students=batch)
+            serial_csv.append(export(course, "serial.csv"))
+            parallel = grade.autograde(workers=args.workers, root=course, progress=False, students=batch)
+            parallel_csv.append(export(course, "parallel.csv"))
+            seconds = plain_execution(course, [(a, s) for a, s in jobs if s in batch])
+            serial_s, parallel_s, plain = serial_s + serial.seconds, parallel_s + parallel.seconds, plain + seconds
+            rechecked += len(parallel.rechecked)
+            failed += len(serial.failed) + len(parallel.failed)
+            print(f"students {first + 1}-{first + len(batch)}: serial {serial.seconds:.1f} s, "
+                  f"parallel {parallel.seconds:.1f} s, plain nbclient {seconds:.1f} s, "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
     n = len(jobs)
     results = {
@@ -124,16 +139,16 @@ def main() -> None:
         "workers": args.workers,
         "cores": os.cpu_count(),
         "sandbox": sandbox.mode(),
-        "serial_seconds": round(serial.seconds, 1),
-        "parallel_seconds": round(parallel.seconds, 1),
+        "serial_seconds": round(serial_s, 1),
+        "parallel_seconds": round(parallel_s, 1),
         "plain_nbclient_seconds": round(plain, 1),
-        "serial_per_minute": round(n / serial.seconds * 60, 2),
-        "parallel_per_minute": round(n / parallel.seconds * 60, 2),
-        "speedup": round(serial.seconds / parallel.seconds, 2),
-        "overhead_vs_plain_nbclient": round(serial.seconds / plain, 2),
-        "seconds_per_submission": {"serial": round(serial.seconds / n, 1), "plain": round(plain / n, 1)},
-        "rechecked": len(parallel.rechecked),
-        "failed": len(serial.failed) + len(parallel.failed),
+        "serial_per_minute": round(n / serial_s * 60, 2),
+        "parallel_per_minute": round(n / parallel_s * 60, 2),
+        "speedup": round(serial_s / parallel_s, 2),
+        "overhead_vs_plain_nbclient": round(serial_s / plain, 2),
+        "seconds_per_submission": {"serial": round(serial_s / n, 1), "plain": round(plain / n, 1)},
+        "rechecked": rechecked,
+        "failed": failed,
         "same_grades": serial_csv == parallel_csv,
         "load_average_after": round(os.getloadavg()[0], 1),
         "machine": f"{platform.machine()}, {platform.python_version()}",

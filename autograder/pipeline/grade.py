@@ -282,12 +282,12 @@ def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> None:
 
 
 def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
-              progress: bool = True, options: Options | None = None) -> Summary:
-    """Grade every submission of the named assignments with ``workers`` nbgrader processes at once."""
+              progress: bool = True, options: Options | None = None, students: list[str] | None = None) -> Summary:
+    """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once."""
     options = options or Options()
     if options.recheck not in RECHECK_MODES:
         raise ValueError(f"recheck must be one of {RECHECK_MODES}, not {options.recheck!r}")
-    jobs = submissions(root, names)
+    jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     workers = workers or os.cpu_count() or 1
     summary = Summary()
     start = time.monotonic()

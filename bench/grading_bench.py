@@ -13,10 +13,13 @@ syntax error and an exception). It then measures
   plain ``nbclient`` in an ordinary kernel (no nbgrader, no sandbox), with the same one
   thread per kernel that grading uses;
 
-alternating over batches of ``--batch`` students (serial, parallel, plain for each batch), so
-that a change in the machine's load weighs on the three alike,
+each over the whole class in one command, as an instructor runs it. On a machine shared with
+other work, ``--batch K`` alternates the three over batches of K students instead (serial,
+parallel, plain for each batch), so that a change in the load weighs on the three alike; each
+batch then pays once more for what a grading command does once (starting the fork server,
+preparing the gradebook) and for its last submission running alone, which lowers the speedup.
 
-and prints submissions per minute, the parallel speedup (serial / parallel time) and the
+It prints submissions per minute, the parallel speedup (serial / parallel time) and the
 overhead of grading over plain execution (serial time / plain time). Both grading runs must
 export the same grades (``nbgrader export``). Results go to ``bench/results/grading_bench.json``.
 The figures depend on the machine and on what else runs on it (the load average is recorded).
@@ -100,7 +103,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--students", type=int, default=40)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--batch", type=int, default=10, help="students per batch (the measures alternate)")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="students per batch, the measures alternating (default: the whole class at once)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grading_bench.json")
     args = parser.parse_args()
 
@@ -115,10 +119,11 @@ def main() -> None:
         # The three measures alternate over batches of the class, so that a machine whose load
         # changes (other work on it) weighs on all three alike.
         students = sorted({s for _, s in jobs})
+        size = args.batch if args.batch > 0 else len(students)
         serial_s = parallel_s = plain = 0.0
         serial_csv, parallel_csv, rechecked, failed = [], [], 0, 0
-        for first in range(0, len(students), args.batch):
-            batch = students[first:first + args.batch]
+        for first in range(0, len(students), size):
+            batch = students[first:first + size]
             serial = grade.autograde(workers=1, root=course, progress=False, students=batch)
             serial_csv.append(export(course, "serial.csv"))
             parallel = grade.autograde(workers=args.workers, root=course, progress=False, students=batch)
@@ -137,6 +142,7 @@ def main() -> None:
         "notebooks": names,
         "kinds": kinds,
         "workers": args.workers,
+        "batch": size,
         "cores": os.cpu_count(),
         "sandbox": sandbox.mode(),
         "serial_seconds": round(serial_s, 1),

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade, sandbox
+from autograder.pipeline import cgroup, grade, sandbox
 from autograder.pipeline.course import assignments
 from autograder.pipeline.integrity import NOTES_FILE, normalize, recheck, scan, stage
 
@@ -210,6 +210,24 @@ def background(rel, ref, course):
     return with_cell(fill(rel, ref), "test_hard_lookup_hidden", launch)
 
 
+FORK_BOMB = """import os, time
+forked = 0
+try:
+    for _ in range(2000):
+        if os.fork() == 0:
+            time.sleep(3600)
+            os._exit(0)
+        forked += 1
+except OSError as error:
+    print("refused:", error.strerror)
+print("forked", forked)
+"""
+
+
+def fork_bomb(rel, ref, course):
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", FORK_BOMB)
+
+
 def chdir(rel, ref, course):
     return fill(rel, dict(ref, hard_lookup="import os\nos.chdir('/')\n" + ref["hard_lookup"]))
 
@@ -261,6 +279,7 @@ CASES = {
     "omitted": (omitted, ALL, ["was not in your submission"]),
     "added_cells": (added_cells, [], []),
     "background": (background, [], []),
+    "fork_bomb": (fork_bomb, [], []),
     "chdir": (chdir, [], []),
     "snoop": (snoop, [], []),
 }
@@ -336,6 +355,11 @@ def test_a_hostile_class(tmp_path):
         graded = nbformat.read(course / "autograded" / "snoop" / A / f"{A}.ipynb", as_version=4)
         printed = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
         check("BLOCKED" in printed and "LEAKED" not in printed, f"snoop: {printed[:600]}")
+    if "pids" in cgroup.controllers() or sandbox.mode() == "bwrap as nobody":
+        graded = nbformat.read(course / "autograded" / "fork_bomb" / A / f"{A}.ipynb", as_version=4)
+        printed = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
+        forked = re.search(r"forked (\d+)", printed)
+        check(forked is not None and int(forked.group(1)) < sandbox.Limits().processes, f"fork bomb: {printed[:300]}")
     check(not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists(), "a file was written")
 
     assert not problems, "\n".join(problems)
@@ -383,6 +407,56 @@ def test_the_sandbox_on_its_own(tmp_path):
     assert text.count("BLOCKED") == len(secrets_) + 4 and "LEAKED" not in text, text
     assert "uid 65534" in text and "NBGRADER" not in text and "AUTOGRADER_RUN" not in text, text
     assert not (ROOT / "source" / A / "written.txt").exists()
+
+
+FORK_AND_ALLOCATE = """
+import os, signal, time
+sleepers = []
+try:
+    for _ in range(1000):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        sleepers.append(pid)
+except OSError:
+    pass
+print("forked", len(sleepers))
+for pid in sleepers:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(300 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os._exit(0)
+    children.append(pid)
+print("exits", [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
+"""
+
+
+def test_the_control_group_caps_processes_and_memory(monkeypatch):
+    """A fork bomb stops at the process cap; four processes of 300 MB do not all fit in 700 MB; nothing is left."""
+    if not cgroup.controllers():
+        pytest.skip("control groups cannot be made here: the per-process limits are all there is (see README)")
+    import sys
+
+    made = []
+    create = cgroup.create
+    monkeypatch.setattr(cgroup, "create", lambda *a, **k: made.append(create(*a, **k)) or made[-1])
+    limits = sandbox.Limits(processes=40, memory_mb=700)
+    code, out, err = sandbox.run([sys.executable, "-c", FORK_AND_ALLOCATE], stdin=b"", timeout=120, limits=limits)
+    text = out.decode()
+    assert code == 0, err.decode()[-2000:]
+    if "pids" in cgroup.controllers():
+        assert 10 < int(re.search(r"forked (\d+)", text).group(1)) < 40, text
+    if "memory" in cgroup.controllers():
+        exits = eval(re.search(r"exits (\[.*\])", text).group(1))
+        assert exits.count(0) < 4 and set(exits) <= {0, -9}, text
+    assert made and made[0] is not None and not any(folder.exists() for folder in made[0].folders)
 
 
 @pytest.mark.slow

@@ -291,15 +291,15 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     workers = workers or os.cpu_count() or 1
     summary = Summary()
     start = time.monotonic()
-    if jobs:
-        prepare_gradebook(jobs, root)
     global _server
     if jobs and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
         try:
-            _server = ForkServer()
+            _server = ForkServer()  # first, so that its imports overlap with preparing the gradebook
         except OSError:
             _server = None
     try:
+        if jobs:
+            prepare_gradebook(jobs, root)
         _grade_all(jobs, workers, root, options, progress, summary, start)
     finally:
         if _server is not None:

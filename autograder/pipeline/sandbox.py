@@ -12,7 +12,9 @@ kernel's command is wrapped, so that the kernel (and anything it starts) runs
   a writable *copy* of the submission's folder (what the code writes there is thrown away);
 - under resource limits (address space, CPU seconds, file size, a small private ``TMPDIR``),
   one thread for PyTorch and an environment with nothing of the grader's (no database URL,
-  no tokens).
+  no tokens);
+- in its own control group where the grader may make one (:mod:`autograder.pipeline.cgroup`),
+  which caps the number of processes and the memory of the whole sandbox.
 
 The kernel talks to nbgrader through Unix sockets in a private folder (``transport=ipc``),
 since it has no network. When ``bwrap`` is missing or cannot create namespaces, the kernel
@@ -38,6 +40,8 @@ from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 
+from . import cgroup
+
 #: The user the sandboxed code runs as when the grader is root.
 NOBODY = 65534
 #: The environment variable that marks every process started for one sandbox.
@@ -56,11 +60,11 @@ MAX_WORKDIR_BYTES = 100 * 2**20
 class Limits:
     """Resource limits of one sandboxed process tree (environment variables override the defaults)."""
 
-    memory_mb: int = 4096  # address space of each process (RLIMIT_AS)
+    memory_mb: int = 4096  # address space of each process (RLIMIT_AS), and memory of the control group
     cpu_seconds: int = 1200  # CPU time of each process (RLIMIT_CPU)
     file_mb: int = 256  # largest file written (RLIMIT_FSIZE)
     tmp_mb: int = 256  # size of the private /tmp
-    processes: int = 256  # processes of the sandbox user (RLIMIT_NPROC; only without root)
+    processes: int = 256  # tasks of the sandbox's control group; RLIMIT_NPROC too when its user is not root
     threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
 
     @classmethod
@@ -265,6 +269,11 @@ def wrap(
     return prefix + args + limited(cmd, limits), env_outside
 
 
+def control_group(token: str, limits: Limits) -> cgroup.Group | None:
+    """A control group that caps the sandbox's processes and memory in all (None where groups cannot be made)."""
+    return cgroup.create(token, processes=limits.processes, memory_bytes=limits.memory_mb * 2**20)
+
+
 def prepare_scratch(workdir: str | None, into: Path, owner: int | None) -> None:
     """Copy the regular files of ``workdir`` (no notebooks, no links) to ``into``, capped in size."""
     into.mkdir(parents=True, exist_ok=True)
@@ -340,6 +349,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         kwargs.setdefault("connection_file", str(self._private / "kernel.json"))
         super().__init__(**kwargs)
         self.limits = Limits.from_environment()
+        self._group: cgroup.Group | None = None
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
         workdir = os.path.realpath(kw.get("cwd") or os.getcwd())
@@ -364,6 +374,9 @@ class SandboxedKernelManager(AsyncKernelManager):
             token=self._token,
             hidden=hidden_modules_for(os.path.basename(workdir), root),
         )
+        if self._group is None:
+            self._group = control_group(self._token, self.limits)
+        cmd = cgroup.join_command(self._group, cmd)
         if mode() == "limits only":
             kw["cwd"] = str(scratch)
             if RUN_VARIABLE in os.environ:
@@ -380,6 +393,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         await super()._async_cleanup_resources(restart=restart)
         kill_leftovers(self._token)
         if not restart:
+            cgroup.remove(self._group)
+            self._group = None
             shutil.rmtree(self._private, ignore_errors=True)
 
 
@@ -408,6 +423,7 @@ def run(
     limits = limits or Limits.from_environment()
     private = Path(tempfile.mkdtemp(prefix="autograder-run-"))
     token = uuid.uuid4().hex
+    group = control_group(token, limits)
     try:
         scratch = private / "work"
         owner = sandbox_owner()
@@ -418,6 +434,7 @@ def run(
             chown_tree(private, owner)
         full, env = wrap(cmd, workdir=str(scratch), scratch=str(scratch), private=str(private), limits=limits,
                          token=token, hidden=hidden, extra_files=extra_files)
+        full = cgroup.join_command(group, full)
         proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=str(scratch), env=env, start_new_session=True)
         try:
@@ -431,6 +448,7 @@ def run(
         return code, out, err
     finally:
         kill_leftovers(token)
+        cgroup.remove(group)
         shutil.rmtree(private, ignore_errors=True)
 
 

@@ -68,9 +68,10 @@ def serve() -> None:
     import nbgrader.preprocessors  # noqa: F401
     import sqlalchemy  # noqa: F401
 
-    from . import execute, sandbox  # noqa: F401
+    from . import cgroup, execute, sandbox  # noqa: F401
 
-    sandbox.mode()  # probe bubblewrap once, for every child
+    sandbox.mode()  # probe bubblewrap and control groups once, for every child
+    cgroup.controllers()
     out = os.fdopen(os.dup(1), "w", buffering=1)
     stdin = sys.stdin.buffer
     running: dict[int, str] = {}

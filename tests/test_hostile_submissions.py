@@ -213,7 +213,7 @@ def background(rel, ref, course):
 FORK_BOMB = """import os, time
 forked = 0
 try:
-    for _ in range(2000):
+    for _ in range(600):  # well over the cap of 256, yet bounded where there is none
         if os.fork() == 0:
             time.sleep(3600)
             os._exit(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import sys
 import threading
 import time
 import zipfile
@@ -166,3 +167,41 @@ def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):
     finally:
         server.close()
     assert server.process.returncode == 0
+
+
+class _Garbage:
+    """A cycle with a finalizer: collecting it runs Python code, where another thread may take over."""
+
+    def __del__(self):
+        pass
+
+
+def test_grading_threads_parse_cells_at_the_same_time():
+    """Two workers scanning cells at once must not trip CPython's shared AST depth counter."""
+    from autograder.pipeline import integrity
+
+    source = "x = " + "(" * 20 + "1" + ")" * 20 + "\n" + "def f(a):\n    return [i for i in range(a) if i]\n" * 50
+    errors: list[str] = []
+
+    def work():
+        for _ in range(100):
+            try:
+                integrity.parse_cell(source)
+            except SystemError as error:
+                errors.append(str(error))
+                return
+            for _ in range(50):
+                junk = _Garbage()
+                junk.cycle = junk
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, so that a race shows
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]

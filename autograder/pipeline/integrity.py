@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -376,6 +377,19 @@ def python_source(source: str) -> str:
         return source
 
 
+# CPython 3.11 counts the depth of its AST conversion in state shared by all threads
+# (python/cpython#106905): two grading threads parsing at once can fail with
+# "SystemError: AST constructor recursion depth mismatch". Parsing is quick; it takes turns.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_cell(source: str) -> ast.Module:
+    """The syntax tree of a code cell's source (magics included); raises ``SyntaxError``."""
+    text = python_source(source)
+    with _PARSE_LOCK:
+        return ast.parse(text)
+
+
 def scan(notebook: NotebookNode, release: NotebookNode) -> list[str]:
     """What in the student's code could tamper with the checks: ``["cell 7: import sys", ...]``."""
     trusted = {c.source.strip() for c in release.cells if c.cell_type == "code"}
@@ -384,7 +398,7 @@ def scan(notebook: NotebookNode, release: NotebookNode) -> list[str]:
         if cell.cell_type != "code" or cell.source.strip() in trusted or _locked(cell):
             continue
         try:
-            tree = ast.parse(python_source(cell.source))
+            tree = parse_cell(cell.source)
         except SyntaxError:
             continue  # a cell that does not parse runs nothing
         scanner = _Scanner()
@@ -424,7 +438,7 @@ def recheck(notebook: NotebookNode, assignment: str, root: Path, cell_timeout: i
             continue  # it crashed or hung nbgrader's kernel and scored 0 there: left out, as nbgrader's restart did
         if _meta(cell).get("grade") and not _meta(cell).get("solution"):
             cells.append({"kind": "test", "grade_id": _meta(cell)["grade_id"], "source": cell.source})
-            tree = ast.parse(python_source(cell.source))
+            tree = parse_cell(cell.source)
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autograder"):
                     preload.add(node.module)

@@ -115,3 +115,27 @@ def expect_error(
     if not isinstance(raised, error):
         fail(f"{what} should raise {error.__name__} because {why}, but it raised {type(raised).__name__}: {raised}")
     return raised
+
+
+def probe(
+    examine: Callable[..., Any],
+    target: Any,
+    *args: Any,
+    what: str,
+    forbid: Sequence[Forbidden] = (),
+    **kwargs: Any,
+) -> Any:
+    """``examine(target, *args, **kwargs)`` run where the student's code runs; its plain-data result.
+
+    ``examine`` is a module-level function of the package's public part (never ``hidden``
+    or ``pipeline``) that looks at the student's object in the student's own process
+    (autograd through it, its parameters, a watch on the torch calls it makes) and returns
+    plain data. When a notebook is graded, ``target`` lives in the sandboxed kernel and so
+    does this call: the student's code can change what a probe returns, as it can change
+    what its functions return, but never how the result is judged.
+    """
+    from .remote import Remote
+
+    if isinstance(target, Remote):
+        return target.probe(examine, args, kwargs, what=what, forbid=forbid)
+    return call_student(examine, target, *args, what=what, forbid=forbid, **kwargs)

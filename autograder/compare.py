@@ -7,12 +7,15 @@ from typing import Any
 import torch
 
 from .errors import fail
+from .remote import Remote
 
 
 def describe(x: Any) -> str:
     """A short description of a value: a tensor's shape and dtype, or its type."""
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    if isinstance(x, Remote):
+        return x.description
     if isinstance(x, tuple):
         return f"a tuple of {len(x)} values ({', '.join(describe(v) for v in x)})"
     return f"a {type(x).__name__}"

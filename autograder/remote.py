@@ -1,7 +1,314 @@
-"""The student's objects seen from the grader: proxies whose calls run in the student's kernel."""
+"""The student's objects seen from the grader: proxies whose calls run in the student's kernel.
+
+When a notebook is graded, its test cells run in the grader's process, not in the kernel
+that ran the student's cells. A name a test cell reads from the student's notebook
+(``check_soft_lookup(soft_lookup)``) becomes a :class:`Remote`: calling it sends the
+arguments, as plain data (:mod:`autograder.wire`), to the kernel, where :func:`serve` calls
+the student's function under the guard and sends back what it returned, or the error it
+raised. References, expected values, comparisons and the mistake catalogue never enter the
+kernel, so nothing the student's code does there can change how its results are judged.
+
+Two sides, one module: :class:`Remote` (the grader's side, over a :class:`Channel`) and
+:func:`serve` (the kernel's side). A student's code can replace :func:`serve` in its own
+kernel; what it sends back is then still only plain data, judged like any other answer.
+
+What this does not protect: what runs in the kernel is the student's. The guard against
+forbidden built-ins, the watches of probes and the thread check below all run there and can
+be fooled by code written to fool them; the grader adds a reading of the student's source
+for forbidden built-ins (:mod:`autograder.pipeline.source_check`) that the kernel cannot change.
+"""
 
 from __future__ import annotations
 
+import base64
+import builtins
+import importlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from . import wire
+from .errors import CheckFailed, fail
+from .guard import ACTIVE_RULES, Forbidden
+
+
+class Interrupted(BaseException):
+    """The kernel stopped answering a request (a ``BaseException``: no check may swallow it)."""
+
+
+class CallTimedOut(Interrupted):
+    """A request ran past the time its test cell had left."""
+
+
+class KernelDied(Interrupted):
+    """The kernel process ended while a request ran."""
+
+
+class Channel(Protocol):
+    """How requests reach the student's kernel."""
+
+    def request(self, message: bytes) -> bytes:
+        """Send one encoded request; return the encoded reply (raises :class:`Interrupted`)."""
+
+    def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
+        """What of ``rules`` the student's source of ``name`` uses, as a message (None: nothing)."""
+
+
+# -- the grader's side -------------------------------------------------------------------------
+
+
+def _student_error(info: Any) -> Exception:
+    """The exception a student's code raised, rebuilt from its description (a built-in base class)."""
+    if not isinstance(info, dict):
+        info = {}
+    name = str(info.get("type", "Exception"))
+    name = name if name.isidentifier() and len(name) <= 100 else "Exception"
+    message = str(info.get("message", ""))[:20000]
+    base: type[Exception] = RuntimeError
+    for candidate in info.get("bases", []) if isinstance(info.get("bases"), list) else []:
+        found = getattr(builtins, str(candidate), None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            base = found
+            break
+    try:
+        error = type(name, (base,), {"__module__": "student"})(message)
+    except Exception:  # noqa: BLE001 - a base whose constructor wants more arguments
+        error = type(name, (RuntimeError,), {"__module__": "student"})(message)
+    error.student_frames = str(info.get("frames", ""))[:5000]
+    return error
+
 
 class Remote:
-    """A student's object that lives in another process (filled in by the grading model)."""
+    """A student's object in the kernel: call it, read a public attribute, take its ``len``."""
+
+    def __init__(self, channel: Channel, number: int, kind: str, is_callable: bool, root: str) -> None:
+        self._channel, self._number, self._kind, self._callable, self._root = channel, number, kind, is_callable, root
+
+    @property
+    def description(self) -> str:
+        """What the object is, in words, for a message."""
+        return f"a {self._kind}"
+
+    def __repr__(self) -> str:
+        return f"<your {self._kind}>"
+
+    def _handle(self) -> wire.Handle:
+        return wire.Handle(self._number)
+
+    def _ask(self, request: dict) -> dict:
+        reply = self._channel.request(wire.encode(request))
+        try:
+            decoded = wire.decode(reply, resolve=self._resolver())
+        except wire.WireError as error:
+            fail(f"What your code sent back could not be read: {error}.")
+        if not isinstance(decoded, dict):
+            fail("What your code sent back could not be read.")
+        if "unsendable" in decoded:
+            fail(f"Your code returned something that is not plain data ({decoded['unsendable']}): return tensors, "
+                 "numbers or tuples of them.")
+        return decoded
+
+    def _resolver(self) -> Callable[[int, str, bool], Remote]:
+        return lambda number, kind, is_callable: Remote(self._channel, number, kind, is_callable, self._root)
+
+    def _checked(self, forbid: Sequence[Forbidden], exercise: str) -> None:
+        if forbid:
+            problem = self._channel.forbidden_use(self._root, forbid, exercise)
+            if problem:
+                fail(problem)
+
+    def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden]) -> dict:
+        self._checked(forbid, exercise)
+        request = dict(op, target=self._handle(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
+                       forbid=[[r.shown_as, sorted(r.names)] for r in forbid])
+        reply = self._ask(request)
+        if "failed" in reply:
+            raise CheckFailed(str(reply["failed"]))
+        return reply
+
+    def attempt(self, args: Sequence[Any], kwargs: dict, *, exercise: str, forbid: Sequence[Forbidden] = ()
+                ) -> tuple[Any, BaseException | None]:
+        """:func:`autograder.student.attempt` of this object, run in the kernel."""
+        from .diagnosis import Outcome
+
+        reply = self._call({"op": "call"}, args, kwargs, exercise, forbid)
+        if "error" in reply:
+            error = _student_error(reply["error"])
+            return Outcome(error=(type(error).__name__, str(error))), error
+        return Outcome(value=reply.get("value")), None
+
+    def probe(self, examine: Callable[..., Any], args: Sequence[Any], kwargs: dict, *, what: str,
+              forbid: Sequence[Forbidden] = ()) -> Any:
+        """:func:`autograder.student.probe` with this object as the target, run in the kernel."""
+        from .student import describe_error
+
+        name = f"{examine.__module__}:{examine.__qualname__}"
+        reply = self._call({"op": "probe", "examine": name}, args, kwargs, what.split("(", 1)[0], forbid)
+        if "error" in reply:
+            fail(describe_error(what, _student_error(reply["error"])))
+        return reply.get("value")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forbid, exercise = ACTIVE_RULES.get()
+        outcome, error = self.attempt(args, kwargs, exercise=exercise or self._root, forbid=forbid)
+        if error is not None:
+            raise error
+        return outcome.value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        reply = self._ask({"op": "getattr", "target": self._handle(), "name": name})
+        if "error" in reply:
+            raise AttributeError(f"{self._kind} has no attribute {name!r}")
+        return reply.get("value")
+
+    def __len__(self) -> int:
+        reply = self._ask({"op": "len", "target": self._handle()})
+        if "error" in reply:
+            raise _student_error(reply["error"])
+        value = reply.get("value")
+        if type(value) is not int or value < 0:
+            raise TypeError(f"len() of {self.description} is not a non-negative int")
+        return value
+
+
+def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
+    """``(True, value)`` for a name the student's notebook defines (a :class:`Remote` or plain data), else ``(False, None)``."""
+    resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name)  # noqa: E731
+    try:
+        reply = wire.decode(channel.request(wire.encode({"op": "name", "name": name})), resolve=resolver)
+    except wire.WireError:
+        return False, None
+    if not isinstance(reply, dict) or "value" not in reply:
+        return False, None
+    return True, reply["value"]
+
+
+def reset(channel: Channel) -> None:
+    """Let the kernel forget the objects earlier requests kept."""
+    channel.request(wire.encode({"op": "reset"}))
+
+
+# -- the kernel's side -------------------------------------------------------------------------
+
+_objects: dict[int, Any] = {}
+
+
+def _keep(obj: Any) -> wire.Handle:
+    number = len(_objects) + 1
+    _objects[number] = obj
+    kind = type(obj).__qualname__
+    return wire.Handle(number, kind[:200], callable(obj))
+
+
+def _error_info(error: BaseException) -> dict:
+    from .student import student_frames
+
+    bases = [c.__name__ for c in type(error).__mro__ if getattr(builtins, c.__name__, None) is c]
+    return {"type": type(error).__name__, "bases": bases, "message": str(error)[:20000],
+            "frames": student_frames(error)[:5000]}
+
+
+def _examiner(name: str) -> Callable[..., Any]:
+    module, _, qualname = name.partition(":")
+    parts = module.split(".")
+    if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in ("hidden", "pipeline")):
+        raise ValueError(f"{name} is not a probe of the public checks")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _running_children() -> int:
+    try:
+        import psutil
+    except ImportError:  # the student's own environment may lack it; grading's has it
+        return 0
+    return len(psutil.Process().children(recursive=True))
+
+
+def _called(request: dict) -> dict:
+    from .guard import forbidden
+    from .student import attempt
+
+    rules = tuple(forbidden(shown, *names) for shown, names in request.get("forbid", []))
+    target = request["target"]
+    args, kwargs, exercise = tuple(request.get("args", ())), dict(request.get("kwargs", {})), request.get("exercise", "")
+    if request["op"] == "probe":
+        args, target = (target, *args), _examiner(request["examine"])
+    threads, children = threading.active_count(), _running_children()
+    try:
+        outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
+    except CheckFailed as failure:
+        return {"failed": str(failure)}
+    if threading.active_count() > threads or _running_children() > children:
+        return {"failed": f"{exercise} started a thread or a process that was still running when it returned. "
+                          "Grading runs your function on its own: compute the result in the function's own thread."}
+    if error is not None:
+        return {"error": _error_info(error)}
+    return {"value": outcome.value}
+
+
+def _answer(request: Any, namespace: dict) -> dict:
+    op = request.get("op") if isinstance(request, dict) else None
+    if op == "reset":
+        _objects.clear()
+        return {"value": None}
+    if op == "name":
+        name = request["name"]
+        return {"value": namespace[name]} if name in namespace else {"undefined": True}
+    if op in ("call", "probe"):
+        return _called(request)
+    if op == "getattr":
+        try:
+            return {"value": getattr(request["target"], request["name"])}
+        except Exception as error:  # noqa: BLE001 - reported to the check
+            return {"error": _error_info(error)}
+    if op == "len":
+        try:
+            return {"value": len(request["target"])}
+        except Exception as error:  # noqa: BLE001 - reported to the check
+            return {"error": _error_info(error)}
+    return {"failed": f"unknown request {op!r}"}
+
+
+class _Reply(str):
+    """The encoded reply; shown as itself (no quotes) where the kernel formats it."""
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str.__str__(self))
+
+
+def serve(request: str, namespace: dict | None = None) -> _Reply:
+    """Answer one encoded request of the grader (base64 text in, base64 text out)."""
+    if namespace is None:
+        from IPython import get_ipython
+
+        namespace = get_ipython().user_ns
+    try:
+        answer = _answer(wire.decode(base64.b64decode(request), resolve=lambda n, k, c: _objects[n]), namespace)
+    except Exception as error:  # noqa: BLE001 - every failure is an answer
+        answer = {"failed": f"the request could not be answered ({type(error).__name__}: {error})"}
+    try:
+        data = wire.encode(answer, keep=_keep)
+    except (wire.WireError, RecursionError) as error:
+        data = wire.encode({"unsendable": str(error)[:500]})
+    return _Reply(base64.b64encode(data).decode("ascii"))
+
+
+class LocalChannel:
+    """A channel to a namespace in this process (tests, and trying the protocol without a kernel)."""
+
+    def __init__(self, namespace: dict) -> None:
+        self.namespace = namespace
+
+    def request(self, message: bytes) -> bytes:
+        return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
+
+    def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
+        return None

@@ -11,7 +11,8 @@ import torch
 
 from .diagnosis import Outcome
 from .errors import CheckFailed, fail
-from .guard import Forbidden, ForbiddenCallError, Guard, message_for
+from .guard import ACTIVE_RULES, Forbidden, ForbiddenCallError, Guard, message_for
+from .remote import Remote
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 _TORCH_MARKERS = ("/torch/", "\\torch\\")
@@ -19,6 +20,8 @@ _TORCH_MARKERS = ("/torch/", "\\torch\\")
 
 def student_frames(error: BaseException) -> str:
     """The traceback lines that belong to the student's own code (no autograder, no torch)."""
+    if hasattr(error, "student_frames"):  # raised in the student's kernel, described there
+        return str(error.student_frames)
     frames = [
         f
         for f in traceback.extract_tb(error.__traceback__)
@@ -52,12 +55,16 @@ def attempt(
     """Run the student's ``fn`` under a guard; return its outcome and the exception, if any.
 
     A forbidden call or an unwritten exercise stops the check at once with its message.
+    A :class:`~autograder.remote.Remote` function (grading) is run in the student's kernel.
     """
+    if isinstance(fn, Remote):
+        return fn.attempt(tuple(args), dict(kwargs or {}), exercise=exercise, forbid=forbid)
     guard = Guard(tuple(forbid), exercise)
     # The student's function gets copies: changing its inputs in place must not change
     # the inputs the reference is computed from.
     args = tuple(_copy(a) for a in args)
     kwargs = {k: _copy(v) for k, v in (kwargs or {}).items()}
+    active = ACTIVE_RULES.set((tuple(forbid), exercise))
     try:
         with guard:
             value = fn(*args, **kwargs)
@@ -71,6 +78,8 @@ def attempt(
         if guard.violations:
             fail(message_for(guard.violations[0], exercise))
         return Outcome(error=(type(error).__name__, str(error))), error
+    finally:
+        ACTIVE_RULES.reset(active)
     if guard.violations:
         fail(message_for(guard.violations[0], exercise))
     return Outcome(value=value), None
@@ -134,8 +143,6 @@ def probe(
     does this call: the student's code can change what a probe returns, as it can change
     what its functions return, but never how the result is judged.
     """
-    from .remote import Remote
-
     if isinstance(target, Remote):
         return target.probe(examine, args, kwargs, what=what, forbid=forbid)
     return call_student(examine, target, *args, what=what, forbid=forbid, **kwargs)

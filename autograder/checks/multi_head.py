@@ -8,7 +8,7 @@ from torch import nn
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
-from ..student import call_student, expect_error
+from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
 
 INF = float("inf")
@@ -99,15 +99,34 @@ def count_parameters(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def module_summary(module) -> dict:
+    """A probe: whether ``module`` is an ``nn.Module``, its class name and how many parameters it registers."""
+    is_module = isinstance(module, nn.Module)
+    return {"is_module": is_module, "type": type(module).__name__,
+            "parameters": count_parameters(module) if is_module else 0}
+
+
+def built_module(module_class, *args, **kwargs) -> dict:
+    """A probe: the :func:`module_summary` of ``module_class(*args, **kwargs)``."""
+    return module_summary(module_class(*args, **kwargs))
+
+
+def parameters_without_grad(module, x: torch.Tensor) -> list[str]:
+    """A probe: the parameters of ``module`` that get no gradient from ``module(x, x, x)[0].sum().backward()``."""
+    output, _ = module(x, x, x)
+    output.sum().backward()
+    return [name for name, p in module.named_parameters() if p.grad is None]
+
+
 def check_parameters(MultiHeadAttention, d_model: int, num_heads: int, bias: bool) -> None:
     """The module is an nn.Module whose registered parameters are W_Q, W_K, W_V, W_O (and biases)."""
     what = f"MultiHeadAttention({d_model}, {num_heads}, bias={bias})"
-    module = call_student(MultiHeadAttention, d_model, num_heads, bias=bias, what=what)
-    if not isinstance(module, nn.Module):
+    summary = probe(built_module, MultiHeadAttention, d_model, num_heads, bias=bias, what=what)
+    if not summary["is_module"]:
         fail(f"{what} should be an nn.Module (class MultiHeadAttention(nn.Module)), but it is a "
-             f"{type(module).__name__}.")
+             f"{summary['type']}.")
     expected = 4 * d_model * d_model + (4 * d_model if bias else 0)
-    got = count_parameters(module)
+    got = summary["parameters"]
     if got != expected:
         fail(
             f"{what} has {got} parameters, but it should have {expected}: four d_model x d_model matrices "
@@ -194,3 +213,86 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
                  what="grouped_query_attention(Q (1, 6, 2, 4), K (1, 4, 3, 4), V (1, 4, 3, 4))",
                  why="6 query heads cannot be shared equally among 4 key/value heads")
     print("grouped_query_attention passes the visible checks.")
+
+
+# --- attention on a graph -------------------------------------------------------------------
+
+
+def graph_adjacency(edges: torch.Tensor, num_nodes: int, self_loops: bool = True) -> torch.Tensor:
+    """Bool (N, N) mask, True at [i, j] when node i receives from node j.
+
+    ``edges`` is ``(2, E)`` as in PyTorch Geometric: row 0 the sources, row 1 the targets, so
+    edge (j, i) sets entry [i, j] (the row is the query, the target). An edge listed twice sets
+    the same entry twice: duplicates change nothing. ``self_loops`` adds the diagonal; an
+    explicit edge (i, i) counts either way.
+    """
+    mask = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(num_nodes, dtype=torch.bool)
+    return mask
+
+
+def graph_attention_reference(X, edges, W_Q, W_K, W_V, self_loops=True):
+    """Masked SDPA (math backend) with the adjacency as the boolean mask; the weights are SDPA applied to the identity.
+
+    A node with no neighbour has a row of False: SDPA's math backend gives it zero weights and a zero output.
+    """
+    N = X.shape[0]
+    mask = graph_adjacency(edges, N, self_loops)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    eye = torch.eye(N, dtype=X.dtype)
+    return math_sdpa(Q, K, V, attn_mask=mask), math_sdpa(Q, K, eye, attn_mask=mask)
+
+
+def random_graph(
+    num_nodes: int,
+    num_edges: int,
+    gen: torch.Generator,
+    *,
+    no_in_edge: tuple[int, ...] = (),
+    isolated: tuple[int, ...] = (),
+    loops: tuple[int, ...] = (),
+    duplicates: int = 0,
+) -> torch.Tensor:
+    """``(2, E)`` int64 random directed edges, shuffled: ``num_edges`` random ones, then explicit self-loops.
+
+    No edge enters the nodes of ``no_in_edge`` and ``isolated``, and none leaves the ``isolated``
+    ones; ``loops`` adds an explicit edge (i, i) for each listed node; the first ``duplicates``
+    random edges are listed a second time.
+    """
+    senders = torch.tensor([i for i in range(num_nodes) if i not in isolated])
+    receivers = torch.tensor([i for i in range(num_nodes) if i not in isolated and i not in no_in_edge])
+    if num_edges:
+        sources = senders[torch.randint(len(senders), (num_edges,), generator=gen)]
+        targets = receivers[torch.randint(len(receivers), (num_edges,), generator=gen)]
+    else:
+        sources = targets = torch.zeros(0, dtype=torch.long)
+    edges = torch.stack([sources, targets])
+    explicit = torch.tensor(loops, dtype=torch.long).reshape(1, -1).expand(2, -1)
+    edges = torch.cat([edges, explicit, edges[:, :duplicates]], dim=1)
+    return edges[:, torch.randperm(edges.shape[1], generator=gen)]
+
+
+def check_graph_attention(graph_attention) -> None:
+    """Against masked SDPA (math backend, float64) with the graph's adjacency as the boolean mask."""
+    gen = generator(4)
+    X = randn(5, 4, gen=gen)
+    W_Q, W_K, W_V = (randn(4, 3, gen=gen) for _ in range(3))
+    # 0 -> 1, 2 -> 1 (listed twice), 1 -> 2, 1 -> 0, 4 -> 0, and the explicit self-loop 3 -> 3.
+    # Node 4 receives no edge; node 3 receives only its own loop.
+    edges = torch.tensor([[0, 2, 1, 2, 3, 1, 4], [1, 1, 2, 1, 3, 0, 0]])
+    cases = [
+        Case((X, edges, W_Q, W_K, W_V),
+             label="duplicate edge 2 -> 1, explicit self-loop at node 3, no edge into node 4; self_loops=True"),
+        Case((X, edges, W_Q, W_K, W_V), {"self_loops": False},
+             label="the same graph with self_loops=False: node 4 has no neighbour, node 3 only its explicit loop"),
+        Case((randn(7, 5, gen=gen), random_graph(7, 12, gen, no_in_edge=(6,)), randn(5, 2, gen=gen),
+              randn(5, 2, gen=gen), randn(5, 6, gen=gen)), label="a random graph of 7 nodes, d_k = 2, d_v = 6"),
+    ]
+    verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention",
+           arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12)
+    expect_error(graph_attention, X, torch.tensor([[0, 5], [1, 2]]), W_Q, W_K, W_V, error=ValueError,
+                 what="graph_attention(X (5, 4), edges [[0, 5], [1, 2]], ...)",
+                 why="node 5 does not exist in a graph of 5 nodes (0 ... 4)")
+    print("graph_attention passes the visible checks.")

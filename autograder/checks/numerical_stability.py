@@ -18,10 +18,10 @@ from torch.overrides import TorchFunctionMode
 
 from ..compare import is_close
 from ..diagnosis import run
-from ..errors import fail
-from ..guard import SOFTMAX_BUILTINS, Guard
+from ..errors import CheckFailed, fail
+from ..guard import SOFTMAX_BUILTINS
 from ..inputs import generator, randn
-from ..student import attempt, call_student, expect_error
+from ..student import expect_error, probe
 from ..verify import Case, verify
 
 INF = math.inf
@@ -139,15 +139,22 @@ def with_minus_inf(x: torch.Tensor, gen: torch.Generator, fraction: float = 0.3)
 # --- gradients and inputs left alone ------------------------------------------------------------
 
 
-def leaves_input_untouched(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **kwargs: Any) -> bool:
-    """True when ``fn(x)`` leaves ``x`` as it was (errors of ``fn`` are reported elsewhere)."""
+def unchanged_by(fn: Callable[..., Any], x: torch.Tensor, kwargs: dict) -> bool:
+    """A probe: True when ``fn(x, **kwargs)`` leaves ``x`` as it was (errors of ``fn`` are reported elsewhere)."""
     before = x.clone()
-    try:  # called directly (not through ``attempt``, which may hand the function a copy)
-        with Guard(SOFTMAX_BUILTINS, exercise):
-            fn(x, **kwargs)
+    try:
+        fn(x, **kwargs)
     except Exception:  # noqa: BLE001 - errors and forbidden calls are reported by the other checks
         pass
     return bool(torch.equal(x, before))
+
+
+def leaves_input_untouched(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **kwargs: Any) -> bool:
+    """True when ``fn(x)`` leaves ``x`` as it was (errors and forbidden calls are reported elsewhere)."""
+    try:
+        return bool(probe(unchanged_by, fn, x, kwargs, what=exercise, forbid=SOFTMAX_BUILTINS))
+    except CheckFailed:
+        return True
 
 
 def input_changed_message(exercise: str) -> str:
@@ -159,17 +166,24 @@ def input_changed_message(exercise: str) -> str:
     )
 
 
+def gradcheck_failure(fn: Callable[..., Any], x: torch.Tensor, kwargs: dict) -> str | None:
+    """A probe: None when ``torch.autograd.gradcheck`` accepts ``fn`` at ``x`` (float64), else its first line."""
+    x = x.detach().double().requires_grad_(True)
+    try:
+        torch.autograd.gradcheck(lambda t: fn(t, **kwargs), (x,), eps=1e-6, atol=1e-6, rtol=1e-4)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - what gradcheck or the function raised is the finding
+        text = str(error).strip()
+        return text.splitlines()[0] if text else type(error).__name__
+    return None
+
+
 def gradcheck_problem(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **kwargs: Any) -> str | None:
     """None when ``torch.autograd.gradcheck`` accepts ``fn`` at ``x`` (float64), else what went wrong."""
-    x = x.detach().double().requires_grad_(True)
-
-    def run() -> bool:
-        return torch.autograd.gradcheck(lambda t: fn(t, **kwargs), (x,), eps=1e-6, atol=1e-6, rtol=1e-4)
-
-    outcome, error = attempt(run, exercise=exercise, forbid=SOFTMAX_BUILTINS)
-    if error is None:
+    first = probe(gradcheck_failure, fn, x, kwargs, what=exercise, forbid=SOFTMAX_BUILTINS)
+    if first is None:
         return None
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (
         f"torch.autograd.gradcheck rejects the gradient of {exercise} on a float64 input of shape "
         f"{tuple(x.shape)} ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {first}\n"
@@ -259,17 +273,19 @@ class ReductionRecorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def reductions_of(online_softmax: Callable[..., Any], x: torch.Tensor, block_size: int) -> list[tuple]:
+    """A probe: ``online_softmax(x, block_size)`` run under a :class:`ReductionRecorder`; its reductions as tuples."""
+    recorder = ReductionRecorder()
+    with recorder:
+        online_softmax(x, block_size)
+    return [(r.kind, r.name, r.size) for r in recorder.reductions]
+
+
 def record_reductions(online_softmax: Callable[..., Any], x: torch.Tensor, block_size: int) -> list[Reduction]:
     """Run ``online_softmax(x, block_size)`` under the guard and return the reductions it made."""
-    recorder = ReductionRecorder()
-
-    def recorded(x, block_size):
-        with recorder:
-            return online_softmax(x, block_size)
-
-    call_student(recorded, x, block_size, what=f"online_softmax(x of shape {tuple(x.shape)}, {block_size})",
-                 forbid=SOFTMAX_BUILTINS)
-    return recorder.reductions
+    found = probe(reductions_of, online_softmax, x, block_size,
+                  what=f"online_softmax(x of shape {tuple(x.shape)}, {block_size})", forbid=SOFTMAX_BUILTINS)
+    return [Reduction(str(kind), str(name), size if type(size) is int else None) for kind, name, size in found]
 
 
 def streaming_problem(reductions: Sequence[Reduction], length: int, block_size: int) -> tuple[str, str] | None:

@@ -1,7 +1,7 @@
 """Hidden checks and mistake catalogue for notebook 07 (instructor-only).
 
 Besides the values, the attention checks watch the tensors the student's function
-allocates (:class:`TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
+allocates (:class:`autograder.watches.TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
 operation, composite ones included): ``chunked_attention`` and ``flash_attention`` must
 never allocate an n x m tensor, ``flash_attention`` must tile the keys as well as the
 queries, and the bytes it keeps alive at once must stay well below one n x m matrix.
@@ -10,12 +10,8 @@ queries, and the bytes it keeps alive at once must stay well below one n x m mat
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..checks.complexity import (
     FIT_ATOL,
@@ -31,8 +27,9 @@ from ..diagnosis import Mistake
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
-from ..student import attempt, describe_error, expect_error
+from ..student import expect_error, probe
 from ..verify import Case, verify
+from ..watches import watch_allocations
 from . import hidden
 
 FLOPS = "1. Counting the work: FLOPs"
@@ -571,76 +568,17 @@ MISTAKES: dict[str, list[Mistake]] = {
 # --- watching the tensors a function allocates ----------------------------------------------------
 
 
-class TensorWatch(TorchDispatchMode):
-    """Sees every tensor PyTorch operations allocate while active.
-
-    It records the first newly allocated tensor that is too big (two different axes of
-    at least ``rows`` and ``cols``, or at least ``max_elements`` elements in its storage,
-    whatever its shape) and the peak of the bytes alive at once. Views and in-place
-    results share storage that is already known and are not counted again.
-    """
-
-    def __init__(self, inputs, rows: int, cols: int, max_elements: int) -> None:
-        super().__init__()
-        self.rows, self.cols, self.max_elements = rows, cols, max_elements
-        self.alive = {t.untyped_storage().data_ptr() for t in inputs}
-        self.current = 0
-        self.peak = 0
-        self.offender: tuple[str, tuple[int, ...]] | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        for t in tree_flatten(result)[0]:
-            if isinstance(t, torch.Tensor):
-                self._allocated(func, t)
-        return result
-
-    def _allocated(self, func, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        address, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or address in self.alive:
-            return
-        self.alive.add(address)
-        self.current += size
-        self.peak = max(self.peak, self.current)
-        weakref.finalize(storage, self._freed, address, size)
-        shape = tuple(t.shape)
-        two_long_axes = any(
-            a >= self.rows and b >= self.cols for i, a in enumerate(shape) for j, b in enumerate(shape) if i != j
-        )
-        if self.offender is None and (two_long_axes or size // t.element_size() >= self.max_elements):
-            self.offender = (str(func), shape)
-
-    def _freed(self, address: int, size: int) -> None:
-        self.alive.discard(address)
-        self.current -= size
-
-
-class NumpyWatch(TorchFunctionMode):
-    """Notes a conversion of a tensor to NumPy, where TensorWatch could not follow it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.used = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("numpy", "__array__"):
-            self.used = True
-        return func(*args, **(kwargs or {}))
-
-
 def watched_call(fn, args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int, max_elements: int):
-    """Run the student's ``fn`` under the guard and the watches; return (value, TensorWatch)."""
-    tensors = TensorWatch(args[:3], rows, cols, max_elements)
-    arrays = NumpyWatch()
-    with arrays, tensors:
-        outcome, error = attempt(fn, args, kwargs, exercise=exercise, forbid=ATTENTION_BUILTINS)
-    if error is not None:
-        fail(describe_error(f"{exercise}(...)", error))
-    if arrays.used:
+    """Run the student's ``fn`` under the guard and the watches (where the student's code runs).
+
+    Returns the value and what the watch saw: ``{"offender": (op, shape) or None, "peak": bytes}``.
+    """
+    value, seen = probe(watch_allocations, fn, args, kwargs, rows, cols, max_elements, what=f"{exercise}(...)",
+                        forbid=ATTENTION_BUILTINS)
+    if seen.get("numpy"):
         fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
              "every tensor your function allocates, to make sure it never holds the n x m scores.")
-    return outcome.value, tensors
+    return value, seen
 
 
 def _shapes(args: tuple) -> str:
@@ -654,8 +592,8 @@ def _check_no_n_by_m(fn, exercise: str, size_name: str, *, is_causal: bool) -> N
     args = (Q, K, V, 8)
     value, watch = watched_call(fn, args, {"is_causal": is_causal}, exercise=exercise, rows=40, cols=45,
                                 max_elements=40 * 45)
-    if watch.offender is not None:
-        op, shape = watch.offender
+    if watch["offender"] is not None:
+        op, shape = watch["offender"]
         fail(f"With {_shapes(args)}, {size_name}=8, is_causal={is_causal}: {exercise} allocated a tensor of "
              f"shape {shape} (in {op}), as big as the n x m = 40 x 45 score matrix of a head. "
              + ("Compute the scores one chunk of queries at a time: (chunk_size x m) per head at most, and build "
@@ -676,8 +614,8 @@ def _check_keys_tiled(flash_attention) -> None:
     args = (randn(2, 20, 2, gen=gen), randn(2, 70, 2, gen=gen), randn(2, 70, 2, gen=gen), 6)
     value, watch = watched_call(flash_attention, args, {}, exercise="flash_attention", rows=6, cols=70,
                                 max_elements=2 * 6 * 70)
-    if watch.offender is not None:
-        op, shape = watch.offender
+    if watch["offender"] is not None:
+        op, shape = watch["offender"]
         fail(f"With {_shapes(args)}, block_size=6: flash_attention allocated a tensor of shape {shape} (in {op}): "
              "a block of queries against all m = 70 keys. That is chunking the queries (section 4), not "
              "FlashAttention: tile the keys too, in blocks of block_size, and combine the blocks with the "
@@ -692,8 +630,8 @@ def _check_peak(flash_attention) -> None:
     matrix = 96 * 96 * 8
     value, watch = watched_call(flash_attention, args, {"is_causal": True}, exercise="flash_attention", rows=96,
                                 cols=96, max_elements=96 * 96)
-    if watch.offender is not None or watch.peak > matrix // 2:
-        fail(f"With {_shapes(args)}, block_size=8, is_causal=True: flash_attention had {watch.peak} bytes of "
+    if watch["offender"] is not None or watch["peak"] > matrix // 2:
+        fail(f"With {_shapes(args)}, block_size=8, is_causal=True: flash_attention had {watch['peak']} bytes of "
              f"tensors alive at once, while one 96 x 96 score matrix in float64 is {matrix} bytes. FlashAttention "
              "keeps only the current block of scores and, per query, a running max, a running sum and an output "
              "accumulator: do not keep every block (in a list, or in a preallocated matrix).")

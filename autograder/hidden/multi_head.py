@@ -10,8 +10,11 @@ from torch import nn
 from ..checks.multi_head import (
     TorchMHA,
     check_parameters,
+    count_parameters,
     gqa_reference,
     merge_reference,
+    module_summary,
+    parameters_without_grad,
     run_module,
     split_reference,
     torch_mha_reference,
@@ -20,7 +23,7 @@ from ..diagnosis import Mistake
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
-from ..student import call_student, expect_error
+from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
 from . import hidden
 
@@ -661,13 +664,13 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
         check_parameters(MultiHeadAttention, d_model, num_heads, bias)
     torch_mha = TorchMHA(8, 2, seed=20)
     module = call_student(MultiHeadAttention.from_torch, torch_mha.mha, what="MultiHeadAttention.from_torch(mha)")
-    if sum(p.numel() for p in module.parameters()) != sum(p.numel() for p in torch_mha.mha.parameters()):
+    expected = count_parameters(torch_mha.mha)
+    if probe(module_summary, module, what="MultiHeadAttention.from_torch(mha)")["parameters"] != expected:
         fail("MultiHeadAttention.from_torch(mha) should return a module with as many parameters as mha "
-             f"({sum(p.numel() for p in torch_mha.mha.parameters())}); register the copied weights as parameters.")
+             f"({expected}); register the copied weights as parameters.")
     x = randn(2, 3, 8, gen=gen)
-    output, _ = call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
-    call_student(lambda: output.sum().backward(), what="output.sum().backward() on your module's output")
-    no_grad = [name for name, p in module.named_parameters() if p.grad is None]
+    call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
+    no_grad = probe(parameters_without_grad, module, x, what="output.sum().backward() on your module's output")
     if no_grad:
         fail(f"After output.sum().backward(), the parameters {no_grad} of your module have no gradient: the "
              "output must be computed from the module's parameters, with autograd on.")
@@ -737,3 +740,249 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
         expect_error(grouped_query_attention, *(randn(*s, gen=gen) for s in shapes), error=ValueError,
                      what=f"grouped_query_attention(Q {shapes[0]}, K {shapes[1]}, V {shapes[2]})", why=why)
     print("grouped_query_attention passes the hidden checks.")
+
+
+# --- attention on a graph: the mistake catalogue and the hidden check -------------------------
+# Each mistake is self-contained (torch and math only), as the end-to-end test pastes it into a notebook.
+
+GRAPH = "10. Attention on a graph"
+
+
+def graph_attention_transposed(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[0], edges[1]] = True  # row = source: node i attends to the nodes it sends to
+    if self_loops:
+        mask |= torch.eye(N, dtype=torch.bool)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    has_neighbour = mask.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
+    return weights @ V, weights
+
+
+def graph_attention_softmax_over_all_nodes(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(N, dtype=torch.bool)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    weights = torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) * mask  # normalised over all N nodes
+    return weights @ V, weights
+
+
+def graph_attention_edges_ignored(X, edges, W_Q, W_K, W_V, self_loops=True):
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    weights = torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1)
+    return weights @ V, weights
+
+
+def graph_attention_self_loops_forgotten(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True  # self_loops is never used
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    has_neighbour = mask.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
+    return weights @ V, weights
+
+
+def graph_attention_self_loops_forgotten_nan(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True  # self_loops is never used
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def graph_attention_nan_without_neighbour(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(N, dtype=torch.bool)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # a row of -inf gives 0 / 0 = NaN
+    return weights @ V, weights
+
+
+def graph_attention_large_negative(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(N, dtype=torch.bool)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, -1e9)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+def graph_attention_duplicates_counted(X, edges, W_Q, W_K, W_V, self_loops=True):
+    # One score per listed edge and a softmax over the edges into each node: an edge listed
+    # twice enters the sum twice.
+    N = X.shape[0]
+    sources, targets = edges[0], edges[1]
+    if self_loops:
+        nodes = torch.arange(N)
+        sources, targets = torch.cat([sources, nodes]), torch.cat([targets, nodes])
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q[targets] * K[sources]).sum(dim=-1) / math.sqrt(Q.shape[-1])
+    top = torch.full((N,), float("-inf"), dtype=X.dtype).scatter_reduce(0, targets, scores, "amax")
+    e = torch.exp(scores - top[targets])
+    total = torch.zeros(N, dtype=X.dtype).index_add(0, targets, e)
+    weights = torch.zeros(N, N, dtype=X.dtype).index_put((targets, sources), e / total[targets], accumulate=True)
+    return weights @ V, weights
+
+
+def graph_attention_loops_despite_false(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    mask |= torch.eye(N, dtype=torch.bool)  # whatever self_loops says
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    has_neighbour = mask.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
+    return weights @ V, weights
+
+
+def graph_attention_explicit_loops_removed(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    mask.fill_diagonal_(self_loops)  # with self_loops=False this also deletes the explicit edges (i, i)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    has_neighbour = mask.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
+    return weights @ V, weights
+
+
+def graph_attention_not_scaled(X, edges, W_Q, W_K, W_V, self_loops=True):
+    N = X.shape[0]
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(N, dtype=torch.bool)
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    scores = (Q @ K.T).masked_fill(~mask, float("-inf"))
+    has_neighbour = mask.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
+    return weights @ V, weights
+
+
+NO_NEIGHBOUR = (
+    "a node with no neighbour (no edge into it, and no self-loop) has a row of -inf scores, and softmax "
+    "computes 0 / 0 = NaN. It has nothing to average: give it zero weights and a zero output, as "
+    "F.scaled_dot_product_attention does with an all-False row."
+)
+
+MISTAKES["graph_attention"] = [
+    Mistake("adjacency transposed: messages flow the wrong way", "edges[0] holds the sources and edges[1] the "
+            "targets (PyTorch Geometric's convention): an edge (j, i) carries a message from j to i, so node i, "
+            "the query, attends to j. In the (N, N) mask the row is the target and the column the source: "
+            "mask[edges[1], edges[0]] = True. mask[edges[0], edges[1]] makes every node listen to the nodes it "
+            "sends to.", GRAPH, graph_attention_transposed),
+    Mistake("softmax over all nodes instead of the neighbours", "the softmax must be taken over the neighbours "
+            "of node i only: put -inf on the scores of the other nodes before the softmax. A softmax over all N "
+            "nodes followed by zeroing the non-neighbours leaves rows that no longer sum to one.", GRAPH,
+            graph_attention_softmax_over_all_nodes),
+    Mistake("edges ignored: attention on the complete graph", "without the mask every node attends to every "
+            "node, which is attention on the complete graph. Node i may only attend to the sources of the edges "
+            "into i (plus itself when self_loops): put -inf on every other score before the softmax.", GRAPH,
+            graph_attention_edges_ignored),
+    # Listed before the self-loop mistakes: with self_loops=False, forgetting the loops changes nothing.
+    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, graph_attention_nan_without_neighbour),
+    Mistake("a large negative number instead of -inf", "with -1e9 instead of -inf a node with no neighbour "
+            "spreads its weight uniformly over all N nodes, none of which it may see. Use -inf, and give such a node "
+            "zero weights and a zero output.", GRAPH, graph_attention_large_negative),
+    Mistake("self-loops forgotten (zero rows for isolated nodes)", "with self_loops=True every node also attends "
+            "to itself: add the diagonal to the adjacency (mask |= torch.eye(N, dtype=torch.bool)). Without it "
+            "every node loses its own message, and a node that no edge enters gets an empty row.", GRAPH,
+            graph_attention_self_loops_forgotten),
+    Mistake("self-loops forgotten (NaN rows for isolated nodes)", "with self_loops=True every node also attends "
+            "to itself: add the diagonal to the adjacency. Without it every node loses its own message, and a "
+            "node that no edge enters has only -inf scores, which softmax turns into NaN.", GRAPH,
+            graph_attention_self_loops_forgotten_nan),
+    Mistake("duplicate edges counted twice", "the graph's adjacency is a set of edges: an edge listed twice in "
+            "edges is still one edge and must not change anything. A softmax over the list of edges counts it "
+            "twice (its weight doubles before normalising); a boolean (N, N) mask records it once.", GRAPH,
+            graph_attention_duplicates_counted),
+    Mistake("self-loops added when self_loops=False", "self_loops=False means that a node attends to itself "
+            "only when edges contains (i, i) explicitly: add the diagonal only when self_loops is True.", GRAPH,
+            graph_attention_loops_despite_false),
+    Mistake("explicit self-loops removed when self_loops=False", "an edge (i, i) listed in edges is an edge "
+            "like any other and always counts; self_loops=False only means that no loop is added. Setting the "
+            "diagonal to self_loops deletes the explicit loops.", GRAPH, graph_attention_explicit_loops_removed),
+    Mistake("scores not scaled by sqrt(d_k)", "graph attention is scaled dot-product attention restricted to the "
+            "neighbours: divide the scores q_i . k_j by sqrt(d_k), with d_k = W_Q.shape[1].", GRAPH,
+            graph_attention_not_scaled),
+]
+
+
+@hidden
+def check_graph_attention(graph_attention) -> None:
+    """Against masked SDPA (math backend, float64) on random graphs: isolated nodes, duplicates, explicit loops."""
+    from ..checks.multi_head import graph_attention_reference, random_graph  # the referee of the visible check
+
+    gen = generator(505)
+
+    def weights(N: int, d: int, d_k: int, d_v: int, dtype=torch.float64, scale: float = 1.0) -> tuple:
+        return (randn(N, d, gen=gen, dtype=dtype) * scale, randn(d, d_k, gen=gen, dtype=dtype),
+                randn(d, d_k, gen=gen, dtype=dtype), randn(d, d_v, gen=gen, dtype=dtype))
+
+    def case(N, d, d_k, d_v, edges, label, *, self_loops=None, dtype=torch.float64, scale=1.0) -> Case:
+        X, W_Q, W_K, W_V = weights(N, d, d_k, d_v, dtype, scale)
+        kwargs = {} if self_loops is None else {"self_loops": self_loops}
+        return Case((X, edges, W_Q, W_K, W_V), kwargs, label)
+
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    cases = [
+        case(8, 5, 4, 3, random_graph(8, 14, gen, no_in_edge=(2,), isolated=(6,), loops=(4,), duplicates=3),
+             "8 nodes: none into node 2, node 6 isolated, explicit loop at 4, 3 duplicate edges"),
+        case(8, 5, 4, 3, random_graph(8, 14, gen, no_in_edge=(1,), isolated=(5,), loops=(3, 7), duplicates=2),
+             "the same kind of graph with self_loops=False", self_loops=False),
+        case(6, 4, 4, 4, random_graph(6, 30, gen, duplicates=10), "a dense graph with many duplicates"),
+        case(5, 3, 2, 6, random_graph(5, 6, gen, no_in_edge=(0, 4), loops=(4,)),
+             "d_v != d_k; node 4 receives only its explicit loop", self_loops=False),
+        case(4, 3, 3, 2, empty, "no edge at all, self_loops=True: every node attends to itself alone"),
+        case(4, 3, 3, 2, empty, "no edge at all, self_loops=False: every row is empty", self_loops=False),
+        case(1, 2, 2, 2, empty, "a single node, no edge"),
+        case(9, 6, 4, 5, random_graph(9, 20, gen, isolated=(0, 8), duplicates=4), "large scores (X * 20)",
+             scale=20.0),
+        case(7, 4, 8, 3, torch.tensor([[0, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 0]]),
+             "a directed cycle 0 -> 1 -> ... -> 6 -> 0", self_loops=False),
+    ]
+    verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention",
+           arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["graph_attention"], rtol=1e-10, atol=1e-12)
+    float32 = [case(8, 5, 4, 3, random_graph(8, 14, gen, no_in_edge=(3,), duplicates=2), "float32",
+                    dtype=torch.float32)]
+    verify(graph_attention, float32, graph_attention_reference, exercise="graph_attention",
+           arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["graph_attention"], rtol=1e-4, atol=1e-5)
+
+    X, W_Q, W_K, W_V = weights(4, 3, 2, 2)
+    ok = torch.tensor([[0, 1], [1, 2]])
+    for args, what, why in [
+        ((X[0], ok, W_Q, W_K, W_V), "graph_attention(X (3,), ...)", "X must have shape (N, d)"),
+        ((X, torch.tensor([0, 1, 2]), W_Q, W_K, W_V), "graph_attention(X (4, 3), edges (3,), ...)",
+         "edges must have shape (2, E)"),
+        ((X, torch.tensor([[0, 4], [1, 2]]), W_Q, W_K, W_V), "graph_attention(X (4, 3), edges [[0, 4], [1, 2]], ...)",
+         "node 4 does not exist in a graph of 4 nodes"),
+        ((X, torch.tensor([[0, -1], [1, 2]]), W_Q, W_K, W_V),
+         "graph_attention(X (4, 3), edges [[0, -1], [1, 2]], ...)", "-1 is not a node (indices run from 0 to 3)"),
+        ((X, ok.double(), W_Q, W_K, W_V), "graph_attention(X (4, 3), edges of dtype float64, ...)",
+         "edges must hold integer node indices"),
+        ((X, ok, W_Q, randn(3, 5, gen=gen), W_V), "graph_attention(X (4, 3), edges, W_Q (3, 2), W_K (3, 5), W_V)",
+         "queries and keys must have the same width d_k"),
+        ((X, ok, W_Q, W_K, randn(5, 2, gen=gen)), "graph_attention(X (4, 3), edges, W_Q, W_K, W_V (5, 2))",
+         "W_V must have d = 3 rows, one per feature of X"),
+    ]:
+        expect_error(graph_attention, *args, error=ValueError, what=what, why=why)
+    print("graph_attention passes the hidden checks.")

@@ -1,0 +1,269 @@
+"""Plain data between the student's kernel and the grader: a format that cannot carry code.
+
+When a notebook is graded, the checks run in the grader's process and the student's
+functions in a sandboxed kernel; what crosses between them is written with :func:`encode`
+and read back with :func:`decode`. The format is a JSON header plus raw tensor bytes: no
+pickle, nothing is imported or called while reading. :func:`decode` builds only plain
+Python values (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, tuples, lists,
+dicts with string keys), plain ``torch.Tensor``\\ s (CPU, or ``meta`` with no data), dtypes,
+devices, generators and ``nn.MultiheadAttention`` modules, and it checks every size first.
+Whatever sent the bytes (a student's code can replace this module in its own kernel), the
+reader gets plain values of exact built-in types, never a subclass that compares "equal" to
+everything.
+
+Objects that are not plain data (a module a student's class built, a function) do not
+cross: the kernel keeps them and sends a :class:`Handle` (a number), which later requests
+can name.
+
+What this does not do: judge whether the values are right. That is the checks' job.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAGIC = b"AGW1"
+#: The largest message either side accepts (header and tensor bytes together).
+MAX_BYTES = 512 * 2**20
+#: How deeply containers may nest, and how many values one message may hold.
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
+
+DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128, torch.complex64,
+              torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+
+
+class WireError(ValueError):
+    """The bytes are not a message of this format (or break one of its limits)."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """An object that stays in the process that made it; ``kind`` describes it for messages."""
+
+    number: int
+    kind: str = "object"
+    callable: bool = False
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise WireError(f"tensors of dtype {dtype} are not supported")
+    return name
+
+
+class _Writer:
+    def __init__(self, keep) -> None:
+        self.blobs: list[bytes] = []
+        self.size = 0
+        self.keep = keep
+
+    def blob(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > MAX_BYTES:
+            raise WireError(f"the data is larger than {MAX_BYTES} bytes")
+        self.blobs.append(data)
+        return len(self.blobs) - 1
+
+    def tensor(self, t: torch.Tensor) -> dict:
+        info = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "device": t.device.type,
+                "requires_grad": bool(t.requires_grad)}
+        if t.device.type == "meta":
+            return {"tensor": info}
+        if t.device.type != "cpu":
+            raise WireError(f"a tensor on device {t.device}")
+        data = t.detach().contiguous().reshape(-1)
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        info["blob"] = self.blob(raw)
+        return {"tensor": info}
+
+    def value(self, x: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError(f"containers nested more than {MAX_DEPTH} deep")
+        kind = type(x)
+        if x is None:
+            return None
+        if kind is bool:
+            return {"bool": x}
+        if kind is int:
+            return {"int": str(x)}
+        if kind is float:
+            return {"float": x.hex()}
+        if kind is complex:
+            return {"complex": [x.real.hex(), x.imag.hex()]}
+        if kind is str:
+            return {"str": x}
+        if kind in (tuple, list):
+            return {kind.__name__: [self.value(v, depth + 1) for v in x]}
+        if kind is dict and all(type(k) is str for k in x):
+            return {"dict": [[k, self.value(v, depth + 1)] for k, v in x.items()]}
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
+            return self.tensor(x)
+        if kind is torch.dtype:
+            return {"dtype": _dtype_name(x)}
+        if kind is torch.device:
+            return {"device": str(x)}
+        if kind is torch.Generator:
+            return {"generator": self.tensor(x.get_state())["tensor"], "device": x.device.type}
+        if kind is torch.nn.MultiheadAttention:
+            return {"mha": _mha_spec(x, self)}
+        if kind is Handle:
+            return {"handle": x.number}
+        if self.keep is not None:
+            handle = self.keep(x)
+            return {"handle": handle.number, "kind": handle.kind, "callable": handle.callable}
+        raise WireError(f"a {kind.__name__} is not plain data")
+
+
+def _mha_spec(mha: torch.nn.MultiheadAttention, writer: _Writer) -> dict:
+    some = next(mha.parameters())
+    return {
+        "embed_dim": mha.embed_dim, "num_heads": mha.num_heads, "bias": mha.in_proj_bias is not None,
+        "add_bias_kv": mha.bias_k is not None, "add_zero_attn": mha.add_zero_attn, "kdim": mha.kdim,
+        "vdim": mha.vdim, "batch_first": mha.batch_first, "dropout": mha.dropout, "dtype": _dtype_name(some.dtype),
+        "training": mha.training,
+        "state": [[k, writer.tensor(v)["tensor"]] for k, v in mha.state_dict().items()],
+    }
+
+
+def encode(value: Any, keep=None) -> bytes:
+    """``value`` as bytes; ``keep(obj) -> Handle`` stores what is not plain data (else it is an error)."""
+    writer = _Writer(keep)
+    header = json.dumps(writer.value(value), separators=(",", ":"), allow_nan=False).encode()
+    return MAGIC + struct.pack("<Q", len(header)) + header + b"".join(writer.blobs)
+
+
+class _Reader:
+    def __init__(self, data: bytes, resolve) -> None:
+        self.resolve = resolve
+        self.count = 0
+        if len(data) > MAX_BYTES + 16:
+            raise WireError(f"the message is larger than {MAX_BYTES} bytes")
+        if data[:4] != MAGIC or len(data) < 12:
+            raise WireError("not a message of this format")
+        (length,) = struct.unpack("<Q", data[4:12])
+        if 12 + length > len(data):
+            raise WireError("the message is cut short")
+        try:
+            self.header = json.loads(data[12:12 + length])
+        except (ValueError, RecursionError) as error:
+            raise WireError(f"unreadable header ({type(error).__name__})") from None
+        self.body = memoryview(data)[12 + length:]
+        self.offset = 0
+
+    def _take(self, size: int) -> bytes:
+        if size < 0 or self.offset + size > len(self.body):
+            raise WireError("a tensor's bytes are missing")
+        chunk = bytes(self.body[self.offset:self.offset + size])
+        self.offset += size
+        return chunk
+
+    def tensor(self, info: Any) -> torch.Tensor:
+        if not isinstance(info, dict) or info.get("dtype") not in DTYPES:
+            raise WireError("a tensor with an unknown dtype")
+        dtype = DTYPES[info["dtype"]]
+        shape = info.get("shape")
+        if not isinstance(shape, list) or len(shape) > 64 or not all(type(s) is int and s >= 0 for s in shape):
+            raise WireError("a tensor with an invalid shape")
+        numel = 1
+        for s in shape:
+            numel *= s
+        if info.get("device") == "meta":
+            t = torch.empty(shape, dtype=dtype, device="meta")
+        elif info.get("device") == "cpu":
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if numel * itemsize > MAX_BYTES:
+                raise WireError("a tensor larger than the limit")
+            raw = self._take(numel * itemsize)
+            flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+            t = flat.reshape(shape).clone()
+        else:
+            raise WireError("a tensor on an unknown device")
+        if info.get("requires_grad") is True and (dtype.is_floating_point or dtype.is_complex):
+            t.requires_grad_(True)
+        return t
+
+    def value(self, node: Any, depth: int = 0) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES or depth > MAX_DEPTH:
+            raise WireError("too many or too deeply nested values")
+        if node is None:
+            return None
+        if not isinstance(node, dict) or len(node) < 1:
+            raise WireError("an unreadable value")
+        kind = next(iter(node))
+        body = node[kind]
+        try:
+            if kind == "bool" and isinstance(body, bool):
+                return bool(body)
+            if kind == "int" and isinstance(body, str) and len(body) <= 4300:
+                return int(body)
+            if kind == "float" and isinstance(body, str):
+                return float.fromhex(body)
+            if kind == "complex" and isinstance(body, list) and len(body) == 2:
+                return complex(float.fromhex(body[0]), float.fromhex(body[1]))
+            if kind == "str" and isinstance(body, str):
+                return str(body)
+            if kind in ("tuple", "list") and isinstance(body, list):
+                items = [self.value(v, depth + 1) for v in body]
+                return tuple(items) if kind == "tuple" else items
+            if kind == "dict" and isinstance(body, list):
+                out = {}
+                for pair in body:
+                    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                        raise WireError("an unreadable dict")
+                    out[str(pair[0])] = self.value(pair[1], depth + 1)
+                return out
+            if kind == "tensor":
+                return self.tensor(body)
+            if kind == "dtype" and body in DTYPES:
+                return DTYPES[body]
+            if kind == "device" and isinstance(body, str) and body in ("cpu", "meta"):
+                return torch.device(body)
+            if kind == "generator":
+                state = self.tensor(body)
+                if state.dtype != torch.uint8:
+                    raise WireError("an unreadable generator")
+                gen = torch.Generator()
+                gen.set_state(state)
+                return gen
+            if kind == "mha" and isinstance(body, dict):
+                return self.mha(body)
+            if kind == "handle" and type(body) is int and self.resolve is not None:
+                return self.resolve(body, str(node.get("kind", "object"))[:200], node.get("callable") is True)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as error:
+            if isinstance(error, WireError):
+                raise
+            raise WireError(f"an unreadable {kind} ({type(error).__name__})") from None
+        raise WireError(f"an unreadable value ({str(kind)[:40]})")
+
+    def mha(self, spec: dict) -> torch.nn.MultiheadAttention:
+        ints = {k: spec[k] for k in ("embed_dim", "num_heads", "kdim", "vdim")}
+        if not all(type(v) is int and 0 < v <= 2**16 for v in ints.values()):
+            raise WireError("an unreadable nn.MultiheadAttention")
+        flags = {k: spec[k] is True for k in ("bias", "add_bias_kv", "add_zero_attn", "batch_first")}
+        dropout = float(spec["dropout"]) if type(spec["dropout"]) in (int, float) else 0.0
+        with torch.random.fork_rng(devices=[]):
+            mha = torch.nn.MultiheadAttention(dropout=dropout, dtype=DTYPES.get(spec.get("dtype"), torch.float32),
+                                              **ints, **flags)
+        state = {str(k): self.tensor(v) for k, v in spec["state"]}
+        mha.load_state_dict(state)
+        return mha.train(spec.get("training") is True)
+
+
+def decode(data: bytes, resolve=None) -> Any:
+    """The value :func:`encode` wrote; ``resolve(number, kind, callable)`` turns a handle into an object.
+
+    Raises :class:`WireError` on anything that is not a well-formed message within the limits.
+    """
+    reader = _Reader(data, resolve)
+    return reader.value(reader.header)

@@ -19,12 +19,13 @@ from autograder.hidden.multi_head import MISTAKES
 from .notebook_code import solution_namespace, source_notebook
 
 ASSIGNMENT = "05_multi_head"
-EXERCISES = ["split_heads", "merge_heads", "MultiHeadAttention", "grouped_query_attention"]
+EXERCISES = ["split_heads", "merge_heads", "MultiHeadAttention", "grouped_query_attention", "graph_attention"]
 SIGNATURES = {
     "split_heads": "(x, num_heads)",
     "merge_heads": "(x)",
     "MultiHeadAttention": "(d_model, num_heads, bias=True)",
     "grouped_query_attention": "(Q, K, V, mask=None)",
+    "graph_attention": "(X, edges, W_Q, W_K, W_V, self_loops=True)",
 }
 METHOD_SIGNATURES = {
     "from_torch": "(mha)",
@@ -81,6 +82,9 @@ REQUIRED = {
     "MultiHeadAttention": {"a missing output projection", "scaling by sqrt(d_model) instead of sqrt(d_head)",
                            "masks in nn.MultiheadAttention's convention (True = masked)"},
     "grouped_query_attention": {"repeat instead of repeat_interleave"},
+    "graph_attention": {"adjacency transposed: messages flow the wrong way", "softmax over all nodes instead of the neighbours",
+                        "self-loops forgotten (zero rows for isolated nodes)",
+                        "self-loops forgotten (NaN rows for isolated nodes)", "duplicate edges counted twice"},
 }
 
 
@@ -272,6 +276,16 @@ class MHAWithSDPA(nn.Module):
         return self.out(out.transpose(1, 2).reshape(B, n, D)), None
 
 
+def graph_sdpa_inside(X, edges, W_Q, W_K, W_V, self_loops=True):
+    mask = torch.zeros(X.shape[0], X.shape[0], dtype=torch.bool)
+    mask[edges[1], edges[0]] = True
+    if self_loops:
+        mask |= torch.eye(X.shape[0], dtype=torch.bool)
+    eye = torch.eye(X.shape[0], dtype=X.dtype)
+    return (F.scaled_dot_product_attention(X @ W_Q, X @ W_K, X @ W_V, attn_mask=mask),
+            F.scaled_dot_product_attention(X @ W_Q, X @ W_K, eye, attn_mask=mask))
+
+
 @pytest.mark.parametrize(
     ("exercise", "fn", "shown"),
     [
@@ -280,6 +294,7 @@ class MHAWithSDPA(nn.Module):
         ("grouped_query_attention", gqa_mha_forward_inside, "torch.nn.MultiheadAttention"),
         ("MultiHeadAttention", MHAWrappingTorch, "torch.nn.MultiheadAttention"),
         ("MultiHeadAttention", MHAWithSDPA, "torch.nn.functional.scaled_dot_product_attention"),
+        ("graph_attention", graph_sdpa_inside, "torch.nn.functional.scaled_dot_product_attention"),
     ],
 )
 @pytest.mark.parametrize("kind", ["visible", "hidden"])
@@ -304,3 +319,60 @@ def test_bad_inputs_raise_value_error(solution):
         module(torch.zeros(2, 3, 8), torch.zeros(2, 4, 6), torch.zeros(2, 4, 6))
     with pytest.raises(ValueError, match=r"\(6, 2, 4\).*\(4, 3, 4\)|\(1, 6, 2, 4\).*\(1, 4, 3, 4\)"):
         solution.grouped_query_attention(torch.zeros(1, 6, 2, 4), torch.zeros(1, 4, 3, 4), torch.zeros(1, 4, 3, 4))
+    X, W = torch.zeros(4, 3), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"\(2, E\)"):
+        solution.graph_attention(X, torch.tensor([0, 1, 2]), W, W, W)
+    with pytest.raises(ValueError, match=r"0 \.\.\. 3"):
+        solution.graph_attention(X, torch.tensor([[0, 4], [1, 2]]), W, W, W)
+    with pytest.raises(ValueError, match=r"0 \.\.\. 3"):
+        solution.graph_attention(X, torch.tensor([[0, -1], [1, 2]]), W, W, W)
+    with pytest.raises(ValueError, match="integer"):
+        solution.graph_attention(X, torch.tensor([[0.0, 1.0], [1.0, 2.0]]), W, W, W)
+    with pytest.raises(ValueError, match=r"\(3, 5\)"):
+        solution.graph_attention(X, torch.tensor([[0], [1]]), W, torch.zeros(3, 5), W)
+
+
+# --- attention on a graph: the referee and its inputs ------------------------------------------
+
+
+def neighbour_softmax(X, edges, W_Q, W_K, W_V, self_loops=True):
+    """Graph attention node by node, from the definition: a softmax over the set of in-neighbours of each node."""
+    N = X.shape[0]
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    weights = torch.zeros(N, N, dtype=X.dtype)
+    for i in range(N):
+        sources = {j for j, t in edges.T.tolist() if t == i} | ({i} if self_loops else set())
+        if sources:
+            js = sorted(sources)
+            weights[i, js] = torch.softmax(torch.stack([Q[i] @ K[j] for j in js]) / math.sqrt(Q.shape[-1]), dim=0)
+    return weights @ V, weights
+
+
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_graph_reference_is_a_softmax_over_each_nodes_in_neighbours(self_loops):
+    gen = torch.Generator().manual_seed(5)
+    for N, E in [(1, 0), (4, 0), (6, 9), (9, 25)]:
+        edges = visible.random_graph(N, E, gen, no_in_edge=(0,) if N > 1 else (), loops=(N - 1,), duplicates=min(E, 3))
+        X = torch.randn(N, 5, generator=gen, dtype=torch.float64)
+        W_Q, W_K, W_V = (torch.randn(5, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+        for got, expected in zip(visible.graph_attention_reference(X, edges, W_Q, W_K, W_V, self_loops),
+                                 neighbour_softmax(X, edges, W_Q, W_K, W_V, self_loops), strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_graph_adjacency_rows_are_targets():
+    edges = torch.tensor([[0, 0, 2], [1, 1, 2]])  # 0 -> 1 twice, a loop at 2
+    mask = visible.graph_adjacency(edges, 3, self_loops=False)
+    assert mask.tolist() == [[False, False, False], [True, False, False], [False, False, True]]
+    assert torch.equal(visible.graph_adjacency(edges, 3), mask | torch.eye(3, dtype=torch.bool))
+
+
+def test_random_graph_has_what_it_promises():
+    gen = torch.Generator().manual_seed(6)
+    edges = visible.random_graph(8, 14, gen, no_in_edge=(2,), isolated=(6,), loops=(4,), duplicates=3)
+    assert edges.shape == (2, 14 + 1 + 3) and edges.dtype == torch.long
+    assert 2 not in edges[1].tolist() and 6 not in edges.flatten().tolist()
+    assert [4, 4] in edges.T.tolist()
+    assert len({tuple(e) for e in edges.T.tolist()}) <= edges.shape[1] - 3  # the 3 duplicates
+    assert visible.random_graph(3, 0, gen).shape == (2, 0)
+

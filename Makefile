@@ -42,8 +42,8 @@ lint: setup ## ruff on the package and the tests
 release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS="01_soft_lookup" for one)
 	$(BIN)/python -m autograder release $(ASSIGNMENTS)
 
-autograde: setup ## grade every submission in submitted/ (WORKERS=n, default: number of cores)
-	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS))
+autograde: setup ## grade every submission in submitted/ (WORKERS=n; NO_SANDBOX=1 where bwrap is missing)
+	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(NO_SANDBOX),--no-sandbox)
 
 .PHONY: collect-zip
 collect-zip: setup ## put an LMS zip of submissions into submitted/ (ZIP=file.zip ASSIGNMENTS=01_soft_lookup)

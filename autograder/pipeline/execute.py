@@ -19,6 +19,15 @@ can be graded:
   a dropped stderr stream still leaves a stderr note, so nbgrader's rule "a test cell that
   writes to stderr scores zero" is unchanged).
 
+- **test cells** run in this process, not in the kernel (:mod:`autograder.pipeline.judge`):
+  the checks call the student's functions in the kernel through proxies and judge what
+  comes back here, so the student's code never shares a process with a reference, an
+  expected value or a comparison. Before an exercise that forbids built-ins is run, the
+  student's source is read for them (:mod:`autograder.pipeline.source_check`);
+- **a cell kills its kernel** without an error of its own (``exit()``, a thread that calls
+  ``os._exit`` later): after each cell the kernel must answer a request before the cell
+  counts as done; if it does not, that cell is blamed and never run again.
+
 Each of these is an error output of the cell, so nbgrader scores that cell as failed and
 the student reads why in the feedback. The kernel runs in the sandbox of
 :mod:`autograder.pipeline.sandbox` (``ResilientExecute.sandbox``, default on).
@@ -27,6 +36,7 @@ the student reads why in the feedback. The kernel runs in the sandbox of
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import signal
@@ -35,11 +45,15 @@ from time import monotonic
 
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbformat import NotebookNode
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
-from nbgrader.utils import is_grade
+from nbgrader.utils import is_grade, is_solution
 from traitlets import Bool, Integer
+
+from .. import remote
+from . import judge, source_check
+from .integrity import safe_tree
+from .judge import error_output
 
 #: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
 HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
@@ -47,9 +61,9 @@ HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
 TIMEOUT, KERNEL_DIED, NOT_RUN = "CellTimeoutError", "KernelDied", "NotRun"
 
 
-def error_output(ename: str, message: str) -> NotebookNode:
-    """An error output showing ``ename: message`` without a traceback."""
-    return new_output("error", ename=ename, evalue=message, traceback=[f"\x1b[0;31m{ename}\x1b[0m: {message}"])
+def is_test_cell(cell) -> bool:
+    """A locked cell that nbgrader scores: the instructor's checks."""
+    return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
 
 
 def describe_exit(code: int | None) -> str:
@@ -76,6 +90,9 @@ class ResilientExecute(Execute):
     max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
     max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
     sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.pipeline.sandbox.").tag(config=True)
+    checks_in_grader = Bool(True, help="Run test cells in the grader's process, the student's functions in the "
+                            "kernel (autograder.pipeline.judge); False runs them in the kernel, as nbgrader does."
+                            ).tag(config=True)
     # A kernel that never goes idle must not lose the cells already executed.
     raise_on_iopub_timeout = Bool(False).tag(config=True)
 
@@ -88,6 +105,10 @@ class ResilientExecute(Execute):
             from jupyter_client.manager import AsyncKernelManager
 
             self.kernel_manager_class = AsyncKernelManager
+        if self.checks_in_grader:
+            import torch
+
+            torch.set_num_threads(1)  # as in the kernel: the same sums, whatever the number of workers
 
     # -- the notebook -----------------------------------------------------------------------
 
@@ -99,8 +120,12 @@ class ResilientExecute(Execute):
         self._timed_out = False
         self._cell_limit: int | None = None
         self._output_bytes: dict[int, int] = {}
-        self._flooded: dict[int, set[str]] = {}
+        self._noted: dict[int, set[str]] = {}
         self._started_cells: set[int] = set()
+        self._deadline = 0.0
+        self._index = 0
+        self._streams: list[tuple[str, str]] = []
+        self._forbidden: dict[tuple, str | None] = {}
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell, resources, index):
@@ -136,14 +161,24 @@ class ResilientExecute(Execute):
                 cell.outputs = [o for o in cell.outputs if o.get("ename") != "KeyboardInterrupt"]
                 if not run_sync(self._async_responsive)(5):
                     self._recover()
-            else:
+            elif not run_sync(self._async_responsive)(5):
+                # the cell returned, but its kernel is gone or gone silent (exit(), a thread that ends it):
+                # this cell is to blame, and it is never run again
+                code = self._exit_code()
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, self._death_message(code))]
+                self._recover()
+            elif not is_test_cell(cell):
                 self._replay.append(index)
             return self._without_hidden_source(cell), self.resources
         return self._without_hidden_source(cell), self.resources
 
     @staticmethod
     def _without_hidden_source(cell):
-        """Tracebacks of a cell with hidden tests keep their last line only: they would show its source."""
+        """Tracebacks of a cell with hidden tests keep their last line only: they would show its source.
+
+        Every string of the outputs is made valid UTF-8 too, so that writing the notebook cannot fail.
+        """
+        cell.outputs = safe_tree(cell.get("outputs", []))
         if HIDDEN_TESTS in cell.source:
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error":
@@ -152,7 +187,114 @@ class ResilientExecute(Execute):
 
     def _run(self, cell, index, store_history=True):
         self._cell_limit = max(1, int(min(self.timeout or 10**9, self._remaining())))
+        if self.checks_in_grader and is_test_cell(cell):
+            return self._judge(cell, index)
         return self.execute_cell(cell, index, store_history=store_history)
+
+    # -- test cells, run here ---------------------------------------------------------------
+
+    def _judge(self, cell, index):
+        """Run a test cell in this process (:mod:`autograder.pipeline.judge`); its outputs replace the kernel's."""
+        self._started_cells.add(index)
+        self._deadline = monotonic() + self._cell_limit
+        self._index = index
+        self._streams = []
+        cell.outputs = []
+        try:
+            failure = judge.run_test_cell(cell.source, self, self._streams)
+        except remote.CallTimedOut:
+            cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
+            raise CellTimeoutError.error_from_timeout_and_cell("", self._cell_limit, cell) from None
+        except remote.KernelDied:
+            cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
+            raise DeadKernelError("the kernel died while a check ran the student's code") from None
+        outputs = judge.stream_outputs(self._streams) + ([failure] if failure is not None else [])
+        cell.outputs = self._capped(index, outputs)
+        return cell
+
+    def _capped(self, index: int, outputs: list) -> list:
+        """``outputs`` within the cell's output budget (the same one ``output`` applies to the kernel's)."""
+        kept, cut = [], []
+        for out in outputs:
+            if self._count(index, out):
+                kept.append(out)
+            elif out.get("output_type") == "error":  # a failure always shows, cut to fit
+                kept.append(error_output(out.ename, out.evalue[: self.max_output_bytes // 4] + " [cut]"))
+            elif out.get("name", "stdout") not in cut:
+                cut.append(out.get("name", "stdout"))
+        return kept + [new_output("stream", name=n, text=self._cut_note(n)) for n in cut]
+
+    def _count(self, index: int, out) -> bool:
+        """Add ``out`` to the cell's output bytes; False when that goes over the budget."""
+        used = self._output_bytes.get(index, 0) + len(json.dumps(out, default=str))
+        self._output_bytes[index] = used
+        return used <= self.max_output_bytes
+
+    def _cut_note(self, stream: str) -> str:
+        return f"\n[output cut: this cell wrote more than {self.max_output_bytes} bytes to {stream}]\n"
+
+    def request(self, message: bytes) -> bytes:
+        """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
+        return run_sync(self._async_request)(message)
+
+    def forbidden_use(self, name: str, rules, exercise: str) -> str | None:
+        """The forbidden built-ins the student's source of ``name`` uses (:mod:`autograder.pipeline.source_check`)."""
+        key = (name, tuple(rules), exercise, self._index)
+        if key not in self._forbidden:
+            sources = [c.source for c in self.nb.cells[: self._index] if c.cell_type == "code" and not is_test_cell(c)]
+            self._forbidden[key] = source_check.forbidden_use(sources, name, rules, exercise)
+        return self._forbidden[key]
+
+    async def _async_request(self, message: bytes) -> bytes:
+        payload = base64.b64encode(message).decode("ascii")
+        expression = f"__import__('autograder.remote', fromlist=['serve']).serve({payload!r})"
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
+                                 allow_stdin=False)
+        reply = await self._async_reply_to(msg_id)
+        await self._async_collect_streams(msg_id)
+        content = reply.get("content", {})
+        result = content.get("user_expressions", {}).get("r", {}) if content.get("status") == "ok" else {}
+        if result.get("status") != "ok":
+            why = result.get("ename") or content.get("ename") or "no answer"
+            return remote.wire.encode({"failed": f"The kernel could not run the check's request ({why}): did your "
+                                                 "code change how the notebook's kernel runs code?"})
+        text = str(result.get("data", {}).get("text/plain", ""))
+        try:
+            return base64.b64decode(text, validate=True)
+        except ValueError:
+            return remote.wire.encode({"failed": "The kernel's answer to the check's request could not be read."})
+
+    async def _async_reply_to(self, msg_id: str) -> dict:
+        """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
+        while True:
+            left = self._deadline - monotonic()
+            if left <= 0:
+                await ensure_async(self.km.interrupt_kernel())
+                raise remote.CallTimedOut()
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.5)))
+            except Empty:
+                if not await ensure_async(self.km.is_alive()):
+                    raise remote.KernelDied() from None
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return msg
+
+    async def _async_collect_streams(self, msg_id: str) -> None:
+        """What the student's code printed while answering ``msg_id``, into the cell's streams."""
+        deadline = monotonic() + 5
+        while monotonic() < deadline:
+            try:
+                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=max(0.01, deadline - monotonic())))
+            except Empty:
+                return
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            content = msg.get("content", {})
+            if msg.get("msg_type") == "stream":
+                self._streams.append((content.get("name", "stdout"), str(content.get("text", ""))))
+            elif msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
+                return
 
     def _timeout_message(self, timeout: int) -> str:
         if timeout < (self.timeout or 10**9):
@@ -170,6 +312,18 @@ class ResilientExecute(Execute):
             "Everything the notebook had defined was lost, so the grader started a new kernel, ran the cells "
             "before this one again, and went on with the next cell."
         )
+
+    # -- kernels ----------------------------------------------------------------------------
+
+    async def async_start_new_kernel_client(self):
+        client = await super().async_start_new_kernel_client()
+        self._seal()
+        return client
+
+    def _seal(self) -> None:
+        seal = getattr(self.km, "seal", None)
+        if seal is not None:
+            seal()
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -231,6 +385,7 @@ class ResilientExecute(Execute):
         await ensure_async(self.kc.start_channels())
         await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
         self.kc.allow_stdin = False
+        self._seal()
 
     async def _async_responsive(self, wait: float) -> bool:
         """Whether the kernel answers an empty request within ``wait`` seconds (it is idle again)."""
@@ -240,10 +395,15 @@ class ResilientExecute(Execute):
             msg_id = self.kc.execute("", silent=True, store_history=False)
             deadline = monotonic() + wait
             while (left := deadline - monotonic()) > 0:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=left))
+                try:
+                    msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.2)))
+                except Empty:
+                    if not await ensure_async(self.km.is_alive()):
+                        return False
+                    continue
                 if msg["parent_header"].get("msg_id") == msg_id:
                     return True
-        except (Empty, RuntimeError):
+        except RuntimeError:
             return False
         return False
 
@@ -277,20 +437,16 @@ class ResilientExecute(Execute):
 
     def output(self, outs, msg, display_id, cell_index):
         msg_type = msg["msg_type"]
-        content = msg.get("content", {})
-        if msg_type in ("stream", "display_data", "execute_result", "update_display_data"):
-            text = content.get("text", "") if msg_type == "stream" else json.dumps(content.get("data", {}))
-            used = self._output_bytes.get(cell_index, 0)
-            self._output_bytes[cell_index] = used + len(text)
-            if used + len(text) > self.max_output_bytes:
+        if msg_type in ("stream", "display_data", "execute_result", "update_display_data", "error"):
+            # every kind of output counts, its metadata too: nothing a cell prints can grow the notebook unbounded
+            content = msg.get("content", {})
+            if not self._count(cell_index, content):
+                if msg_type == "error":  # the error still shows (nbgrader scores the cell from it), cut to fit
+                    ename = str(content.get("ename", "Error"))[:100]
+                    outs.append(error_output(ename, str(content.get("evalue", ""))[: self.max_output_bytes // 4]))
                 stream = content.get("name", "stdout") if msg_type == "stream" else "stdout"
-                noted = self._flooded.setdefault(cell_index, set())
-                keep = max(0, self.max_output_bytes - used)
-                if msg_type == "stream" and keep:
-                    outs.append(new_output("stream", name=stream, text=text[:keep]))
-                if stream not in noted:
-                    noted.add(stream)
-                    outs.append(new_output("stream", name=stream, text=(
-                        f"\n[output cut: this cell wrote more than {self.max_output_bytes} bytes to {stream}]\n")))
+                if stream not in self._noted.setdefault(cell_index, set()):
+                    self._noted[cell_index].add(stream)
+                    outs.append(new_output("stream", name=stream, text=self._cut_note(stream)))
                 return None
         return super().output(outs, msg, display_id, cell_index)

@@ -2,7 +2,8 @@
 
 Every submission is graded by its own ``nbgrader autograde`` process, and a fresh Python
 spends about two CPU seconds importing nbgrader, nbconvert, Jupyter and SQLAlchemy before it
-grades anything: a fifth of the time of a small notebook. This module's server
+grades anything, and more for PyTorch and the checks, which run in that process
+(:mod:`autograder.pipeline.judge`). This module's server
 (``python -m autograder.pipeline.forkserver``) imports them once and then, for each request,
 forks a child that runs ``nbgrader ARGS`` in its own session, working folder and environment,
 exactly as a new process would. The server is single-threaded (forking is safe) and only
@@ -62,14 +63,25 @@ def _child(request: dict) -> None:
 
 def serve() -> None:
     """The server loop: read requests on stdin, fork, report on stdout."""
+    import pkgutil
+
     import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
     import nbgrader.apps.nbgraderapp  # noqa: F401
     import nbgrader.converters.autograde  # noqa: F401
     import nbgrader.preprocessors  # noqa: F401
     import sqlalchemy  # noqa: F401
+    import torch
 
-    from . import cgroup, execute, sandbox  # noqa: F401
+    import autograder.checks
+    import autograder.hidden
 
+    from . import cgroup, execute, judge, sandbox  # noqa: F401
+
+    # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
+    torch.set_num_threads(1)
+    for package in (autograder.checks, autograder.hidden):
+        for module in pkgutil.iter_modules(package.__path__):
+            __import__(f"{package.__name__}.{module.name}")
     sandbox.mode()  # probe bubblewrap and control groups once, for every child
     cgroup.controllers()
     out = os.fdopen(os.dup(1), "w", buffering=1)

@@ -6,21 +6,24 @@ submission can never take another down. For each submission (:func:`grade_one`):
 
 1. :func:`autograder.pipeline.integrity.stage` copies it to a private folder that nbgrader
    reads instead of ``submitted/``: regular files only, a renamed notebook recognised, the
-   locked test cells and their metadata restored;
-2. nbgrader grades that copy (its process forked from a server that has imported nbgrader
-   once, :mod:`autograder.pipeline.forkserver`; ``AUTOGRADER_FORKSERVER=0`` starts each one
-   afresh instead). Its ``Execute`` is :class:`~autograder.pipeline.execute.ResilientExecute`
-   (``nbgrader_config.py``): the kernel runs in the sandbox of :mod:`autograder.pipeline.sandbox`,
-   survives crashes and hangs of the student's code, and the notebook has a time limit; this
-   module adds a last wall-clock limit on the whole nbgrader process;
-3. when the student's code could tamper with the checks (:func:`~autograder.pipeline.integrity.scan`),
-   the notebook is run again where it cannot (:mod:`autograder.pipeline.recheck`) and every
-   test cell that does not pass there scores 0;
-4. what happened is kept with the graded submission and shown at the top of its feedback.
+   locked test cells and their metadata restored, every string made valid UTF-8;
+2. nbgrader grades that copy (its process forked from a server that has imported nbgrader,
+   PyTorch and the checks once, :mod:`autograder.pipeline.forkserver`;
+   ``AUTOGRADER_FORKSERVER=0`` starts each one afresh instead). Its ``Execute`` is
+   :class:`~autograder.pipeline.execute.ResilientExecute` (``nbgrader_config.py``): the
+   student's cells run in the sandbox of :mod:`autograder.pipeline.sandbox` and survive
+   crashes and hangs; the test cells run in nbgrader's own process, which calls the student's
+   functions in the sandbox and judges what comes back (:mod:`autograder.pipeline.judge`).
+   This module adds a last wall-clock limit on the whole nbgrader process;
+3. what happened is kept with the graded submission and shown at the top of its feedback.
 
-A submission that cannot be graded at all scores 0 with a note saying why; the run always
-ends with a :class:`Summary`. The SQLite gradebook is opened with a long busy timeout, so
-parallel writers wait for each other instead of failing with "database is locked".
+Grading refuses to start where no sandbox can be made, unless the instructor says
+``sandbox=False`` (``--no-sandbox``). A submission without a notebook to grade scores 0 with a
+note saying why. A submission that could not be graded because something failed around it
+(nbgrader stopped, the disk was full, the process ran out of time) gets no score at all: the
+summary lists it under "could not be graded: grade again", so no honest student is given a 0
+by an accident. The run always ends with a :class:`Summary`. The SQLite gradebook is opened
+with a long busy timeout, so parallel writers wait for each other.
 """
 
 from __future__ import annotations
@@ -37,12 +40,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from . import integrity, sandbox
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
-from .integrity import Note
+from .integrity import Note, safe_text
 
 #: Seconds a SQLite writer waits for another one before giving up.
 SQLITE_BUSY_TIMEOUT = 300
@@ -51,10 +52,10 @@ NOTEBOOK_TIMEOUT = 600
 #: Seconds added to the notebook limits before the whole nbgrader process is killed.
 NBGRADER_MARGIN = 120
 RUN_VARIABLE = sandbox.RUN_VARIABLE
-#: When to run the protected re-check: only for code that could tamper, for every submission, or never.
-RECHECK_MODES = ("suspicious", "always", "never")
-#: The server that starts nbgrader processes during a run (None: plain subprocesses).
-_server: ForkServer | None = None
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made on this machine, and the instructor did not accept grading without one."""
 
 
 def db_url(root: Path = ROOT) -> str:
@@ -64,11 +65,20 @@ def db_url(root: Path = ROOT) -> str:
 
 @dataclass
 class Options:
-    """How to grade: time limits and when to re-check."""
+    """How to grade: time limits, and whether student code may run without the sandbox."""
 
     cell_timeout: int | None = None  # seconds per cell (None: nbgrader_config.py's Execute.timeout)
     notebook_timeout: int = NOTEBOOK_TIMEOUT
-    recheck: str = "suspicious"
+    sandbox: bool = True  # False: run student code with the resource limits only (--no-sandbox)
+
+
+def protection(options: Options | None = None) -> str:
+    """Which protection grading runs student code under, in words (for the summary and the feedback)."""
+    options = options or Options()
+    where = ("test cells run in the grader's process; the student's code, in a bubblewrap sandbox"
+             if options.sandbox and sandbox.mode() != "limits only" else
+             "test cells run in the grader's process; the student's code WITHOUT a sandbox (resource limits only)")
+    return f"{where} ({sandbox.mode() if options.sandbox else 'limits only'})"
 
 
 @dataclass
@@ -79,8 +89,6 @@ class Outcome:
     student: str
     error: str | None = None
     notes: list[Note] = field(default_factory=list)
-    rechecked: bool = False
-    zeroed: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -92,26 +100,25 @@ class Summary:
     failed: list[tuple[str, str, str]] = field(default_factory=list)
     seconds: float = 0.0
     outcomes: dict[tuple[str, str], Outcome] = field(default_factory=dict)
-
-    @property
-    def rechecked(self) -> list[tuple[str, str]]:
-        return sorted(k for k, o in self.outcomes.items() if o.rechecked)
-
-    @property
-    def zeroed(self) -> dict[tuple[str, str], list[str]]:
-        return {k: o.zeroed for k, o in sorted(self.outcomes.items()) if o.zeroed}
+    protection: str = ""
+    recorded: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         total = len(self.graded) + len(self.failed)
         rate = total / self.seconds * 60 if self.seconds else 0.0
-        lines = [f"graded {len(self.graded)}, failed {len(self.failed)}, in {self.seconds:.1f} s "
-                 f"({rate:.1f} submissions per minute); re-checked {len(self.rechecked)}, "
-                 f"test cells set to 0 by the re-check: {sum(len(v) for v in self.zeroed.values())}"]
-        lines += [f"  FAILED {a} / {s}: {why}" for a, s, why in self.failed]
+        lines = [f"recorded {a} in the gradebook from source/{a} (nbgrader generate_assignment)" for a in self.recorded]
+        lines.append(f"graded {len(self.graded)}, could not be graded {len(self.failed)}, in {self.seconds:.1f} s "
+                     f"({rate:.1f} submissions per minute)")
+        if self.protection:
+            lines.append(f"protection: {self.protection}")
+        if self.failed:
+            lines.append("could not be graded (no score was recorded; grade them again):")
+            lines += [f"  {a} / {s}: {why}" for a, s, why in self.failed]
         for (a, s), outcome in sorted(self.outcomes.items()):
             for note in outcome.notes:
-                lines.append(f"  {a} / {s}: {note.message}")
-        return "\n".join(lines)
+                if note.kind != "failed":
+                    lines.append(f"  {a} / {s}: {note.message}")
+        return safe_text("\n".join(lines))
 
 
 def submissions(root: Path = ROOT, names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -131,7 +138,8 @@ def _progress(done: int, total: int, failed: int, start: float) -> None:
     eta = elapsed / done * (total - done) if done else 0.0
     width = 30
     bar = "#" * (width * done // max(total, 1))
-    sys.stderr.write(f"\r[{bar:<{width}}] {done}/{total} graded, {failed} failed, ETA {eta:5.0f} s")
+    sys.stderr.write(f"\r[{bar:<{width}}] {done}/{total} done ({done - failed} graded, {failed} could not be), "
+                     f"ETA {eta:5.0f} s")
     sys.stderr.flush()
 
 
@@ -142,8 +150,16 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, options: Options, limit: float
-                  ) -> str | None:
+def _reason(output: str, code: int) -> str:
+    """The line of nbgrader's output that says why it failed (its last error line), else its exit code."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line or line.startswith("[AutogradeApp |")]
+    chosen = (errors or lines or [f"nbgrader exited with {code}"])[-1]
+    return chosen[:300]
+
+
+def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, options: Options, limit: float,
+                  server: ForkServer | None) -> str | None:
     """``nbgrader autograde`` on the staged copy; None on success, else what went wrong."""
     args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
             f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staging}",
@@ -153,7 +169,8 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, opti
     token = uuid.uuid4().hex
     env = tool_env()
     env[RUN_VARIABLE] = token
-    server = _server
+    if not options.sandbox:
+        env["AUTOGRADER_SANDBOX"] = "off"
     try:
         if server is not None and server.process.poll() is None:
             code, out, err = server.run(args[3:], root, env, limit, staging)
@@ -175,8 +192,7 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, opti
         return f"grading took longer than {limit:.0f} s and was stopped"
     if code == 0:
         return None
-    tail = [line for line in (err or out).strip().splitlines() if line.strip()][-5:]
-    return " | ".join(tail) or f"nbgrader exited with {code}"
+    return _reason(err or out, code)
 
 
 def _record_zero(root: Path, assignment: str, student: str) -> None:
@@ -204,34 +220,19 @@ def _record_zero(root: Path, assignment: str, student: str) -> None:
         gb.db.commit()
 
 
-def _after_nbgrader(outcome: Outcome, root: Path, staged: list[str], options: Options) -> None:
-    """Notes on how the notebooks ran, and the protected re-check where it is needed."""
-    releases = integrity.release_notebooks(root, outcome.assignment)
+def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
+    """Notes on how the notebooks ran: cells that crashed, hung, were skipped or flooded their output."""
+    import nbformat
+
     folder = root / "autograded" / outcome.student / outcome.assignment
     for name in staged:
         path = folder / f"{name}.ipynb"
-        if not path.is_file():
-            continue
-        notebook = nbformat.read(path, as_version=4)
-        outcome.notes += integrity.runtime_notes(notebook)
-        findings = integrity.scan(notebook, releases[name]) if name in releases else []
-        if options.recheck == "never" or (options.recheck == "suspicious" and not findings):
-            continue
-        outcome.rechecked = True
-        cell_timeout = options.cell_timeout or 60
-        verdicts, problem = integrity.recheck(notebook, outcome.assignment, root, cell_timeout,
-                                              timeout=options.notebook_timeout)
-        notes, zeroed = integrity.reconcile(db_url(root), outcome.assignment, outcome.student, name, notebook,
-                                            verdicts, problem)
-        if findings and zeroed:
-            notes.append(Note("code", "The code that can change the checks: " + "; ".join(findings[:5])))
-        outcome.notes += notes
-        outcome.zeroed += zeroed
-        if zeroed:
-            nbformat.write(notebook, path)
+        if path.is_file():
+            outcome.notes += integrity.runtime_notes(nbformat.read(path, as_version=4))
 
 
-def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None) -> Outcome:
+def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
+              server: ForkServer | None = None) -> Outcome:
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
     options = options or Options()
     started = time.monotonic()
@@ -242,23 +243,18 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
         outcome.notes += staged.notes
         if staged.notebooks:
             limit = options.notebook_timeout * len(staged.notebooks) + NBGRADER_MARGIN
-            outcome.error = _run_nbgrader(assignment, student, root, staging, options, limit)
+            outcome.error = _run_nbgrader(assignment, student, root, staging, options, limit, server)
             if outcome.error is None:
-                _after_nbgrader(outcome, root, staged.notebooks, options)
-            else:
-                outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error}); "
-                                                    "what nbgrader had not graded scores 0."))
-        if outcome.error is not None or not staged.notebooks:
-            _record_zero(root, assignment, student)
+                _runtime_notes(outcome, root, staged.notebooks)
+        else:
+            _record_zero(root, assignment, student)  # nothing to grade: the submission's own doing
     except Exception as error:  # noqa: BLE001 - one submission must never stop the class
-        outcome.error = f"{type(error).__name__}: {error}"
-        outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error})."))
-        try:
-            _record_zero(root, assignment, student)
-        except Exception:  # noqa: BLE001 - the failure is already recorded
-            pass
+        outcome.error = safe_text(f"{type(error).__name__}: {error}")[:300]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if outcome.error is not None:
+        outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error}). That is not "
+                                            "your doing: it will be graded again."))
     try:
         integrity.write_notes(root / "autograded" / student / assignment, outcome.notes)
     except OSError as error:
@@ -267,53 +263,78 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     return outcome
 
 
-def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> None:
-    """Create the gradebook's schema and every student once, before parallel writers start."""
-    from nbgrader.api import Gradebook
+def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[str]:
+    """Create the gradebook's schema, every assignment graded and every student, before parallel writers start.
+
+    An assignment the gradebook does not know (a fresh clone: the gradebook is not committed)
+    is recorded from ``source/`` with ``nbgrader generate_assignment``; returns those assignments.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
 
     # nbgrader.api runs `alembic` by name when it creates a gradebook: this environment's first.
     bindir = str(Path(sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
+    missing = []
     with Gradebook(db_url(root)) as gb:
+        for assignment in sorted({a for a, _ in jobs}):
+            try:
+                gb.find_assignment(assignment)
+            except MissingEntry:
+                missing.append(assignment)
         for student in sorted({s for _, s in jobs}):
             gb.update_or_create_student(student)
+    for assignment in missing:
+        if not (root / "source" / assignment / f"{assignment}.ipynb").is_file():
+            raise FileNotFoundError(f"the gradebook has no assignment {assignment} and source/{assignment} does not "
+                                    "exist: put the assignment's source there, then run make release")
+        done = nbgrader("generate_assignment", assignment, "--force", f"--db={db_url(root)}", "--log-level=ERROR",
+                        root=root, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not record {assignment} in the gradebook: {_reason(done.stderr, done.returncode)}")
+    return missing
 
 
 def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
               progress: bool = True, options: Options | None = None, students: list[str] | None = None) -> Summary:
-    """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once."""
+    """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once.
+
+    Raises :class:`SandboxUnavailable` where no sandbox can be made and ``options.sandbox`` is True.
+    """
     options = options or Options()
-    if options.recheck not in RECHECK_MODES:
-        raise ValueError(f"recheck must be one of {RECHECK_MODES}, not {options.recheck!r}")
+    if options.sandbox and sandbox.mode() == "limits only":
+        raise SandboxUnavailable(
+            "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
+            "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
+            "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
+            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     workers = workers or os.cpu_count() or 1
-    summary = Summary()
+    summary = Summary(protection=protection(options))
     start = time.monotonic()
-    global _server
+    server = None
     if jobs and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
         try:
-            _server = ForkServer()  # first, so that its imports overlap with preparing the gradebook
+            server = ForkServer()  # first, so that its imports overlap with preparing the gradebook
         except OSError:
-            _server = None
+            server = None
     try:
         if jobs:
-            prepare_gradebook(jobs, root)
-        _grade_all(jobs, workers, root, options, progress, summary, start)
+            summary.recorded = prepare_gradebook(jobs, root)
+        _grade_all(jobs, workers, root, options, progress, summary, start, server)
     finally:
-        if _server is not None:
-            _server.close()
-            _server = None
+        if server is not None:
+            server.close()
     summary.graded.sort()
     summary.failed.sort()
     summary.seconds = time.monotonic() - start
     return summary
 
 
-def _grade_all(jobs, workers, root, options, progress, summary, start) -> None:
+def _grade_all(jobs, workers, root, options, progress, summary, start, server) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(grade_one, a, s, root, options): (a, s) for a, s in jobs}
+        futures = {pool.submit(grade_one, a, s, root, options, server): (a, s) for a, s in jobs}
         for future in as_completed(futures):
             assignment, student = futures[future]
             outcome = future.result()
@@ -326,40 +347,6 @@ def _grade_all(jobs, workers, root, options, progress, summary, start) -> None:
                 _progress(len(summary.graded) + len(summary.failed), len(jobs), len(summary.failed), start)
     if progress and jobs:
         sys.stderr.write("\n")
-
-
-def feedback(names: list[str] | None = None, root: Path = ROOT) -> list[str]:
-    """Write ``feedback/<student>/<assignment>/*.html`` for every graded submission; return the errors.
-
-    The grading notes of a submission are put at the top of each of its feedback pages; a
-    submission with no notebook to show gets a page with its notes alone.
-    """
-    errors = []
-    for assignment in names or assignments(root):
-        done = nbgrader("generate_feedback", assignment, "--force", f"--db={db_url(root)}", "--log-level=WARN",
-                        root=root, check=False)
-        if done.returncode != 0:
-            errors.append(f"{assignment}: " + " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:]))
-        autograded = root / "autograded"
-        if not autograded.is_dir():
-            continue
-        for folder in sorted(autograded.glob(f"*/{assignment}")):
-            notes = integrity.read_notes(folder)
-            if not notes:
-                continue
-            target = root / "feedback" / folder.parent.name / assignment
-            target.mkdir(parents=True, exist_ok=True)
-            block = integrity.notes_html(notes)
-            pages = [p for p in target.glob("*.html") if not p.is_symlink()]
-            for page in pages:
-                text = page.read_text()
-                at = text.find(">", text.find("<body")) + 1 if "<body" in text else 0
-                page.write_text(text[:at] + block + text[at:])
-            if not pages:
-                (target / f"{assignment}.html").write_text(
-                    f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{assignment}</title></head>"
-                    f"<body>{block}</body></html>")
-    return errors
 
 
 #: How a learning platform names the files of a "download all submissions" zip, as a regular

@@ -11,11 +11,11 @@ instead of ``submitted/`` (the student's files are never changed):
   deleted, moved, edited or had their metadata (points, ``grade_id``, ``locked``) changed,
   and added cells lose any nbgrader metadata (they run, they earn nothing).
 
-After grading, :func:`scan` reads the student's code for what could tamper with the checks
-(monkeypatching, IPython hooks, introspection, tensor subclasses); such a submission is run
-again by :mod:`autograder.pipeline.recheck` in a sandbox, and :func:`reconcile` sets to zero,
-in nbgrader's gradebook, every test cell nbgrader passed that the re-check did not, with the
-reason in the feedback.
+Staging protects the *shape* of what nbgrader grades (which cells are tests, their points
+and their source); it does not need to protect how they are judged: test cells run in the
+grader's process (:mod:`autograder.pipeline.judge`), never in the student's kernel. Text
+from a submission (cell sources, outputs, file names) is made valid UTF-8 here, so that no
+later step (the gradebook, the feedback, the summary) can fail on it.
 
 Every finding is a :class:`Note`, shown to the student in the feedback and to the instructor
 in the summary of ``make autograde``.
@@ -23,29 +23,42 @@ in the summary of ``make autograde``.
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 import os
-import secrets
 import shutil
-import sys
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat import NotebookNode
 
-from . import sandbox
-
 #: Largest single file and whole submission copied for grading.
 MAX_FILE_BYTES = 50 * 2**20
 MAX_SUBMISSION_BYTES = 200 * 2**20
-#: The ename of the error outputs this module adds to test cells it set to zero.
-INTEGRITY = "IntegrityCheck"
+#: The ename of the error outputs the grader adds for what stopped a cell (execute.py).
+RUNTIME_ERRORS = {"KernelDied", "CellTimeoutError", "NotRun"}
+#: Cell metadata a student's cell keeps (the rest is dropped: it could be megabytes).
+KEPT_METADATA = {"nbgrader", "tags", "collapsed", "scrolled", "jupyter", "editable", "deletable"}
 #: Where the notes of a graded submission are kept, in its ``autograded/`` folder.
 NOTES_FILE = ".grading-notes.json"
+
+
+def safe_text(text: Any) -> str:
+    """``text`` as a string that encodes to UTF-8 whatever it held (lone surrogates become ``\\udXXX``)."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def safe_tree(value: Any) -> Any:
+    """Every string in a JSON-like tree (a notebook) made :func:`safe_text`."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return type(value)((safe_text(k), safe_tree(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [safe_tree(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,10 @@ class Note:
 
     kind: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", safe_text(self.kind))
+        object.__setattr__(self, "message", safe_text(self.message))
 
 
 # -- notebooks of the release --------------------------------------------------------------
@@ -146,7 +163,7 @@ def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
             unclaimed.pop(other)
             notes.append(Note("renamed", f"Your notebook was named {other}.ipynb instead of {name}.ipynb; "
                                          f"it was graded as {name}.ipynb."))
-        normalized, cell_notes = normalize(notebook, release)
+        normalized, cell_notes = normalize(safe_tree(notebook), release)
         notes += cell_notes
         nbformat.write(normalized, target / f"{name}.ipynb")
         graded.append(name)
@@ -269,6 +286,8 @@ def _clean(cell: NotebookNode, index: int, minor: int) -> NotebookNode:
                                                        else ("attachments",))
     for key in [k for k in cell if k not in allowed]:
         cell.pop(key)
+    for key in [k for k in cell.metadata if k not in KEPT_METADATA]:
+        cell.metadata.pop(key)
     if minor >= 5:
         cell["id"] = f"cell-{index:04d}"
     return cell
@@ -283,242 +302,6 @@ def _unique(notes: list[Note]) -> list[Note]:
     return out
 
 
-# -- what the student's code does ----------------------------------------------------------
-
-SAFE_IMPORTS = {
-    "math", "cmath", "numbers", "typing", "itertools", "collections", "dataclasses", "functools", "random", "time",
-    "numpy", "matplotlib", "matplotlib.pyplot", "einops", "torch", "torch.nn", "torch.nn.functional",
-    "torch.nn.init", "torch.linalg", "torch.special", "torch.fft", "torch.nn.attention", "torch.nn.attention.bias",
-    "IPython.display",
-}
-RISKY_NAMES = {
-    "exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals", "locals", "vars",
-    "breakpoint", "get_ipython", "__builtins__", "memoryview", "In", "Out", "_ih", "_oh", "_dh",
-}
-RISKY_ATTRIBUTES = {
-    "sys", "os", "builtins", "gc", "ctypes", "inspect", "importlib", "subprocess", "threading", "signal", "modules",
-    "overrides", "library", "testing", "utils", "ops", "_getframe", "settrace", "setprofile", "f_globals", "f_locals",
-    "f_back", "gi_frame", "tb_frame", "set_custom_exc", "input_transformers_post", "events", "register",
-}
-SAFE_DUNDERS = {"__init__", "__name__", "__class__", "__doc__", "__len__", "__repr__", "__str__", "__call__",
-                "__getitem__", "__iter__", "__post_init__"}
-
-
-class _Scanner(ast.NodeVisitor):
-    def __init__(self) -> None:
-        self.found: list[str] = []
-
-    def flag(self, what: str) -> None:
-        self.found.append(what)
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            if alias.name not in SAFE_IMPORTS:
-                self.flag(f"import {alias.name}")
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level or (node.module or "") not in SAFE_IMPORTS:
-            self.flag(f"from {'.' * node.level}{node.module or ''} import ...")
-        for alias in node.names:
-            full = f"{node.module}.{alias.name}"
-            if alias.name.startswith("_") or (full not in SAFE_IMPORTS and alias.name in RISKY_ATTRIBUTES):
-                self.flag(f"from {node.module} import {alias.name}")
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if node.id in RISKY_NAMES and not getattr(node, "harmless", False):
-            self.flag(node.id)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        attr = node.attr
-        if isinstance(node.ctx, (ast.Store, ast.Del)) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
-            self.flag(f"assignment to {ast.unparse(node)}")
-        if attr.startswith("__") and attr.endswith("__") and (attr not in SAFE_DUNDERS or isinstance(node.ctx, ast.Store)):
-            self.flag(ast.unparse(node))
-        elif attr.startswith("_") and not attr.startswith("__"):
-            self.flag(ast.unparse(node))
-        elif attr in RISKY_ATTRIBUTES or attr.startswith("register_module") or attr.startswith("set_default"):
-            self.flag(ast.unparse(node))
-        self.generic_visit(node)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        for base in node.bases:
-            text = ast.unparse(base)
-            if text.rsplit(".", 1)[-1] in {"Tensor", "Parameter", "TorchFunctionMode", "TorchDispatchMode", "type",
-                                           "ModuleType", "Function"}:
-                self.flag(f"class {node.name}({text})")
-        if node.keywords:
-            self.flag(f"class {node.name} with keywords")
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        if node.name.startswith("__") and node.name.endswith("__") and node.name not in SAFE_DUNDERS:
-            self.flag(f"def {node.name}")
-        self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3:
-            self.flag("type(name, bases, namespace)")
-        if (isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
-                and not node.args[1].value.startswith("_") and node.args[1].value not in RISKY_ATTRIBUTES):
-            node.func.harmless = True  # getattr(x, "dtype", default): reading a plain attribute
-        self.generic_visit(node)
-
-
-def python_source(source: str) -> str:
-    """A cell's source as Python (IPython's magics and shell escapes become ``get_ipython()`` calls)."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        return TransformerManager().transform_cell(source)
-    except Exception:  # noqa: BLE001 - the raw source is scanned instead
-        return source
-
-
-# CPython 3.11 counts the depth of its AST conversion in state shared by all threads
-# (python/cpython#106905): two grading threads parsing at once can fail with
-# "SystemError: AST constructor recursion depth mismatch". Parsing is quick; it takes turns.
-_PARSE_LOCK = threading.Lock()
-
-
-def parse_cell(source: str) -> ast.Module:
-    """The syntax tree of a code cell's source (magics included); raises ``SyntaxError``."""
-    text = python_source(source)
-    with _PARSE_LOCK:
-        return ast.parse(text)
-
-
-def scan(notebook: NotebookNode, release: NotebookNode) -> list[str]:
-    """What in the student's code could tamper with the checks: ``["cell 7: import sys", ...]``."""
-    trusted = {c.source.strip() for c in release.cells if c.cell_type == "code"}
-    findings = []
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code" or cell.source.strip() in trusted or _locked(cell):
-            continue
-        try:
-            tree = parse_cell(cell.source)
-        except SyntaxError:
-            continue  # a cell that does not parse runs nothing
-        scanner = _Scanner()
-        scanner.visit(tree)
-        where = _meta(cell).get("grade_id") or f"cell {index + 1}"
-        findings += [f"{where}: {what}" for what in dict.fromkeys(scanner.found)]
-    return findings
-
-
-# -- the re-check --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The re-check's result for one test cell."""
-
-    ok: bool
-    reason: str
-
-
-RUNTIME_ERRORS = {"KernelDied", "CellTimeoutError", "NotRun"}
-
-
-def recheck(notebook: NotebookNode, assignment: str, root: Path, cell_timeout: int, timeout: float
-            ) -> tuple[dict[str, Verdict], str]:
-    """Run ``notebook`` (nbgrader's graded copy, hidden tests included) again in the sandbox.
-
-    Returns a verdict per test cell that the re-check reached, and a problem with the
-    re-check itself ("" when it ran to the end).
-    """
-    cells, preload = [], {"autograder.errors", "autograder.compare", "autograder.guard", "autograder.diagnosis",
-                          "autograder.student", "autograder.verify", "autograder.inputs"}
-    for cell in notebook.cells:
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
-        if any(o.get("output_type") == "error" and o.get("ename") in RUNTIME_ERRORS for o in cell.get("outputs", [])):
-            continue  # it crashed or hung nbgrader's kernel and scored 0 there: left out, as nbgrader's restart did
-        if _meta(cell).get("grade") and not _meta(cell).get("solution"):
-            cells.append({"kind": "test", "grade_id": _meta(cell)["grade_id"], "source": cell.source})
-            tree = parse_cell(cell.source)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autograder"):
-                    preload.add(node.module)
-                elif isinstance(node, ast.Import):
-                    preload.update(a.name for a in node.names if a.name.startswith("autograder"))
-        else:
-            cells.append({"kind": "code", "source": cell.source})
-    nonce = secrets.token_hex(16)
-    spec = {"nonce": nonce, "cells": cells, "preload": sorted(preload), "cell_timeout": cell_timeout}
-    hidden = sandbox.hidden_modules_for(assignment, root) | {
-        m.split(".")[2] for m in preload if m.startswith("autograder.hidden.") and m.count(".") >= 2}
-    pipeline = sandbox.PACKAGE / "pipeline"
-    code, out, err = sandbox.run(
-        [sys.executable, "-m", "autograder.pipeline.recheck"],
-        stdin=json.dumps(spec).encode(),
-        timeout=timeout,
-        hidden=sandbox.hidden_modules_for("", None) | hidden,
-        extra_files=[pipeline / "__init__.py", pipeline / "recheck.py"],
-    )
-    verdicts: dict[str, Verdict] = {}
-    done = False
-    for line in out.decode(errors="replace").splitlines():
-        if not line.startswith(nonce + " "):
-            continue
-        record = json.loads(line[len(nonce) + 1:])
-        if record.get("done"):
-            done = True
-        elif "grade_id" in record and record["grade_id"] not in verdicts:
-            verdicts[record["grade_id"]] = Verdict(bool(record["ok"]), str(record.get("reason", "")))
-    if done:
-        problem = ""
-    elif code is None:
-        problem = f"the re-run of your notebook took longer than {timeout:.0f} s and was stopped"
-    else:
-        problem = f"the re-run of your notebook stopped early ({sandbox_exit(code)})"
-    return verdicts, problem
-
-
-def sandbox_exit(code: int) -> str:
-    from .execute import describe_exit
-
-    return describe_exit(code)
-
-
-def reconcile(db_url: str, assignment: str, student: str, notebook_name: str, notebook: NotebookNode,
-              verdicts: dict[str, Verdict], problem: str) -> tuple[list[Note], list[str]]:
-    """Zero, in the gradebook, each test cell nbgrader passed that the re-check did not confirm.
-
-    Returns the notes for the student and the grade ids set to zero; the notebook's test
-    cells get an error output saying why.
-    """
-    from nbgrader.api import Gradebook
-
-    notes: list[Note] = []
-    zeroed: list[str] = []
-    with Gradebook(db_url) as gb:
-        submission = gb.find_submission_notebook(notebook_name, assignment, student)
-        for grade in submission.grades:
-            if grade.auto_score is None or grade.auto_score <= 0 or grade.cell_type != "code":
-                continue
-            verdict = verdicts.get(grade.name)
-            if verdict is not None and verdict.ok:
-                continue
-            reason = verdict.reason if verdict is not None else (problem or "it was not reached")
-            grade.auto_score = 0.0
-            zeroed.append(grade.name)
-            message = (f"This test passed in nbgrader's run but failed when the notebook was run again where your "
-                       f"code cannot change the checks: {reason}. It scores 0.")
-            for cell in notebook.cells:
-                if _meta(cell).get("grade_id") == grade.name:
-                    cell.outputs.append(nbformat.v4.new_output(
-                        "error", ename=INTEGRITY, evalue=message, traceback=[f"{INTEGRITY}: {message}"]))
-        gb.db.commit()
-    if zeroed:
-        first = next((v.reason for g, v in verdicts.items() if not v.ok), problem)
-        notes.append(Note("tampering", f"{len(zeroed)} test cell(s) ({', '.join(zeroed)}) passed in the first run "
-                                       f"but not in the protected re-run ({first}); they score 0."))
-    return notes, zeroed
-
-
 # -- notes on disk and in the feedback -----------------------------------------------------
 
 
@@ -528,9 +311,8 @@ def runtime_notes(notebook: NotebookNode) -> list[Note]:
     for index, cell in enumerate(notebook.cells):
         where = _meta(cell).get("grade_id") or f"cell {index + 1}"
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "error" and out.get("ename") in RUNTIME_ERRORS | {INTEGRITY}:
-                if out.get("ename") != INTEGRITY:
-                    notes.append(Note(out["ename"], f"{where}: {out['evalue']}"))
+            if out.get("output_type") == "error" and out.get("ename") in RUNTIME_ERRORS:
+                notes.append(Note(out["ename"], f"{where}: {out['evalue']}"))
             elif out.get("output_type") == "stream" and "[output cut:" in out.get("text", ""):
                 notes.append(Note("output", f"{where}: its output was cut (too long)."))
     return _unique(notes)
@@ -543,7 +325,7 @@ def write_notes(folder: Path, notes: list[Note]) -> None:
     if path.is_symlink() or path.exists():
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "w") as handle:
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump([asdict(n) for n in notes], handle, indent=1)
 
 
@@ -552,7 +334,7 @@ def read_notes(folder: Path) -> list[Note]:
     path = folder / NOTES_FILE
     if not path.is_file() or path.is_symlink():
         return []
-    return [Note(**n) for n in json.loads(path.read_text())]
+    return [Note(str(n.get("kind", "")), str(n.get("message", ""))) for n in json.loads(path.read_text(encoding="utf-8"))]
 
 
 def notes_html(notes: list[Note]) -> str:

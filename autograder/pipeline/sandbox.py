@@ -8,8 +8,10 @@ kernel's command is wrapped, so that the kernel (and anything it starts) runs
   PID namespace (it sees and can signal only its own processes; when the kernel ends, every
   process it left behind is killed by the kernel), a file system made of the system's
   read-only folders, the Python environment read-only, the public part of the
-  ``autograder`` package plus the one hidden-checks module of the notebook being graded, and
-  a writable *copy* of the submission's folder (what the code writes there is thrown away);
+  ``autograder`` package (never ``hidden`` or ``pipeline``: the checks run in the grader's
+  process, :mod:`autograder.pipeline.judge`), and a writable *copy* of the submission's
+  folder, a home and a ``TMPDIR``, each a size-limited ``tmpfs`` (what the code writes is
+  thrown away, and it cannot fill the grader's disk);
 - under resource limits (address space, CPU seconds, file size, a small private ``TMPDIR``),
   one thread for PyTorch and an environment with nothing of the grader's (no database URL,
   no tokens);
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,6 +56,8 @@ PASSED_ENVIRONMENT = ("LANG", "LC_ALL", "TZ", "PYTHONWARNINGS", "PYTHONHASHSEED"
 PACKAGE = Path(__file__).resolve().parents[1]
 #: Largest copy of a submission folder's other files given to the kernel.
 MAX_WORKDIR_BYTES = 100 * 2**20
+#: Where the sandbox sees the read-only copy of the submission's files, copied from there into its working folder.
+INPUT = "/run/submission"
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class Limits:
     memory_mb: int = 4096  # address space of each process (RLIMIT_AS), and memory of the control group
     cpu_seconds: int = 1200  # CPU time of each process (RLIMIT_CPU)
     file_mb: int = 256  # largest file written (RLIMIT_FSIZE)
-    tmp_mb: int = 256  # size of the private /tmp
+    tmp_mb: int = 256  # size of the private /tmp, and of the working folder and of the home (each a tmpfs)
     processes: int = 256  # tasks of the sandbox's control group; RLIMIT_NPROC too when its user is not root
     threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
 
@@ -90,14 +94,18 @@ def _probe() -> list[str]:
             sys.executable, "-S", "-c", "pass"]
 
 
-@functools.cache
 def mode() -> str:
     """How sandboxed code runs here: ``"bwrap as nobody"``, ``"bwrap"`` or ``"limits only"``.
 
-    ``AUTOGRADER_SANDBOX=off`` forces ``"limits only"``.
+    ``AUTOGRADER_SANDBOX=off`` forces ``"limits only"`` (what ``--no-sandbox`` sets).
     """
     if os.environ.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
         return "limits only"
+    return _probed_mode()
+
+
+@functools.cache
+def _probed_mode() -> str:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "limits only"
@@ -111,14 +119,26 @@ def mode() -> str:
     return "bwrap" if _run_quiet([bwrap, *_probe()]) else "limits only"
 
 
+def why_not() -> str:
+    """Why :func:`mode` is ``"limits only"`` here, in words ("" when a sandbox can be made)."""
+    if mode() != "limits only":
+        return ""
+    if os.environ.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
+        return "AUTOGRADER_SANDBOX is off"
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    return "bwrap is installed but cannot create namespaces here (a container that forbids them?)"
+
+
 def _as_nobody(setpriv: str) -> list[str]:
     return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all", "--"]
 
 
 _LIMIT_SNIPPET = (
-    "import json,os,resource,sys\n"
+    "import json,os,resource,shutil,sys\n"
     "for name,(soft,hard) in json.loads(sys.argv[1]).items():\n"
     "    resource.setrlimit(getattr(resource,name),(soft,hard))\n"
+    f"os.path.isdir({INPUT!r}) and shutil.copytree({INPUT!r},'.',dirs_exist_ok=True)\n"
     "os.execvp(sys.argv[2],sys.argv[2:])\n"
 )
 
@@ -135,29 +155,6 @@ def limited(cmd: Sequence[str], limits: Limits, python: str = sys.executable) ->
     if mode() == "bwrap as nobody" or os.geteuid() != 0:
         rlimits["RLIMIT_NPROC"] = (limits.processes, limits.processes)
     return [python, "-S", "-c", _LIMIT_SNIPPET, json.dumps(rlimits), *cmd]
-
-
-def hidden_modules_for(assignment: str, root: Path | None) -> set[str]:
-    """The hidden-checks modules the notebook ``assignment`` needs (and the modules they import)."""
-    import re
-
-    names = set()
-    if "_" in assignment:
-        names.add(assignment.split("_", 1)[1])
-    if root is not None:
-        source = root / "source" / assignment / f"{assignment}.ipynb"
-        if source.is_file():
-            names |= set(re.findall(r"autograder\.hidden\.(\w+)", source.read_text(errors="replace")))
-    todo, closure = list(names), set()
-    while todo:
-        name = todo.pop()
-        path = PACKAGE / "hidden" / f"{name}.py"
-        if name in closure or not path.is_file():
-            continue
-        closure.add(name)
-        text = path.read_text(errors="replace")
-        todo += re.findall(r"from \.(\w+) import", text) + re.findall(r"autograder\.hidden\.(\w+)", text)
-    return closure
 
 
 #: What of /etc the code may see: enough to run, nothing secret (no shadow, no keys).
@@ -185,18 +182,12 @@ def _python_binds() -> list[str]:
     return [a for f in sorted(folders) if not f.startswith("/usr/") for a in ("--ro-bind", f, f)]
 
 
-def _package_binds(hidden: Iterable[str], extra_files: Iterable[Path] = ()) -> list[str]:
-    """The autograder package read-only, minus ``pipeline`` and every hidden module not listed."""
+def _package_binds() -> list[str]:
+    """The autograder package read-only, without ``hidden`` and ``pipeline`` (instructor-only)."""
     pkg = str(PACKAGE)
     args = ["--ro-bind", pkg, pkg]
     for private in ("hidden", "pipeline"):
-        args += ["--tmpfs", f"{pkg}/{private}"]
-    keep = [PACKAGE / "hidden" / "__init__.py"] + [PACKAGE / "hidden" / f"{m}.py" for m in sorted(hidden)]
-    for path in [*keep, *extra_files]:
-        if path.is_file():
-            args += ["--ro-bind", str(path), str(path)]
-    for private in ("hidden", "pipeline"):
-        args += ["--remount-ro", f"{pkg}/{private}"]
+        args += ["--tmpfs", f"{pkg}/{private}", "--remount-ro", f"{pkg}/{private}"]
     return args
 
 
@@ -229,14 +220,13 @@ def wrap(
     private: str,
     limits: Limits,
     token: str,
-    hidden: Iterable[str] = (),
-    extra_files: Iterable[Path] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The command and environment that run ``cmd`` sandboxed.
 
-    ``workdir`` is the folder the code believes it runs in; ``scratch`` (a copy of it) is
-    what is mounted there, writable. ``private`` is mounted at the same path, writable
-    (connection file and sockets of a kernel).
+    ``workdir`` is the folder the code believes it runs in: a size-limited tmpfs into which
+    the files of ``scratch`` (a copy of the submission's files) are copied when it starts.
+    ``private`` is mounted at the same path, writable (connection file and sockets of a
+    kernel); its ``home`` is a tmpfs too, with the grader's font cache read-only.
     """
     env = environment(limits, os.path.join(private, "home"), token)
     current = mode()
@@ -256,9 +246,16 @@ def wrap(
         args += ["--setenv", key, value]
     args += _system_binds() + _python_binds()
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += _package_binds(hidden, extra_files)
-    args += ["--bind", scratch, workdir, "--bind", private, private, "--chdir", workdir]
-    args += ["--size", str(limits.tmp_mb * 2**20), "--tmpfs", env["TMPDIR"]]
+    args += _package_binds()
+    size = str(limits.tmp_mb * 2**20)
+    args += ["--bind", private, private, "--ro-bind", scratch, INPUT, "--size", size, "--tmpfs", workdir]
+    home = env["HOME"]
+    args += ["--size", size, "--tmpfs", home]
+    for dirpath, _, filenames in os.walk(home):  # the font cache, read-only in the tmpfs home
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            args += ["--ro-bind", path, path]
+    args += ["--chdir", workdir, "--size", size, "--tmpfs", env["TMPDIR"]]
     # Nothing outside the submission's folder and its private folder is writable (not even /tmp).
     args += ["--remount-ro", "/"]
     # Outside the sandbox, bwrap itself keeps the grading run's mark, so a run that is
@@ -364,7 +361,6 @@ class SandboxedKernelManager(AsyncKernelManager):
             chown_tree(home, owner)
             os.chown(self._private, owner, owner)
             os.chown(self.connection_file, owner, owner)
-        root = _course_root(workdir)
         cmd, env = wrap(
             kernel_cmd,
             workdir=workdir,
@@ -372,7 +368,6 @@ class SandboxedKernelManager(AsyncKernelManager):
             private=str(self._private),
             limits=self.limits,
             token=self._token,
-            hidden=hidden_modules_for(os.path.basename(workdir), root),
         )
         if self._group is None:
             self._group = control_group(self._token, self.limits)
@@ -389,6 +384,17 @@ class SandboxedKernelManager(AsyncKernelManager):
         kw["env"] = env
         await super()._async_launch_kernel(cmd, **kw)
 
+    def seal(self) -> None:
+        """Once the kernel has made its sockets, take back its right to write in the private folder.
+
+        Where the sandbox user is ``nobody`` (a root grader) the folder goes back to root, so the
+        student's code cannot fill the grader's disk through it. Elsewhere the sandbox user is the
+        grader's own user, who could give the right back: only the tmpfs folders are capped there.
+        """
+        if sandbox_owner() is not None:
+            os.chown(self._private, 0, 0)
+            os.chmod(self._private, 0o755)
+
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         kill_leftovers(self._token)
@@ -398,22 +404,11 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self._private, ignore_errors=True)
 
 
-def _course_root(workdir: str) -> Path | None:
-    """The course root of an ``autograded/<student>/<assignment>`` folder (or None)."""
-    path = Path(workdir)
-    for parent in path.parents:
-        if (parent / "nbgrader_config.py").is_file():
-            return parent
-    return None
-
-
 def run(
     cmd: Sequence[str],
     *,
     stdin: bytes,
     timeout: float,
-    hidden: Iterable[str] = (),
-    extra_files: Iterable[Path] = (),
     limits: Limits | None = None,
 ) -> tuple[int | None, bytes, bytes]:
     """Run ``cmd`` sandboxed with ``stdin``; return (exit code or None on timeout, stdout, stderr).
@@ -432,8 +427,8 @@ def run(
         _copy_font_cache(home)
         if owner is not None:
             chown_tree(private, owner)
-        full, env = wrap(cmd, workdir=str(scratch), scratch=str(scratch), private=str(private), limits=limits,
-                         token=token, hidden=hidden, extra_files=extra_files)
+        full, env = wrap(cmd, workdir=str(private / "cwd"), scratch=str(scratch), private=str(private), limits=limits,
+                         token=token)
         full = cgroup.join_command(group, full)
         proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=str(scratch), env=env, start_new_session=True)

@@ -1,0 +1,1142 @@
+"""Hidden checks and mistake catalogue for notebook 08, FlashAttention's backward pass (instructor-only).
+
+Gradients are compared with autograd through ``F.scaled_dot_product_attention`` (math backend,
+float64) on many shapes; the two flash functions are also watched (:mod:`autograder.watches`,
+where the student's code runs): no n x m tensor, the keys and the queries both tiled, and little
+memory alive at once. ``FlashAttention`` is run through autograd where the student's code runs
+(the probes of :mod:`autograder.checks.flash_backward`): its output, its gradients, what it saves
+for backward, ``torch.autograd.gradcheck``, and its backward under the guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+
+from ..checks.flash_backward import (
+    AUTOGRAD_BUILTINS,
+    BACKWARD_ARGS,
+    BACKWARD_BUILTINS,
+    FORWARD_ARGS,
+    FORWARD_BUILTINS,
+    GRADS,
+    attention_backward_reference,
+    autograd_softmax_backward,
+    backward_case,
+    backward_reference,
+    check_backward_guard,
+    check_function_cases,
+    check_gradcheck,
+    forward_reference,
+    qkv,
+    softmax_rows,
+)
+from ..diagnosis import Mistake
+from ..errors import CheckFailed, fail
+from ..inputs import generator, randn
+from ..student import expect_error, probe
+from ..verify import Case, verify
+from ..watches import watch_allocations
+from . import hidden
+
+SOFTMAX = "1. The gradient of softmax, row by row"
+BACKWARD = "2. The backward pass of attention"
+LSE = "4. The logsumexp: all the forward pass needs to keep"
+FLASH = "5. FlashAttention's backward pass, block by block"
+FUNCTION = "6. A torch.autograd.Function"
+
+
+# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
+# Apart from its one mistake each is a correct answer; they are self-contained (torch and math only),
+# because the end-to-end test submits their source as a student's answer.
+
+
+def softmax_backward_no_rowsum(p, grad_p, dim=-1):
+    return p * grad_p
+
+
+def softmax_backward_diagonal_only(p, grad_p, dim=-1):
+    return p * (1 - p) * grad_p
+
+
+def softmax_backward_unweighted_rowsum(p, grad_p, dim=-1):
+    return p * (grad_p - grad_p.sum(dim=dim, keepdim=True))
+
+
+def softmax_backward_wrong_sign(p, grad_p, dim=-1):
+    return p * (grad_p + (grad_p * p).sum(dim=dim, keepdim=True))
+
+
+def softmax_backward_last_axis(p, grad_p, dim=-1):
+    return p * (grad_p - (grad_p * p).sum(dim=-1, keepdim=True))
+
+
+def softmax_backward_no_keepdim(p, grad_p, dim=-1):
+    return p * (grad_p - (grad_p * p).sum(dim=dim))
+
+
+def softmax_backward_by_autograd(p, grad_p, dim=-1):
+    scores = p.log().detach().requires_grad_(True)
+    with torch.enable_grad():
+        return torch.autograd.grad(torch.softmax(scores, dim=dim), scores, grad_p)[0]
+
+
+def attention_backward_no_rowsum(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * dP
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_unweighted_rowsum(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - dP.sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_dq_unscaled(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_dk_unscaled(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_ds_not_transposed(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_p_not_transposed(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P @ dO
+
+
+def attention_backward_mask_not_reapplied(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    P = torch.softmax(Q @ K.transpose(-2, -1) * scale, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_bottom_right(Q, K, V, dO, is_causal=False):
+    scale = 1 / math.sqrt(Q.shape[-1])
+    S = Q @ K.transpose(-2, -1) * scale
+    if is_causal:
+        n, m = S.shape[-2], S.shape[-1]
+        S = S.masked_fill(torch.ones(n, m, dtype=torch.bool).tril(m - n).logical_not(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
+    dP = dO @ V.transpose(-2, -1)
+    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
+    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+def attention_backward_by_autograd(Q, K, V, dO, is_causal=False):
+    leaves = [t.detach().requires_grad_(True) for t in (Q, K, V)]
+    with torch.enable_grad():
+        S = leaves[0] @ leaves[1].transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        O = torch.softmax(S, dim=-1) @ leaves[2]
+        return torch.autograd.grad(O, leaves, dO)
+
+
+def flash_forward_lse_unscaled(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        raw_top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        raw_total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            raw = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + raw.shape[-2])[:, None]
+                raw = raw.masked_fill(torch.arange(k0, k0 + raw.shape[-1]) > i, float("-inf"))
+            s = raw * scale
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+            new_raw_top = torch.maximum(raw_top, raw.amax(dim=-1, keepdim=True))
+            raw_total = torch.exp(raw_top - new_raw_top) * raw_total + torch.exp(raw - new_raw_top).sum(-1, keepdim=True)
+            raw_top = new_raw_top
+        outputs.append(acc / total)
+        lses.append((raw_top + torch.log(raw_total)).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_forward_lse_max_only(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append(top.squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_forward_lse_without_max(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append(torch.log(total).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_forward_lse_column(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append(top + torch.log(total))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2)
+
+
+def flash_forward_bottom_right(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append((top + torch.log(total)).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_forward_last_key_block_dropped(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m - m % block_size, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append((top + torch.log(total)).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_forward_block_local_causal(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append((top + torch.log(total)).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def flash_backward_d_from_do(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = dO.sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_mask_not_reapplied(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_blocks_skipped_but_not_masked(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(k0 if is_causal else 0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_dq_unscaled(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_dk_unscaled(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q
+    return dQ, dK, dV
+
+
+def flash_backward_ds_not_transposed(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_p_from_unscaled_scores(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_block_softmax(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_lse_as_row(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - lse[..., q0:q0 + block_size])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_last_key_block_dropped(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m - m % block_size, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+def flash_backward_bottom_right(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    scale = 1 / math.sqrt(Q.shape[-1])
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    L = lse.unsqueeze(-1)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, m, block_size):
+        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
+        for q0 in range(0, n, block_size):
+            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
+            s = q @ k.transpose(-2, -1) * scale
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
+            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
+            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+    return dQ, dK, dV
+
+
+class FlashSavesP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        P = torch.softmax(S, dim=-1)
+        O = P @ V
+        ctx.save_for_backward(Q, K, V, O, P)
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, P = ctx.saved_tensors
+        scale = 1 / math.sqrt(Q.shape[-1])
+        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
+        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
+
+
+class FlashCausalForgotten(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        lse = torch.logsumexp(S, dim=-1)
+        O = torch.exp(S - lse.unsqueeze(-1)) @ V
+        ctx.save_for_backward(Q, K, V, O, lse)
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, lse = ctx.saved_tensors
+        scale = 1 / math.sqrt(Q.shape[-1])
+        P = torch.exp(Q @ K.transpose(-2, -1) * scale - lse.unsqueeze(-1))
+        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
+        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
+
+
+class FlashTensorsOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        lse = torch.logsumexp(S, dim=-1)
+        O = torch.exp(S - lse.unsqueeze(-1)) @ V
+        ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse, ctx.is_causal = Q, K, V, O, lse, is_causal
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, lse = ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse
+        scale = 1 / math.sqrt(Q.shape[-1])
+        S = Q @ K.transpose(-2, -1) * scale
+        if ctx.is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        P = torch.exp(S - lse.unsqueeze(-1))
+        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
+        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
+
+
+class FlashThreeGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        lse = torch.logsumexp(S, dim=-1)
+        O = torch.exp(S - lse.unsqueeze(-1)) @ V
+        ctx.save_for_backward(Q, K, V, O, lse)
+        ctx.is_causal = is_causal
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, lse = ctx.saved_tensors
+        scale = 1 / math.sqrt(Q.shape[-1])
+        S = Q @ K.transpose(-2, -1) * scale
+        if ctx.is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        P = torch.exp(S - lse.unsqueeze(-1))
+        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
+        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+
+
+class FlashReturnsLse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        lse = torch.logsumexp(S, dim=-1)
+        O = torch.exp(S - lse.unsqueeze(-1)) @ V
+        ctx.save_for_backward(Q, K, V, O, lse)
+        ctx.is_causal = is_causal
+        return O, lse
+
+    @staticmethod
+    def backward(ctx, dO, dlse):
+        Q, K, V, O, lse = ctx.saved_tensors
+        scale = 1 / math.sqrt(Q.shape[-1])
+        S = Q @ K.transpose(-2, -1) * scale
+        if ctx.is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        P = torch.exp(S - lse.unsqueeze(-1))
+        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
+        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
+
+
+class FlashBackwardByAutograd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+        lse = torch.logsumexp(S, dim=-1)
+        O = torch.exp(S - lse.unsqueeze(-1)) @ V
+        ctx.save_for_backward(Q, K, V, O, lse)
+        ctx.is_causal = is_causal
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, lse = ctx.saved_tensors
+        leaves = [t.detach().requires_grad_(True) for t in (Q, K, V)]
+        with torch.enable_grad():
+            S = leaves[0] @ leaves[1].transpose(-2, -1) / math.sqrt(Q.shape[-1])
+            if ctx.is_causal:
+                S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+            out = torch.softmax(S, dim=-1) @ leaves[2]
+            return (*torch.autograd.grad(out, leaves, dO), None, None)
+
+
+# --- the catalogue --------------------------------------------------------------------------------
+
+NO_ROWSUM = (
+    "p_i depends on every score of its row, not only on s_i: d p_i / d s_j = p_i (delta_ij - p_j), so the "
+    "gradient is p * (grad_p - rowsum(grad_p * p)). Without the rowsum term only diag(p) of the Jacobian "
+    "diag(p) - p p^T is used: the diagonal-only Jacobian of notebook 02 again."
+)
+UNWEIGHTED = (
+    "the term subtracted from each entry is the weighted sum sum_i g_i p_i, the rowsum of grad_p * p, not the "
+    "plain rowsum of the incoming gradient."
+)
+BOTTOM_RIGHT = (
+    "with is_causal=True this course follows F.scaled_dot_product_attention: the diagonal is aligned to the "
+    "top-left corner, query i sees key j when j <= i, whatever n and m are. Shifting it by m - n (bottom-right) "
+    "is a different mask."
+)
+MASK_AGAIN = (
+    "the backward pass recomputes P from the scores, so it must mask them again: where j > i the forward pass "
+    "had P_ij = 0, and without the mask exp(s_ij - lse_i) is not zero there. Mask every block that crosses "
+    "the diagonal (and skip the blocks above it)."
+)
+DQ_SCALE = "S = Q K^T / sqrt(d), so dQ = dS K / sqrt(d): the factor 1/sqrt(d) of the forward pass comes back."
+DK_SCALE = "S = Q K^T / sqrt(d), so dK = dS^T Q / sqrt(d): the factor 1/sqrt(d) of the forward pass comes back."
+DS_TRANSPOSED = (
+    "dK_j = sum_i dS_ij q_i / sqrt(d): the sum runs over the queries i, the rows of dS, so dK = dS^T Q / sqrt(d) "
+    "((m x n)(n x d)). dS Q only has the right shape when n = m, and then it is the wrong matrix."
+)
+LAST_BLOCK = (
+    "when block_size does not divide the length, the last block is shorter and must still be processed: loop "
+    "with range(0, length, block_size); a slice past the end just stops."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "softmax_backward": [
+        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, softmax_backward_no_rowsum),
+        Mistake("only the diagonal of the Jacobian (p (1 - p) grad_p)", "d p_i / d s_i = p_i (1 - p_i) is only "
+                "the diagonal of the Jacobian; every other score of the row contributes -p_i p_j too, which sums "
+                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, softmax_backward_diagonal_only),
+        Mistake("the rowsum of grad_p without the weights p", UNWEIGHTED, SOFTMAX,
+                softmax_backward_unweighted_rowsum),
+        Mistake("the rowsum term with the wrong sign", "d p_i / d s_j = p_i (delta_ij - p_j): the off-diagonal "
+                "terms are negative, so the rowsum is subtracted: p * (grad_p - rowsum(grad_p * p)).", SOFTMAX,
+                softmax_backward_wrong_sign),
+        Mistake("dim ignored (rowsum over the last axis)", "the rows of the softmax run along dim: take the "
+                "rowsum with .sum(dim=dim, keepdim=True), not over the last axis.", SOFTMAX,
+                softmax_backward_last_axis),
+        Mistake("the rowsum without keepdim", "(grad_p * p).sum(dim) drops the axis, and broadcasting then lines "
+                "the sums up with the wrong axis (or fails): keep it with keepdim=True.", SOFTMAX,
+                softmax_backward_no_keepdim),
+        Mistake("the gradient by autograd", "the exercise is to write the formula: calling torch.autograd.grad "
+                "(or .backward()) on a softmax computes the answer instead of deriving it.", SOFTMAX,
+                softmax_backward_by_autograd),
+    ],
+    "attention_backward": [
+        Mistake("softmax backward without the rowsum term", NO_ROWSUM + " Here: dS = P * (dP - rowsum(dP * P)).",
+                SOFTMAX, attention_backward_no_rowsum),
+        Mistake("the rowsum of dP without the weights P", UNWEIGHTED + " Here: rowsum(dP * P).", SOFTMAX,
+                attention_backward_unweighted_rowsum),
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, attention_backward_dq_unscaled),
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, attention_backward_dk_unscaled),
+        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, attention_backward_ds_not_transposed),
+        Mistake("dV = P dO (P not transposed)", "dV_j = sum_i P_ij dO_i: the sum runs over the queries, the rows "
+                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, attention_backward_p_not_transposed),
+        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, BACKWARD,
+                attention_backward_mask_not_reapplied),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, attention_backward_bottom_right),
+        Mistake("the gradients by autograd", "the exercise is to write the backward pass from the formulas: "
+                "torch.autograd.grad through the forward formula computes the answer instead of deriving it.",
+                BACKWARD, attention_backward_by_autograd),
+    ],
+    "flash_attention_forward": [
+        Mistake("the logsumexp of unscaled scores", "the weights are softmax(Q K^T / sqrt(d)), so the backward pass "
+                "recomputes them as exp(s - lse) with the scaled scores s: lse must be the logsumexp of the scaled "
+                "scores, m + log(l) of the online softmax run on them.", LSE, flash_forward_lse_unscaled),
+        Mistake("the running max returned as the logsumexp", "log sum_j exp(s_j) = m + log sum_j exp(s_j - m): "
+                "the logsumexp is the running max plus the log of the running sum.", LSE, flash_forward_lse_max_only),
+        Mistake("the max not added back to log(l)", "the running sum l = sum_j exp(s_j - m) is measured against "
+                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, flash_forward_lse_without_max),
+        Mistake("lse kept as a column (..., n, 1)", "lse has one number per query: shape (..., n), like "
+                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE, flash_forward_lse_column),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, flash_forward_bottom_right),
+        Mistake("last key block dropped", LAST_BLOCK, LSE, flash_forward_last_key_block_dropped),
+        Mistake("causal mask with indices inside the block", "in the block of queries starting at q0 and keys "
+                "starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare global "
+                "indices, not positions inside the blocks.", LSE, flash_forward_block_local_causal),
+    ],
+    "flash_attention_backward": [
+        Mistake("D computed as rowsum(dO) instead of rowsum(dO * O)", "D_i = sum_j dP_ij P_ij = "
+                "sum_j (dO_i . v_j) P_ij = dO_i . o_i: the rowsum of the elementwise product dO * O.", FLASH,
+                flash_backward_d_from_do),
+        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
+                flash_backward_mask_not_reapplied),
+        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
+                flash_backward_blocks_skipped_but_not_masked),
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, flash_backward_dq_unscaled),
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, flash_backward_dk_unscaled),
+        Mistake("dS transposed when forming dK", DS_TRANSPOSED + " Per block: dK_j += dS_ij^T Q_i / sqrt(d).",
+                FLASH, flash_backward_ds_not_transposed),
+        Mistake("P recomputed from unscaled scores", "lse is the logsumexp of the scaled scores Q K^T / sqrt(d), so "
+                "P_ij = exp(q_i . k_j / sqrt(d) - lse_i): scale the scores before subtracting lse.", FLASH,
+                flash_backward_p_from_unscaled_scores),
+        Mistake("each block normalised on its own (lse ignored)", "a softmax over one block of keys divides by "
+                "the sum over that block only; the weights of the whole row are exp(s - lse), with the lse of the "
+                "whole row that the forward pass saved.", FLASH, flash_backward_block_softmax),
+        Mistake("lse not broadcast as a column", "lse has one number per query (a row of the block): subtract "
+                "lse[..., q0:q0 + B, None] (shape (..., B, 1)), not lse[..., q0:q0 + B], which broadcasts along "
+                "the keys.", FLASH, flash_backward_lse_as_row),
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_backward_last_key_block_dropped),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_backward_bottom_right),
+    ],
+    "FlashAttention": [
+        Mistake("saving P (an n x m tensor) for backward", "the point of FlashAttention is that nothing of size "
+                "n x m survives the forward pass: save Q, K, V, O and lse, and recompute P block by block in "
+                "backward as exp(S - lse).", FUNCTION, FlashSavesP),
+        Mistake("is_causal not passed to the backward", "backward only sees ctx and dO: keep is_causal (and "
+                "block_size) on ctx in forward (ctx.is_causal = is_causal) and mask again in backward.", FUNCTION,
+                FlashCausalForgotten),
+        Mistake("tensors kept as attributes of ctx", "ctx.save_for_backward(Q, K, V, O, lse) is how a Function keeps "
+                "tensors for backward (autograd checks them and frees them after use); attributes of ctx are for "
+                "plain values such as block_size and is_causal.", FUNCTION, FlashTensorsOnCtx),
+        Mistake("backward returns three gradients for five inputs", "forward takes Q, K, V, block_size and "
+                "is_causal, so backward returns five values: (dQ, dK, dV, None, None).", FUNCTION,
+                FlashThreeGradients),
+        Mistake("forward returns (O, lse)", "FlashAttention.apply returns O only, like attention; lse is saved for "
+                "backward with ctx.save_for_backward, not returned.", FUNCTION, FlashReturnsLse),
+        Mistake("backward by autograd through the forward formula", "backward must compute the gradients from "
+                "the saved tensors with the formulas of section 5; running autograd through the naive formula "
+                "inside backward rebuilds the n x m graph that FlashAttention avoids.", FUNCTION,
+                FlashBackwardByAutograd),
+    ],
+}
+
+_GUARD_MISTAKES = {
+    "softmax_backward": "the gradient by autograd",
+    "attention_backward": "the gradients by autograd",
+    "FlashAttention": "backward by autograd through the forward formula",
+}
+
+
+@contextlib.contextmanager
+def _autograd_named(exercise: str) -> Iterator[None]:
+    """When the guard stopped automatic differentiation, add the catalogue's explanation."""
+    try:
+        yield
+    except CheckFailed as error:
+        text = str(error)
+        if "called torch.autograd.grad" in text or "called Tensor.backward" in text:
+            mistake = next(m for m in MISTAKES[exercise] if m.name == _GUARD_MISTAKES[exercise])
+            raise CheckFailed(f"{text}\n{mistake.message()}") from None
+        raise
+
+
+# --- hidden checks ------------------------------------------------------------------------------
+
+
+@hidden
+def check_softmax_backward(softmax_backward) -> None:
+    """Against autograd of torch.softmax: rows of every length, every dim, one-hot rows, float32; errors."""
+    gen = generator(800)
+    one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    cases = [
+        Case((softmax_rows(gen, 4, 4), randn(4, 4, gen=gen)), label="4 rows of 4"),
+        Case((softmax_rows(gen, 7), randn(7, gen=gen)), label="one row of 7"),
+        Case((softmax_rows(gen, 2, 3, 5), randn(2, 3, 5, gen=gen)), label="a batch of 3 x 5 weights"),
+        Case((softmax_rows(gen, 2, 64, scale=4.0), randn(2, 64, gen=gen)), label="rows of 64, peaked"),
+        Case((softmax_rows(gen, 5, 3, dim=0), randn(5, 3, gen=gen)), {"dim": 0}, label="dim=0"),
+        Case((softmax_rows(gen, 2, 4, 3, dim=1), randn(2, 4, 3, gen=gen)), {"dim": 1}, label="dim=1 of three"),
+        Case((softmax_rows(gen, 3, 4, 2, dim=-2), randn(3, 4, 2, gen=gen)), {"dim": -2}, label="dim=-2"),
+        Case((one_hot, randn(3, 4, gen=gen)), label="one-hot rows and a uniform row"),
+        Case((softmax_rows(gen, 1, 1), randn(1, 1, gen=gen)), label="a row of one key: the gradient is 0"),
+    ]
+    with _autograd_named("softmax_backward"):
+        verify(softmax_backward, cases, autograd_softmax_backward, exercise="softmax_backward",
+               arg_names=("p", "grad_p"), outputs=None, forbid=AUTOGRAD_BUILTINS,
+               mistakes=MISTAKES["softmax_backward"], rtol=1e-10, atol=1e-12)
+        float32 = [Case((softmax_rows(gen, 3, 6).float(), randn(3, 6, gen=gen, dtype=torch.float32)),
+                        label="float32")]
+        verify(softmax_backward, float32, autograd_softmax_backward, exercise="softmax_backward",
+               arg_names=("p", "grad_p"), outputs=None, forbid=AUTOGRAD_BUILTINS,
+               mistakes=MISTAKES["softmax_backward"], rtol=1e-5, atol=1e-6)
+    for p_shape, g_shape in [((2, 3), (2, 4)), ((3,), (2, 3))]:
+        expect_error(softmax_backward, softmax_rows(gen, *p_shape), randn(*g_shape, gen=gen), error=ValueError,
+                     what=f"softmax_backward(p {p_shape}, grad_p {g_shape})", why="p and grad_p have different shapes")
+    print("softmax_backward passes the hidden checks.")
+
+
+ATTENTION_SHAPES = [
+    # (batch dims, n, m, d_k, d_v, is_causal, label); the first case is square, so that a transposition
+    # mistake gives a wrong value (and is named) rather than a shape error.
+    ((2,), 6, 6, 4, 4, False, "n = m = 6"),
+    ((2,), 5, 8, 3, 4, False, "n = 5 < m = 8, d_v = 4 != d_k = 3"),
+    ((2,), 9, 4, 4, 2, False, "n = 9 > m = 4"),
+    ((2, 3), 5, 5, 4, 4, False, "two batch dimensions"),
+    ((), 6, 7, 3, 5, False, "no batch dimension"),
+    ((1,), 1, 1, 2, 3, False, "one query, one key"),
+    ((2,), 7, 7, 4, 3, True, "causal, n = m = 7"),
+    ((2,), 5, 9, 4, 4, True, "causal, n = 5 < m = 9 (top-left)"),
+    ((2,), 9, 5, 3, 2, True, "causal, n = 9 > m = 5"),
+    ((), 8, 8, 4, 4, True, "causal, no batch dimension"),
+]
+
+
+def _attention_cases(seed: int) -> list[Case]:
+    gen = generator(seed)
+    return [Case(qkv(gen, batch, n, m, d_k, d_v), {"is_causal": True} if causal else {}, label)
+            for batch, n, m, d_k, d_v, causal, label in ATTENTION_SHAPES]
+
+
+@hidden
+def check_attention_backward(attention_backward) -> None:
+    """Against autograd of SDPA (math backend, float64) on many shapes, causal included; float32; errors."""
+    names = ("Q", "K", "V", "dO")
+    gen = generator(810)
+    with _autograd_named("attention_backward"):
+        verify(attention_backward, _attention_cases(811), attention_backward_reference, exercise="attention_backward",
+               arg_names=names, outputs=GRADS, forbid=BACKWARD_BUILTINS, mistakes=MISTAKES["attention_backward"],
+               rtol=1e-9, atol=1e-11)
+        float32 = [Case(qkv(gen, (2, 2), 6, 9, 4, 4, dtype=torch.float32), {"is_causal": True}, "float32 inputs")]
+        verify(attention_backward, float32, attention_backward_reference, exercise="attention_backward",
+               arg_names=names, outputs=GRADS, forbid=BACKWARD_BUILTINS, mistakes=MISTAKES["attention_backward"],
+               rtol=1e-4, atol=1e-5)
+    Q, K, V, dO = qkv(gen, (2,), 3, 5, 4, 2)
+    for args, shapes, why in [
+        ((Q, K, V, dO[..., :1]), "dO (2, 3, 1)", "dO must have the shape of the output, (2, 3, 2)"),
+        ((Q, K[..., :3], V, dO), "K (2, 5, 3)", "Q and K have different d_k (4 and 3)"),
+        ((Q, K, V[..., :4, :], dO), "V (2, 4, 2)", "K has 5 keys but V has 4 values"),
+    ]:
+        expect_error(attention_backward, *args, error=ValueError, why=why,
+                     what=f"attention_backward(Q (2, 3, 4), K, V, dO) with {shapes}")
+    print("attention_backward passes the hidden checks.")
+
+
+# --- the flash functions: values, and what they allocate -------------------------------------------
+
+FLASH_SHAPES = [
+    # (batch dims, n, m, d_k, d_v, block size, is_causal, label); the first case is square, blocks dividing.
+    ((2,), 8, 8, 3, 3, 4, False, "n = m = 8, blocks of 4"),
+    ((2,), 37, 45, 5, 7, 8, False, "n = 37 and m = 45 are not multiples of the block size 8"),
+    ((2, 3), 12, 12, 4, 4, 4, False, "two batch dimensions"),
+    ((), 9, 11, 3, 2, 4, False, "no batch dimension"),
+    ((3,), 5, 5, 4, 6, 16, False, "a block larger than n"),
+    ((1,), 1, 1, 1, 1, 1, False, "one query, one key"),
+    ((2,), 6, 10, 4, 3, 1, False, "blocks of 1"),
+    ((2,), 7, 11, 4, 5, 3, True, "causal, n = 7 < m = 11"),
+    ((2, 2), 13, 13, 4, 4, 5, True, "causal, n = m = 13"),
+    ((2,), 11, 6, 3, 3, 4, True, "causal, n = 11 > m = 6"),
+    ((), 10, 16, 4, 4, 3, True, "causal, no batch dimension"),
+]
+
+
+def _flash_shapes(seed: int, scale: float = 1.0):
+    gen = generator(seed)
+    for batch, n, m, d_k, d_v, size, causal, label in FLASH_SHAPES:
+        yield qkv(gen, batch, n, m, d_k, d_v, scale=scale), size, causal, label
+
+
+def _watched(fn, exercise: str, args: tuple, kwargs: dict, forbid, rows: int, cols: int, max_elements: int):
+    """The value of the student's ``fn`` and what the tensor watch saw (a probe, where the student's code runs)."""
+    value, seen = probe(watch_allocations, fn, args, kwargs, rows, cols, max_elements, what=f"{exercise}(...)",
+                        forbid=forbid)
+    if seen.get("numpy"):
+        fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
+             "every tensor your function allocates, to make sure it never holds the n x m scores.")
+    return value, seen
+
+
+def _shapes(args: tuple, names: tuple) -> str:
+    return ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(names, args) if isinstance(t, torch.Tensor))
+
+
+def _forward_args(Q, K, V, dO, size, causal) -> tuple[tuple, dict]:
+    return (Q, K, V, size), {"is_causal": causal}
+
+
+def _backward_args(Q, K, V, dO, size, causal) -> tuple[tuple, dict]:
+    case = backward_case(Q, K, V, dO, size, causal, "")
+    return case.args, {"is_causal": causal}
+
+
+_KINDS = {
+    "flash_attention_forward": (_forward_args, forward_reference, ("O", "lse"), FORWARD_ARGS, FORWARD_BUILTINS),
+    "flash_attention_backward": (_backward_args, backward_reference, GRADS, BACKWARD_ARGS, BACKWARD_BUILTINS),
+}
+
+
+def _check_value(value, args, kwargs, exercise: str) -> None:
+    _, reference, outputs, names, _ = _KINDS[exercise]
+    verify(lambda *a, **k: value, [Case(args, kwargs)], reference, exercise=exercise, arg_names=names,
+           outputs=outputs, rtol=1e-9, atol=1e-11)
+
+
+def _check_no_n_by_m(fn, exercise: str, *, is_causal: bool) -> None:
+    """n = 40 and m = 45 are both longer than the block: no n x m tensor may appear, not even a mask."""
+    make, _, _, names, forbid = _KINDS[exercise]
+    gen = generator(820 + is_causal)
+    args, kwargs = make(*qkv(gen, (2,), 40, 45, 3, 4), 8, is_causal)
+    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=40, cols=45, max_elements=40 * 45)
+    if seen["offender"] is not None:
+        op, shape = seen["offender"]
+        fail(f"With {_shapes(args, names)}, block_size=8, is_causal={is_causal}: {exercise} allocated a tensor of "
+             f"shape {tuple(shape)} (in {op}), as big as the n x m = 40 x 45 score matrix of a head. FlashAttention "
+             "never builds it, in the backward pass no more than in the forward pass, not even as a mask: work on "
+             "blocks of block_size queries and keys, and recompute each block of P from the scores and lse.")
+    _check_value(value, args, kwargs, exercise)
+
+
+def _check_tiled(fn, exercise: str, n: int, m: int) -> None:
+    """Blocks of 6, d = 2: a block of queries against all keys (or of keys against all queries) is caught."""
+    make, _, _, names, forbid = _KINDS[exercise]
+    gen = generator(830 + n)
+    args, kwargs = make(*qkv(gen, (2,), n, m, 2, 2), 6, False)
+    longest = max(n, m)
+    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=6, cols=longest, max_elements=2 * 6 * longest)
+    if seen["offender"] is not None:
+        op, shape = seen["offender"]
+        fail(f"With {_shapes(args, names)}, block_size=6: {exercise} allocated a tensor of shape {tuple(shape)} "
+             f"(in {op}): a block of 6 against all {longest} {'keys' if m > n else 'queries'}. That is chunking "
+             "(notebook 07, section 4), not FlashAttention: tile both the queries and the keys in blocks of "
+             "block_size.")
+    _check_value(value, args, kwargs, exercise)
+
+
+def _check_peak(fn, exercise: str) -> None:
+    """The bytes alive at once stay below half of one n x m matrix: no list of every block of P."""
+    make, _, _, names, forbid = _KINDS[exercise]
+    gen = generator(840)
+    args, kwargs = make(*qkv(gen, (1,), 96, 96, 2, 2), 8, True)
+    matrix = 96 * 96 * 8
+    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=96, cols=96, max_elements=96 * 96)
+    if seen["offender"] is not None or seen["peak"] > matrix // 2:
+        fail(f"With {_shapes(args, names)}, block_size=8, is_causal=True: {exercise} had {seen['peak']} bytes of "
+             f"tensors alive at once, while one 96 x 96 score matrix in float64 is {matrix} bytes. Keep only the "
+             "current block of scores (and of P, dP, dS): do not keep every block, in a list or in a preallocated "
+             "matrix.")
+    _check_value(value, args, kwargs, exercise)
+
+
+def _check_flash_values(fn, exercise: str, seed: int) -> None:
+    make, reference, outputs, names, forbid = _KINDS[exercise]
+    cases = []
+    for (Q, K, V, dO), size, causal, label in _flash_shapes(seed):
+        args, kwargs = make(Q, K, V, dO, size, causal)
+        cases.append(Case(args, kwargs if causal else {}, label))
+    for (Q, K, V, dO), size, causal, label in list(_flash_shapes(seed + 1, scale=40.0))[7:9]:
+        args, kwargs = make(Q, K, V, dO, size, causal)
+        cases.append(Case(args, kwargs, label + ", scores in the thousands: exp of a raw score overflows"))
+    verify(fn, cases, reference, exercise=exercise, arg_names=names, outputs=outputs, forbid=forbid,
+           mistakes=MISTAKES[exercise], rtol=1e-9, atol=1e-11)
+    gen = generator(seed + 2)
+    args, kwargs = make(*qkv(gen, (2, 3), 19, 23, 8, 8, dtype=torch.float32), 4, True)
+    verify(fn, [Case(args, kwargs, "float32 inputs")], reference, exercise=exercise, arg_names=names,
+           outputs=outputs, forbid=forbid, mistakes=MISTAKES[exercise], rtol=1e-4, atol=1e-5)
+
+
+@hidden
+def check_flash_attention_forward(flash_attention_forward) -> None:
+    """(O, lse) against SDPA and torch.logsumexp on many shapes and huge scores; no n x m tensor; tiles; memory."""
+    exercise = "flash_attention_forward"
+    _check_flash_values(flash_attention_forward, exercise, 850)
+    for causal in (False, True):
+        _check_no_n_by_m(flash_attention_forward, exercise, is_causal=causal)
+    _check_tiled(flash_attention_forward, exercise, 20, 70)
+    _check_peak(flash_attention_forward, exercise)
+    gen = generator(855)
+    Q, K, V, _ = qkv(gen, (2,), 3, 5, 4, 2)
+    for args, shapes, why in [((Q, K[..., :3], V, 2), "K (2, 5, 3)", "Q and K have different d_k (4 and 3)"),
+                              ((Q, K, V[..., :4, :], 2), "V (2, 4, 2)", "K has 5 keys but V has 4 values"),
+                              ((Q, K, V, 0), "block_size=0", "block_size must be at least 1")]:
+        expect_error(flash_attention_forward, *args, error=ValueError, why=why,
+                     what=f"flash_attention_forward(Q (2, 3, 4), K, V, ...) with {shapes}")
+    print("flash_attention_forward passes the hidden checks.")
+
+
+@hidden
+def check_flash_attention_backward(flash_attention_backward) -> None:
+    """Against autograd of SDPA on many shapes and huge scores; no n x m tensor; both axes tiled; memory."""
+    exercise = "flash_attention_backward"
+    _check_flash_values(flash_attention_backward, exercise, 860)
+    for causal in (False, True):
+        _check_no_n_by_m(flash_attention_backward, exercise, is_causal=causal)
+    _check_tiled(flash_attention_backward, exercise, 20, 70)
+    _check_tiled(flash_attention_backward, exercise, 70, 20)
+    _check_peak(flash_attention_backward, exercise)
+    gen = generator(865)
+    (Q, K, V, O, dO, lse, _), _ = _backward_args(*qkv(gen, (2,), 3, 5, 4, 2), 2, False)
+    for args, shapes, why in [((Q, K, V, O, dO[..., :1], lse, 2), "dO (2, 3, 1)",
+                               "dO must have the shape of O, (2, 3, 2)"),
+                              ((Q, K, V, O, dO, lse[..., :2], 2), "lse (2, 2)", "lse must have one entry per query, (2, 3)"),
+                              ((Q, K, V, O, dO, lse, 0), "block_size=0", "block_size must be at least 1")]:
+        expect_error(flash_attention_backward, *args, error=ValueError, why=why,
+                     what=f"flash_attention_backward(Q (2, 3, 4), K (2, 5, 4), V (2, 5, 2), O, dO, lse, ...) with "
+                          f"{shapes}")
+    print("flash_attention_backward passes the hidden checks.")
+
+
+# --- FlashAttention -------------------------------------------------------------------------------
+
+
+@hidden
+def check_FlashAttention(FlashAttention) -> None:  # noqa: N802 - named after the class it checks
+    """Output and gradients against SDPA on many shapes; only Q, K, V, O and lse saved; gradcheck; guard."""
+    gen = generator(870)
+    cases = [
+        Case(qkv(gen, (2,), 8, 8, 4, 4) + (4,), label="n = m = 8, blocks of 4"),
+        Case(qkv(gen, (2,), 7, 11, 4, 3) + (3,), {"is_causal": True}, label="causal, n = 7 < m = 11"),
+        Case(qkv(gen, (2, 2), 13, 13, 3, 3) + (5,), {"is_causal": True}, label="causal, n = m = 13"),
+        Case(qkv(gen, (2,), 11, 6, 3, 2) + (4,), {"is_causal": True}, label="causal, n = 11 > m = 6"),
+        Case(qkv(gen, (), 10, 14, 4, 5) + (3,), label="no batch dimension, n = 10, m = 14"),
+        Case(qkv(gen, (1, 2), 24, 24, 2, 2) + (8,), {"is_causal": True}, label="n = m = 24, d = 2"),
+        Case(qkv(gen, (2,), 9, 12, 8, 8, dtype=torch.float32) + (4,), {"is_causal": True}, label="float32 inputs"),
+    ]
+    with _autograd_named("FlashAttention"):
+        check_function_cases(FlashAttention, cases, MISTAKES["FlashAttention"])
+        for (Q, K, V, dO), size, causal in [(qkv(gen, (1,), 5, 7, 3, 2), 3, True), (qkv(gen, (2,), 6, 4, 2, 3), 4, False),
+                                            (qkv(gen, (1,), 7, 5, 3, 3), 2, True)]:
+            check_gradcheck(FlashAttention, Q, K, V, size, causal)
+            check_backward_guard(FlashAttention, Q, K, V, dO, size, causal)
+    print("FlashAttention passes the hidden checks.")

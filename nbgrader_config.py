@@ -21,7 +21,13 @@ c.CourseDirectory.db_url = os.environ.get("NBGRADER_DB_URL", f"sqlite:///{HERE /
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
 
 # A writable exchange inside the course (the system default /srv/nbgrader/exchange is not).
+# It is made when missing: nbgrader's Assignment List says "The exchange directory does not
+# exist" otherwise (`make lab` makes it too).
 c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", str(HERE / "exchange"))
+try:
+    Path(c.Exchange.root).mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass  # read-only course folder: nbgrader says so when the exchange is used
 
 # Execution: a per-cell limit, and a kernel that never goes idle must not lose the whole
 # submission (raise_on_iopub_timeout=False keeps the cells already executed).
@@ -55,9 +61,23 @@ c.LimitOutput.max_traceback = 30
 
 # Feedback shows the hidden tests' messages, never their source: the hidden part of each
 # test cell is removed before the feedback is rendered, and the checks print their
-# messages without a traceback (autograder/errors.py).
+# messages without a traceback (autograder/errors.py). Nothing a student wrote runs when the
+# page is opened: outputs and raw cells go through nbconvert's SanitizeHTML, markdown cells are
+# cleaned once rendered (FeedbackExporter), which also loads MathJax from feedback/_mathjax/
+# instead of a CDN and wraps long lines (autograder/pipeline/feedback.py).
+c.GenerateFeedback.exporter_class = "autograder.pipeline.feedback.FeedbackExporter"
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
+    "autograder.pipeline.feedback.SanitizeOutputs",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# `nbgrader validate` prints each line of a failing cell's output cut to Validator.width - 3
+# characters; a check's message is one line that names the mistake near its end, so the width
+# is wider than any message (tests/test_validate.py checks every catalogued one). The same
+# number is the width of the "=====" line between failed cells.
+c.Validator.width = 640
+# A kernel started by nbgrader (validate, the Validate button) talks to it over CurveZMQ
+# instead of warning on every run that its TCP traffic is not encrypted.
+c.KernelManager.transport_encryption = "auto"

@@ -9,10 +9,10 @@ import re
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade
+from autograder.pipeline import feedback, grade
 from autograder.pipeline.course import assignments, module_name
 
-from .course_copy import fill, make_course, mistake_source, reference_answers, released, submit
+from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 
 ASSIGNMENTS = assignments()
 
@@ -45,9 +45,9 @@ def test_grading(tmp_path, assignment):
             submit(course, assignment, student, fill(student_version, answers))
             expected[student] = (exercise, mistake)
 
-    summary = grade.autograde([assignment], workers=2, root=course, progress=False)
+    summary = grade.autograde([assignment], workers=2, root=course, progress=False, options=grading_options())
     assert not summary.failed, str(summary)
-    grade.feedback([assignment], root=course)
+    feedback.feedback([assignment], root=course)
 
     with Gradebook(grade.db_url(course)) as gb:
         ref = gb.find_submission(assignment, "reference")

@@ -1,0 +1,977 @@
+"""Hidden checks and mistake catalogue for notebook 09: decoding, ALiBi and a trained decoder (instructor-only).
+
+The checks run the student's classes as the visible ones do (constructors, ``load_state_dict``
+and probes); when no class is given (the test suite calls ``check_x(fn)`` alone), the
+reference classes of this module stand in for the student's ``KVCache`` and ``TinyDecoder``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks.decoding_and_training import (
+    BLOCK_ARGS,
+    COPY_STEPS,
+    DECODE_ARGS,
+    DECODE_OUTPUTS,
+    Weights,
+    allocation_problem,
+    block_reference,
+    block_shapes,
+    build_model,
+    cache_allocations,
+    cache_chunks,
+    calls_problem,
+    check_cache_cases,
+    check_full_cache,
+    check_model,
+    check_parameters,
+    decode_case,
+    decode_reference,
+    greedy_reference,
+    model_calls,
+    require_cache,
+    rope_reference,
+    run_block,
+    run_decode,
+    run_generate,
+    train_block,
+)
+from ..checks.masking import lower_right_pattern
+from ..compare import assert_close, assert_shape, assert_tensor, is_close
+from ..diagnosis import Mistake, Outcome, diagnose
+from ..errors import CheckFailed, fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, math_sdpa, randn
+from ..student import attempt, call_student, expect_error, probe
+from ..verify import Case, verify
+from . import hidden
+
+DECODING = "1. Generating one token at a time"
+CACHE = "2. The KV cache"
+GROUPS = "3. How big is the cache? Grouped key/value heads"
+ALIGN = "4. Decoding needs the bottom-right causal mask"
+ROPE = "5. RoPE positions continue from the cache"
+ALIBI = "6. ALiBi: distance as a bias"
+BLOCK = "7. A decoder block"
+GENERATE = "8. Generating with and without the cache"
+TRAINING = "9. Training a tiny model on a task that needs attention"
+
+
+# --- references: what the student's classes are replaced by when the tests call a check alone ----------------
+
+
+class ReferenceKVCache:
+    """A preallocated cache: storage made at the first append, views of the first len positions returned."""
+
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.size, self.dtype, self.filled = (batch, kv_heads, max_len, d_head), dtype, 0
+        self.storage = None
+
+    def __len__(self):
+        return self.filled
+
+    def append(self, k, v):
+        batch, kv_heads, max_len, d_head = self.size
+        if k.shape != v.shape or k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (batch, kv_heads, d_head):
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be ({batch}, {kv_heads}, t, {d_head})")
+        end = self.filled + k.shape[2]
+        if end > max_len:
+            raise ValueError(f"{end} tokens do not fit in max_len = {max_len}")
+        if self.storage is None:
+            self.storage = torch.empty(2, *self.size, dtype=self.dtype, device=k.device)
+        self.storage[0, :, :, self.filled:end] = k
+        self.storage[1, :, :, self.filled:end] = v
+        self.filled = end
+        return self.storage[0, :, :, :end], self.storage[1, :, :, :end]
+
+
+def reference_decode_step(q, k_new, v_new, cache, rope_base=10000.0):
+    """decode_step from PyTorch's SDPA: RoPE at len(cache)..., the cache keeps rotated keys, bottom-right causal."""
+    t = q.shape[-2]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(rope_reference(k_new, positions, rope_base), v_new)
+    q = rope_reference(q, positions, rope_base)
+    mask = lower_right_pattern(t, keys.shape[-2])
+    identity = torch.eye(keys.shape[-2], dtype=q.dtype).expand(*keys.shape[:-1], keys.shape[-2]).contiguous()
+    return (math_sdpa(q, keys, values, attn_mask=mask, enable_gqa=True),
+            math_sdpa(q, keys, identity, attn_mask=mask, enable_gqa=True))
+
+
+class ReferenceBlock(nn.Module):
+    """DecoderBlock with the parameter names of the notebook, attention from :func:`reference_decode_step`."""
+
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self, name, nn.Linear(d_model, d_model, bias=False))
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x, cache=None):
+        B, T, D = x.shape
+        normed = self.norm1(x)
+        q, k, v = (p(normed).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        if cache is None:
+            cache = ReferenceKVCache(B, self.num_heads, T, D // self.num_heads, dtype=x.dtype)
+        attended, _ = reference_decode_step(q, k, v, cache, self.rope_base)
+        x = x + self.out_proj(attended.transpose(1, 2).flatten(-2))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ReferenceTinyDecoder(nn.Module):
+    """The notebook's TinyDecoder built from :class:`ReferenceBlock` and :class:`ReferenceKVCache`."""
+
+    def __init__(self, vocab, d_model, num_heads, d_ff, num_layers):
+        super().__init__()
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(ReferenceBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.norm = nn.RMSNorm(d_model, eps=1e-6)
+
+    def forward(self, tokens, caches=None):
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])
+        return self.norm(x) @ self.embed.weight.T
+
+    def new_caches(self, batch, max_len):
+        return [ReferenceKVCache(batch, self.num_heads, max_len, self.d_head, dtype=self.embed.weight.dtype)
+                for _ in self.blocks]
+
+
+def paper_slopes(num_heads: int) -> list[float]:
+    """The ALiBi paper's get_slopes (Press et al., 2022, the authors' code), in float64."""
+
+    def power_of_two(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + paper_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def slopes_reference(num_heads):
+    return torch.tensor(paper_slopes(num_heads), dtype=torch.float32)
+
+
+def bias_reference(n, m, slopes):
+    """-slope * (i + m - n - j) where that distance is >= 0, -inf where it is negative."""
+    distance = (torch.arange(n)[:, None] + (m - n) - torch.arange(m)[None, :]).to(slopes.dtype)
+    bias = -slopes[:, None, None] * distance
+    return bias.masked_fill(distance < 0, -math.inf)
+
+
+# --- the mistake catalogue: each function or class makes exactly one mistake ---------------------------------
+# Each is self-contained (torch, math, F and nn only): the end-to-end test pastes it into a notebook.
+
+
+class CacheConcatenated:
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.max_len, self.dtype = max_len, dtype
+        self.keys = self.values = None
+
+    def __len__(self):
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, k, v):
+        if len(self) + k.shape[2] > self.max_len:
+            raise ValueError(f"{len(self) + k.shape[2]} tokens do not fit in max_len = {self.max_len}")
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        if self.keys is None:
+            self.keys, self.values = k.clone(), v.clone()
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)
+            self.values = torch.cat([self.values, v], dim=2)
+        return self.keys, self.values
+
+
+class CacheWholeStorage:
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.length = 0
+
+    def __len__(self):
+        return self.length
+
+    def append(self, k, v):
+        end = self.length + k.shape[2]
+        if end > self.keys.shape[2]:
+            raise ValueError(f"{end} tokens do not fit in max_len = {self.keys.shape[2]}")
+        self.keys[:, :, self.length:end] = k
+        self.values[:, :, self.length:end] = v
+        self.length = end
+        return self.keys, self.values
+
+
+class CacheKeepsCallerTensors:
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.max_len, self.dtype = max_len, dtype
+        self.keys, self.values = [], []
+
+    def __len__(self):
+        return sum(k.shape[2] for k in self.keys)
+
+    def append(self, k, v):
+        if len(self) + k.shape[2] > self.max_len:
+            raise ValueError(f"{len(self) + k.shape[2]} tokens do not fit in max_len = {self.max_len}")
+        self.keys.append(k)
+        self.values.append(v)
+        return torch.cat(self.keys, dim=2).to(self.dtype), torch.cat(self.values, dim=2).to(self.dtype)
+
+
+class CacheWithoutRoomCheck:
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.length = 0
+
+    def __len__(self):
+        return self.length
+
+    def append(self, k, v):
+        end = self.length + k.shape[2]
+        self.keys[:, :, self.length:end] = k
+        self.values[:, :, self.length:end] = v
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class CacheCountingAppends:
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
+        self.length, self.appends = 0, 0
+
+    def __len__(self):
+        return self.appends
+
+    def append(self, k, v):
+        end = self.length + k.shape[2]
+        if end > self.keys.shape[2]:
+            raise ValueError(f"{end} tokens do not fit in max_len = {self.keys.shape[2]}")
+        self.keys[:, :, self.length:end] = k
+        self.values[:, :, self.length:end] = v
+        self.length, self.appends = end, self.appends + 1
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+def decode_top_left(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(rotate(k_new, positions), v_new)
+    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    future = torch.arange(keys.shape[2])[None, :] > torch.arange(t)[:, None]  # top-left: query i sees keys 0..i
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def decode_rope_from_zero(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(t)  # every step starts again at position 0
+    keys, values = cache.append(rotate(k_new, positions), v_new)
+    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    m = keys.shape[2]
+    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def decode_keys_cached_unrotated(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(k_new, v_new)  # cached before the rotation...
+    keys = torch.cat([keys[:, :, :-t], rotate(k_new, positions)], dim=2)  # ...but rotated for this step
+    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    m = keys.shape[2]
+    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def decode_keys_rotated_twice(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(rotate(k_new, positions), v_new)  # cached after the rotation...
+    m = keys.shape[2]
+    keys = rotate(keys, torch.arange(m))  # ...and rotated again when read
+    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def decode_heads_tiled(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(rotate(k_new, positions), v_new)
+    keys = keys.repeat(1, h // keys.shape[1], 1, 1)
+    values = values.repeat(1, h // values.shape[1], 1, 1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    m = keys.shape[2]
+    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
+def slopes_next_power_of_two(num_heads):
+    p = 2 ** math.ceil(math.log2(num_heads))
+    return torch.tensor([2 ** (-8 * i / p) for i in range(1, num_heads + 1)], dtype=torch.float32)
+
+
+def slopes_formula_for_any_count(num_heads):
+    return torch.tensor([2 ** (-8 * i / num_heads) for i in range(1, num_heads + 1)], dtype=torch.float32)
+
+
+def slopes_from_zero(num_heads):
+    def power_of_two(n):
+        return [2 ** (-8 * i / n) for i in range(n)]
+
+    p = 2 ** math.floor(math.log2(num_heads))
+    extra = power_of_two(2 * p)[0::2][: num_heads - p] if p < num_heads else []
+    return torch.tensor(power_of_two(p) + extra, dtype=torch.float32)
+
+
+def slopes_odd_ones_of_the_double(num_heads):
+    def power_of_two(n):
+        return [2 ** (-8 * i / n) for i in range(1, n + 1)]
+
+    p = 2 ** math.floor(math.log2(num_heads))
+    extra = power_of_two(2 * p)[1::2][: num_heads - p] if p < num_heads else []
+    return torch.tensor(power_of_two(p) + extra, dtype=torch.float32)
+
+
+def bias_wrong_sign(n, m, slopes):
+    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
+    bias = slopes[:, None, None] * distance
+    return bias.masked_fill(distance < 0, float("-inf"))
+
+
+def bias_top_left(n, m, slopes):
+    distance = (torch.arange(n)[:, None] - torch.arange(m)[None, :]).to(slopes.dtype)
+    bias = -slopes[:, None, None] * distance
+    return bias.masked_fill(distance < 0, float("-inf"))
+
+
+def bias_future_not_masked(n, m, slopes):
+    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
+    return -slopes[:, None, None] * distance
+
+
+def bias_absolute_distance(n, m, slopes):
+    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
+    return -slopes[:, None, None] * distance.abs()
+
+
+class BlockPostNorm(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x, cache):
+        B, T, D = x.shape
+        h, d = self.num_heads, D // self.num_heads
+        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        start = 0 if cache is None else len(cache)
+        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                            dim=-1).flatten(-2) for t in (q, k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        m = k.shape[2]
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
+        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x, cache=None):
+        x = self.norm1(x + self.attention(x, cache))  # post-norm: normalise after adding
+        return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))
+
+
+class BlockTanhGelu(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x, cache):
+        B, T, D = x.shape
+        h, d = self.num_heads, D // self.num_heads
+        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        start = 0 if cache is None else len(cache)
+        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                            dim=-1).flatten(-2) for t in (q, k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        m = k.shape[2]
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
+        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x, cache=None):
+        x = x + self.attention(self.norm1(x), cache)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+class BlockMlpWithoutNorm(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x, cache):
+        B, T, D = x.shape
+        h, d = self.num_heads, D // self.num_heads
+        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        start = 0 if cache is None else len(cache)
+        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                            dim=-1).flatten(-2) for t in (q, k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        m = k.shape[2]
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
+        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x, cache=None):
+        x = x + self.attention(self.norm1(x), cache)
+        return x + self.fc2(F.gelu(self.fc1(x)))  # norm2 never used
+
+
+class BlockPositionsRestart(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x, cache):
+        B, T, D = x.shape
+        h, d = self.num_heads, D // self.num_heads
+        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        angles = torch.arange(T).double()[:, None] * self.rope_base ** (  # positions 0..T-1, cache or not
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                            dim=-1).flatten(-2) for t in (q, k))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        m = k.shape[2]
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
+        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x, cache=None):
+        x = x + self.attention(self.norm1(x), cache)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class BlockRotatedValues(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
+        self.num_heads, self.rope_base = num_heads, rope_base
+        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def attention(self, x, cache):
+        B, T, D = x.shape
+        h, d = self.num_heads, D // self.num_heads
+        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        start = 0 if cache is None else len(cache)
+        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        q, k, v = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                               dim=-1).flatten(-2) for t in (q, k, v))  # the values rotated too
+        if cache is not None:
+            k, v = cache.append(k, v)
+        m = k.shape[2]
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
+            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
+        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x, cache=None):
+        x = x + self.attention(self.norm1(x), cache)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+def generate_whole_sequence_each_step(model, prompt, steps, use_cache=True):
+    tokens, new = prompt, []
+    with torch.no_grad():
+        for _ in range(steps):
+            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps) if use_cache else None
+            choice = model(tokens, caches)[:, -1].argmax(dim=-1)  # the whole sequence, every step
+            new.append(choice)
+            tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    return torch.stack(new, dim=1)
+
+
+def generate_cache_ignored(model, prompt, steps, use_cache=True):
+    tokens, new = prompt, []
+    with torch.no_grad():
+        for _ in range(steps):
+            choice = model(tokens)[:, -1].argmax(dim=-1)
+            new.append(choice)
+            tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    return torch.stack(new, dim=1)
+
+
+def generate_with_prompt(model, prompt, steps, use_cache=True):
+    with torch.no_grad():
+        if use_cache:
+            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps)
+            logits, tokens = model(prompt, caches), prompt
+            for _ in range(steps):
+                choice = logits[:, -1].argmax(dim=-1, keepdim=True)
+                tokens = torch.cat([tokens, choice], dim=1)
+                logits = model(choice, caches) if tokens.shape[1] < prompt.shape[1] + steps else logits
+            return tokens  # the prompt and the new tokens
+        tokens = prompt
+        for _ in range(steps):
+            tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+        return tokens
+
+
+def generate_first_position(model, prompt, steps, use_cache=True):
+    new = []
+    with torch.no_grad():
+        if use_cache:
+            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps)
+            logits = model(prompt, caches)
+            for s in range(steps):
+                choice = logits[:, 0].argmax(dim=-1)  # the first position's logits
+                new.append(choice)
+                if s + 1 < steps:
+                    logits = model(choice[:, None], caches)
+        else:
+            tokens = prompt
+            for _ in range(steps):
+                choice = model(tokens)[:, 0].argmax(dim=-1)
+                new.append(choice)
+                tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    return torch.stack(new, dim=1)
+
+
+QUADRATIC = (
+    "torch.cat makes a new tensor and copies into it everything the cache holds, at every step: decoding n tokens "
+    "copies 1 + 2 + ... + n = n(n+1)/2 tokens of keys and values, O(n^2) work that grows faster than the attention "
+    "it serves. Allocate the (batch, kv_heads, max_len, d_head) storage once and write each new token into it."
+)
+ROPE_POSITIONS = (
+    "a new token sits at position len(cache) + i, not i: its query and key must be rotated by that angle, and the "
+    "cache keeps every key rotated at its own position, so that the score of a query with a key depends on their "
+    "distance."
+)
+ROTATE_ONCE = (
+    "each key is rotated exactly once, at its own position, before it enters the cache; keys read back from the "
+    "cache are used as they are. Rotating at one place and not at the other (or at both) leaves keys turned by the "
+    "wrong angle, and only the tokens of the current step look right."
+)
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "KVCache": [
+        Mistake("the cache grown by concatenating a new tensor at every step", QUADRATIC, CACHE, CacheConcatenated),
+        Mistake("the whole storage returned instead of the first len(cache) positions", "append returns "
+                "storage[:, :, :len(cache)] for keys and values: the positions beyond len(cache) hold no token yet, "
+                "and attention over them would attend to zeros or garbage.", CACHE, CacheWholeStorage),
+        Mistake("the caller's tensors kept instead of copied", "a decoder reuses its buffers, so the k and v passed "
+                "to append may change afterwards: copy them into the cache's own storage (storage[..., a:b, :] = k), "
+                "do not keep references to them.", CACHE, CacheKeepsCallerTensors),
+        Mistake("no check that the cache has room", "before writing, compare len(cache) + t with max_len and raise a "
+                "ValueError naming both; otherwise the copy into a too-short slice fails with PyTorch's "
+                "RuntimeError about sizes, which does not say the cache is full.", CACHE, CacheWithoutRoomCheck),
+        Mistake("len(cache) counting appends instead of tokens", "len(cache) is the number of tokens held (the "
+                "position of the next token), and one append may bring several tokens (a prompt).", CACHE,
+                CacheCountingAppends),
+    ],
+    "decode_step": [
+        Mistake("top-left causal alignment when decoding", "the t new queries are the last t positions of the "
+                "sequence: query i of t sits at position len(cache) + i and sees the keys j <= len(cache) + i "
+                "(bottom-right). With the top-left mask every new token sees nothing past the first keys.",
+                ALIGN, decode_top_left),
+        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, decode_rope_from_zero),
+        Mistake("keys cached before the rotation but used after it", ROTATE_ONCE, ROPE,
+                decode_keys_cached_unrotated),
+        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE, decode_keys_rotated_twice),
+        Mistake("key/value heads tiled with repeat instead of repeat_interleave", "query head i uses key/value head "
+                "i // (h / g): consecutive query heads share one. repeat tiles the whole group (0, 1, ..., g-1, 0, "
+                "1, ...); repeat_interleave repeats each head in place.", GROUPS, decode_heads_tiled),
+    ],
+    "alibi_slopes": [
+        Mistake("slopes of the next power of two without the interleave", "for h not a power of two the paper does "
+                "not use 2^(-8i/p) of the next power of two p (its first h slopes are too close to each other and "
+                "miss the gentle ones): it takes the h' slopes of the largest power of two h' < h, then every other "
+                "slope of 2h' (2^(-8i/2h') for i = 1, 3, 5, ...) until there are h.", ALIBI,
+                slopes_next_power_of_two),
+        Mistake("the power-of-two formula used for every head count", "2^(-8i/h) is the paper's rule for h a power "
+                "of two only; for other h it takes the slopes of the largest power of two below h, then every "
+                "other slope of twice that power.", ALIBI, slopes_formula_for_any_count),
+        Mistake("heads counted from 0", "the slopes are 2^(-8i/h) for i = 1, ..., h: the first slope is 2^(-8/h), "
+                "not 2^0 = 1.", ALIBI, slopes_from_zero),
+        Mistake("the interleave starting at the second slope", "the extra slopes are 2^(-8i/2h') for i = 1, 3, 5, "
+                "...: slopes[0::2] of the 2h' slopes, not slopes[1::2] (those are the slopes of h' again).", ALIBI,
+                slopes_odd_ones_of_the_double),
+    ],
+    "alibi_bias": [
+        Mistake("ALiBi bias with the wrong sign", "the bias is -slope * distance: the further back a key, the lower "
+                "its score. With +slope * distance old tokens win.", ALIBI, bias_wrong_sign),
+        Mistake("top-left alignment of the bias", "query i of n sits at position i + m - n (the new tokens are the "
+                "last ones): its distance to key j is i + m - n - j, and it may see every key j <= i + m - n.",
+                ALIBI, bias_top_left),
+        Mistake("future keys left unmasked", "the bias is a complete causal mask: -inf where the distance is "
+                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI, bias_future_not_masked),
+        Mistake("the absolute value of the distance", "ALiBi is causal: keys after the query get -inf, not the "
+                "penalty of their distance.", ALIBI, bias_absolute_distance),
+    ],
+    "DecoderBlock": [
+        Mistake("a decoder block with post-norm where pre-norm was asked", "pre-norm normalises the input of each "
+                "sublayer and adds the result to the untouched stream: x + attn(norm1(x)), then "
+                "+ mlp(norm2(.)). Post-norm (norm1(x + attn(x))) is the original Transformer's order; it trains "
+                "less stably in deep stacks.", BLOCK, BlockPostNorm),
+        Mistake("GELU with the tanh approximation", "the block uses the exact GELU, x * Phi(x) (F.gelu with its "
+                "default approximate='none'); the tanh approximation differs by up to about 1e-3.", BLOCK,
+                BlockTanhGelu),
+        Mistake("the MLP fed without norm2", "pre-norm normalises the input of both sublayers: the MLP reads "
+                "norm2(x), not x.", BLOCK, BlockMlpWithoutNorm),
+        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, BlockPositionsRestart),
+        Mistake("RoPE applied to the values", "RoPE rotates queries and keys only, so that scores depend on "
+                "distances; the values are mixed as they are.", ROPE, BlockRotatedValues),
+    ],
+    "generate": [
+        Mistake("generate that feeds the whole sequence at every step when use_cache=True", "with a cache each "
+                "step feeds only the token just chosen: the keys and values of all the others are in the cache. "
+                "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache is "
+                "there to avoid.", GENERATE, generate_whole_sequence_each_step),
+        Mistake("use_cache ignored", "with use_cache=True, make caches with model.new_caches(batch, prompt length "
+                "+ steps), feed the prompt once with them, then one token per step.", GENERATE,
+                generate_cache_ignored),
+        Mistake("the prompt returned with the new tokens", "generate returns the (B, steps) new tokens only, not "
+                "the prompt in front of them.", DECODING, generate_with_prompt),
+        Mistake("logits of the first position instead of the last", "the next token is predicted by the logits "
+                "of the last position, logits[:, -1]; logits[:, 0] predict the token after the first one.",
+                DECODING, generate_first_position),
+    ],
+}
+
+
+def _named(exercise: str, name: str) -> Mistake:
+    return next(m for m in MISTAKES[exercise] if m.name == name)
+
+
+def _mistakes_through(harness, exercise: str, *parts) -> list[Mistake]:
+    """The catalogue of ``exercise`` run the way the student's answer is run (``harness(mistake, *parts)``)."""
+    return [Mistake(m.name, m.explanation, m.section, harness(m.fn, *parts)) for m in MISTAKES[exercise]]
+
+
+# --- hidden checks -----------------------------------------------------------------------------------------------
+
+
+def _full_cache_scenario(cache_class):
+    """Append 4 tokens then 3 more to a cache of max_len 5 built from ``cache_class``: what the last append does."""
+
+    def scenario(max_len, held, extra):
+        gen = generator(90)
+        cache = cache_class(1, 2, max_len, 4)
+        for k, v in cache_chunks(gen, 1, 2, 4, [held, extra], torch.float32):
+            result = cache.append(k, v)
+        return result
+
+    return scenario
+
+
+@hidden
+def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class it checks
+    """Many shapes and chunkings against concatenation; dtype; O(1) allocation per append; full and wrong inputs."""
+    gen = generator(901)
+    cases = [
+        Case((2, 3, 9, 4, cache_chunks(gen, 2, 3, 4, [4, 1, 1, 3])), {"dtype": torch.float64},
+             label="a prompt of 4, two single tokens, 3 more: full"),
+        Case((1, 1, 3, 2, cache_chunks(gen, 1, 1, 2, [3])), {"dtype": torch.float64},
+             label="one append fills the cache"),
+        Case((3, 2, 10, 8, cache_chunks(gen, 3, 2, 8, [1, 2, 3])), {"dtype": torch.float64},
+             label="growing chunks, room left"),
+        Case((2, 2, 6, 4, cache_chunks(gen, 2, 2, 4, [2, 2])), label="float64 tokens into a float32 cache (default)"),
+        Case((1, 4, 5, 6, cache_chunks(gen, 1, 4, 6, [1, 1, 1, 1, 1], torch.float32)), {"dtype": torch.float32},
+             label="float32, one token at a time"),
+    ]
+    check_cache_cases(KVCache, cases, MISTAKES["KVCache"])
+
+    allocated = probe(cache_allocations, KVCache, 2, 2, COPY_STEPS, 4, COPY_STEPS,
+                      what=f"KVCache(2, 2, {COPY_STEPS}, 4) and {COPY_STEPS} appends of one token")
+    problem = allocation_problem(allocated, 2, 2, 4, torch.float32)
+    if problem:
+        concatenated = _named("KVCache", "the cache grown by concatenating a new tensor at every step")
+        theirs = cache_allocations(concatenated.fn, 2, 2, COPY_STEPS, 4, COPY_STEPS)
+        if abs(allocated - theirs) <= 0.25 * theirs:
+            problem += "\n" + concatenated.message()
+        fail(problem)
+
+    try:
+        check_full_cache(KVCache, 1, 2, 5, 4, 4, 3)
+        check_full_cache(KVCache, 1, 2, 7, 4, 7, 1)
+    except CheckFailed as failure:
+        student, _ = attempt(_full_cache_scenario(KVCache), (5, 4, 3), exercise="KVCache")
+        local = [Mistake(m.name, m.explanation, m.section, _full_cache_scenario(m.fn)) for m in MISTAKES["KVCache"]]
+        mistake = diagnose(student, local, (5, 4, 3))
+        raise CheckFailed(str(failure) + ("\n" + mistake.message() if mistake else "")) from None
+
+    cache = call_student(KVCache, 2, 3, 6, 4, what="KVCache(2, 3, 6, 4)")
+    for shape_k, shape_v, why in [((2, 2, 1, 4), (2, 2, 1, 4), "the cache has 3 key/value heads, not 2"),
+                                  ((2, 3, 1, 5), (2, 3, 1, 5), "the cache has d_head = 4, not 5"),
+                                  ((2, 3, 2, 4), (2, 3, 1, 4), "k holds 2 tokens but v holds 1")]:
+        expect_error(cache.append, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
+                     what=f"cache.append(k {shape_k}, v {shape_v}) with a KVCache(2, 3, 6, 4)")
+    print("KVCache passes the hidden checks.")
+
+
+@hidden
+def check_decode_step(decode_step, KVCache=None) -> None:  # noqa: N803
+    """Against causal attention over the whole sequence (SDPA, float64) for many ways of cutting it into steps."""
+    KVCache = ReferenceKVCache if KVCache is None else KVCache  # noqa: N806
+    require_cache(KVCache, "decode_step")
+    gen = generator(902)
+    cases = [
+        decode_case(gen, 2, 4, 4, 8, [5, 1, 1, 1], "a prompt of 5, then one token at a time"),
+        decode_case(gen, 1, 4, 1, 6, [1, 1, 1, 1, 1], "multi-query attention (g = 1), one token at a time"),
+        decode_case(gen, 2, 6, 3, 4, [4, 4], "two steps of 4 tokens, 6 query heads on 3 key/value heads"),
+        decode_case(gen, 1, 2, 2, 8, [7], "the whole sequence in one step: plain causal attention"),
+        decode_case(gen, 2, 2, 1, 16, [3, 2, 1], "d = 16, rope_base = 100", rope_base=100.0),
+        decode_case(gen, 1, 8, 2, 4, [2, 1, 3, 1], "8 query heads on 2 key/value heads, uneven steps"),
+    ]
+    mistakes = _mistakes_through(run_decode, "decode_step", ReferenceKVCache)
+    verify(run_decode(decode_step, KVCache), cases, decode_reference, exercise="decode_step", arg_names=DECODE_ARGS,
+           outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-10, atol=1e-12)
+    float32 = [decode_case(gen, 2, 4, 2, 8, [3, 1, 2], "float32", dtype=torch.float32)]
+    verify(run_decode(decode_step, KVCache), float32, decode_reference, exercise="decode_step", arg_names=DECODE_ARGS,
+           outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
+    for (h, g, t_q, t_k), why in [((3, 2, 1, 1), "3 query heads cannot share 2 key/value heads equally"),
+                                  ((2, 2, 2, 1), "q holds 2 new tokens but k_new holds 1")]:
+        cache = call_student(KVCache, 1, g, 4, 4, dtype=torch.float64, what=f"KVCache(1, {g}, 4, 4)")
+        expect_error(decode_step, randn(1, h, t_q, 4, gen=gen), randn(1, g, t_k, 4, gen=gen),
+                     randn(1, g, t_k, 4, gen=gen), cache, error=ValueError, why=why,
+                     what=f"decode_step(q (1, {h}, {t_q}, 4), k_new (1, {g}, {t_k}, 4), v_new (1, {g}, {t_k}, 4), cache)")
+    print("decode_step passes the hidden checks.")
+
+
+@hidden
+def check_alibi_slopes(alibi_slopes) -> None:
+    """Every head count from 1 to 16 and some beyond, against the paper's get_slopes; float32; h < 1 refused."""
+    cases = [Case((h,), label="a power of two" if math.log2(h).is_integer() else "not a power of two")
+             for h in [*range(1, 17), 20, 24, 32, 40]]
+    verify(alibi_slopes, cases, slopes_reference, exercise="alibi_slopes", arg_names=("num_heads",), outputs=None,
+           mistakes=MISTAKES["alibi_slopes"], rtol=1e-6, atol=0)
+    expect_error(alibi_slopes, 0, error=ValueError, what="alibi_slopes(0)", why="there must be at least one head")
+    print("alibi_slopes passes the hidden checks.")
+
+
+@hidden
+def check_alibi_bias(alibi_bias) -> None:
+    """Against the definition for many n <= m and n > m; float64 slopes; as SDPA's float mask, bottom-right."""
+    cases = [
+        Case((1, 6, slopes_reference(4)), label="decoding one token against 6 keys"),
+        Case((4, 4, slopes_reference(3)), label="square, 3 heads"),
+        Case((3, 8, slopes_reference(2)), label="3 new tokens, 8 keys"),
+        Case((5, 5, torch.zeros(2)), label="zero slopes: a causal mask of 0 and -inf"),
+        Case((2, 5, slopes_reference(6).double()), label="float64 slopes give a float64 bias"),
+        Case((4, 2, slopes_reference(2)), label="more queries than keys: the first rows see no key"),
+        Case((1, 1, slopes_reference(1)), label="one query, one key"),
+    ]
+    verify(alibi_bias, cases, bias_reference, exercise="alibi_bias", arg_names=("n", "m", "slopes"), outputs=None,
+           mistakes=MISTAKES["alibi_bias"], rtol=1e-6, atol=1e-7)
+    gen = generator(903)
+    slopes = slopes_reference(4)
+    for n, m in [(1, 9), (3, 9), (9, 9)]:
+        what = f"alibi_bias({n}, {m}, slopes of 4 heads)"
+        bias = call_student(alibi_bias, n, m, slopes, what=what)
+        assert_tensor(bias, f"The result of {what}")
+        assert_shape(bias, (4, n, m), f"The result of {what}")
+        q, k, v = randn(4, n, 8, gen=gen), randn(4, m, 8, gen=gen), randn(4, m, 8, gen=gen)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(8) + bias_reference(n, m, slopes).double()
+        assert_close(math_sdpa(q, k, v, attn_mask=bias.double()), torch.softmax(scores, dim=-1) @ v,
+                     f"SDPA with {what} as its float mask", rtol=1e-10, atol=1e-12)
+    expect_error(alibi_bias, 2, 3, torch.ones(2, 2), error=ValueError, what="alibi_bias(2, 3, slopes (2, 2))",
+                 why="slopes must be one number per head, of shape (h,)")
+    print("alibi_bias passes the hidden checks.")
+
+
+@hidden
+def check_DecoderBlock(DecoderBlock, KVCache=None) -> None:  # noqa: N802, N803 - named after the class it checks
+    """Against the block from PyTorch functions, whole and through a cache, float64 and float32; it learns."""
+    KVCache = ReferenceKVCache if KVCache is None else KVCache  # noqa: N806
+    require_cache(KVCache, "DecoderBlock")
+    for d_model, num_heads, d_ff in [(12, 3, 20), (8, 1, 8)]:
+        what = f"DecoderBlock({d_model}, {num_heads}, {d_ff})"
+        check_parameters(call_student(DecoderBlock, d_model, num_heads, d_ff, what=what), block_shapes(d_model, d_ff),
+                         what)
+    gen = generator(904)
+    cases = [
+        Case((Weights(9040, 12, 3, 20), randn(2, 6, 12, gen=gen)), label="3 heads, the whole sequence"),
+        Case((Weights(9041, 8, 1, 8), randn(3, 4, 8, gen=gen)), label="one head"),
+        Case((Weights(9042, 16, 4, 24, rope_base=100.0), randn(1, 7, 16, gen=gen)), label="rope_base = 100"),
+        Case((Weights(9043, 12, 3, 20), randn(2, 6, 12, gen=gen)), {"steps": [1, 1, 1, 1, 1, 1]},
+             label="with a cache, one token at a time"),
+        Case((Weights(9044, 16, 2, 16), randn(2, 7, 16, gen=gen)), {"steps": [4, 1, 2]},
+             label="with a cache: a prompt of 4, then 1, then 2"),
+    ]
+    mistakes = _mistakes_through(run_block, "DecoderBlock", ReferenceKVCache)
+    verify(run_block(DecoderBlock, KVCache), cases, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
+           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-10, atol=1e-10)
+    float32 = [Case((Weights(9045, 8, 2, 16, dtype=torch.float32), randn(2, 5, 8, gen=gen, dtype=torch.float32)),
+                    {"steps": [3, 2]}, label="float32, with a cache")]
+    verify(run_block(DecoderBlock, KVCache), float32, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
+           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
+
+    result = probe(train_block, DecoderBlock, what="training DecoderBlock(16, 2, 32) for 40 steps",
+                   forbid=ATTENTION_BUILTINS)
+    losses, no_grad = result["losses"], result["no_grad"]
+    if no_grad:
+        fail(f"After loss.backward(), the parameters {no_grad} of DecoderBlock(16, 2, 32) got no gradient: the "
+             "block's output must be computed from all its parameters, with autograd on (no torch.no_grad, no "
+             ".detach(), no .item() in forward).")
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    if not last < 0.5 * first:
+        fail(f"Trained for {len(losses)} steps of Adam (lr 1e-2) to output the token 3 places back, with an "
+             f"embedding and a linear read-out around DecoderBlock(16, 2, 32), the mean loss went from {first:.3f} "
+             f"(first 5 steps) to {last:.3f} (last 5); the reference block brings it below half. Only attention can "
+             "fetch that token: check that gradients reach q_proj, k_proj, v_proj and out_proj, and that "
+             "the causal mask lets each position see the 3 tokens before it.")
+    expect_error(DecoderBlock, 10, 4, 16, error=ValueError, what="DecoderBlock(10, 4, 16)",
+                 why="d_model = 10 cannot be split into 4 equal heads")
+    print("DecoderBlock passes the hidden checks.")
+
+
+@hidden
+def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
+    """Greedy tokens against full recomputation on several models; with the cache, one token per call."""
+    TinyDecoder = ReferenceTinyDecoder if TinyDecoder is None else TinyDecoder  # noqa: N806
+    gen = generator(905)
+    models = [Weights(9050, 8, 2, 16, vocab=11, num_layers=2), Weights(9051, 12, 3, 16, vocab=7, num_layers=1),
+              Weights(9052, 8, 4, 8, vocab=13, num_layers=3)]
+    check_model(TinyDecoder, models[0], "generate")
+    cases = []
+    for weights, batch, length, steps in [(models[0], 2, 5, 8), (models[1], 3, 1, 6), (models[2], 1, 3, 1),
+                                          (models[0], 1, 8, 10)]:
+        prompt = torch.randint(0, weights.vocab, (batch, length), generator=gen)
+        for use in (True, False):
+            cases.append(Case((weights, prompt, steps), {"use_cache": use},
+                              label=f"a prompt of {length} token(s), use_cache={use}"))
+    mistakes = _mistakes_through(run_generate, "generate", ReferenceTinyDecoder)
+    verify(run_generate(generate, TinyDecoder), cases, greedy_reference, exercise="generate",
+           arg_names=("model", "prompt", "steps"), outputs=None, mistakes=mistakes, rtol=0, atol=0)
+
+    weights, prompt, steps = models[1], torch.randint(0, 7, (2, 3), generator=gen), 5
+    model = call_student(build_model, TinyDecoder, weights, what=repr(weights))
+    tokens, fed, cached = probe(model_calls, generate, model, prompt, steps, use_cache=True,
+                                what=f"generate(model, prompt (2, 3), {steps}, use_cache=True)")
+    problem = calls_problem(fed, cached, 3, steps)
+    if problem:
+        student = Outcome(value=(fed, cached))
+        local = [Mistake(m.name, m.explanation, m.section, _calls_of(m.fn, weights)) for m in MISTAKES["generate"]]
+        mistake = diagnose(student, local, (prompt, steps), rtol=0, atol=0)
+        fail(problem + ("\n" + mistake.message() if mistake else ""))
+    if not is_close(tokens, greedy_reference(weights, prompt, steps), 0, 0):
+        fail(f"generate(model, prompt (2, 3), {steps}, use_cache=True) returned {tokens.tolist()}, not the greedy "
+             f"tokens {greedy_reference(weights, prompt, steps).tolist()}.")
+    print("generate passes the hidden checks.")
+
+
+def _calls_of(generate, weights):
+    def calls(prompt, steps):
+        _, fed, cached = model_calls(generate, build_model(ReferenceTinyDecoder, weights), prompt, steps, use_cache=True)
+        return fed, cached
+
+    return calls

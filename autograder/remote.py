@@ -198,7 +198,7 @@ _objects: dict[int, Any] = {}
 def _keep(obj: Any) -> wire.Handle:
     number = len(_objects) + 1
     _objects[number] = obj
-    kind = type(obj).__qualname__
+    kind = type(obj).__name__
     return wire.Handle(number, kind[:200], callable(obj))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.diagnosis import Mistake
+from autograder.pipeline import grade, sandbox
 from autograder.pipeline.course import nbgrader
 
 from .notebook_code import ROOT, nbgrader_meta
@@ -64,3 +65,11 @@ def submit(course: Path, assignment: str, student: str, notebook: nbformat.Noteb
     path = folder / f"{assignment}.ipynb"
     nbformat.write(notebook, path)
     return path
+
+
+def grading_options(**kwargs) -> grade.Options:
+    """How the tests grade their own (trusted) submissions: in the sandbox where there is one, else without.
+
+    The hostile submissions are never graded without the sandbox: their test skips instead.
+    """
+    return grade.Options(sandbox=sandbox.mode() != "limits only", **kwargs)

@@ -23,7 +23,7 @@ from nbgrader.api import Gradebook
 from autograder.pipeline import grade
 from autograder.pipeline.course import module_name, nbgrader
 
-from .course_copy import fill, make_course, mistake_source, reference_answers, released, submit
+from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 
 A = "01_soft_lookup"
 
@@ -100,7 +100,7 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     for student in ("late1", "late2", "late3"):
         submit(course, A, student, fill(rel, ref))
 
-    summary = grade.autograde([A], workers=2, root=course, progress=False)
+    summary = grade.autograde([A], workers=2, root=course, progress=False, options=grading_options())
     assert not summary.failed, str(summary)
     assert not (course / "gradebook.db").exists(), "grades went to SQLite, not PostgreSQL"
 

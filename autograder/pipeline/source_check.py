@@ -141,7 +141,7 @@ def _parents(tree: ast.AST) -> dict[int, ast.AST]:
 def _only_named(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
     """Whether ``node`` is only named (in isinstance, an annotation, an except clause), not used."""
     child, parent = node, parents.get(id(node))
-    while isinstance(parent, (ast.Attribute, ast.Tuple)) and parent is not None:
+    while isinstance(parent, (ast.Attribute, ast.Tuple, ast.List, ast.BinOp, ast.Subscript)):
         child, parent = parent, parents.get(id(parent))
     if isinstance(parent, ast.Call) and child is not parent.func:
         return isinstance(parent.func, ast.Name) and parent.func.id in NAMING_ONLY

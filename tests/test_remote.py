@@ -1,0 +1,227 @@
+"""The boundary between the student's kernel and the grader: plain data only, checks judged on the grader's side.
+
+These run in one process (``LocalChannel``): every reference solution passes every hidden check
+and every catalogued mistake is named when the student's functions are proxies, exactly as at
+grading time, where the same requests go to a sandboxed kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from autograder import wire
+from autograder.checks.numerical_stability import unchanged_by
+from autograder.errors import CheckFailed
+from autograder.guard import ATTENTION_BUILTINS
+from autograder.pipeline.course import assignments, module_name
+from autograder.remote import LocalChannel, Remote, lookup
+from autograder.student import attempt, call_student, expect_error, probe
+
+from .notebook_code import answer_cells, solution_namespace
+
+
+def proxy(name: str, value) -> Remote:
+    found, remote = lookup(LocalChannel({name: value}), name)
+    assert found and isinstance(remote, Remote)
+    return remote
+
+
+# -- the format ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 0, -2**70, 1.5, -0.0, math.inf, math.nan, 1e-310, 2 + 3j, "text \u00e9", (1, [2.5, "x"]),
+    {"a": (torch.ones(2),)}, torch.float16, torch.device("cpu"),
+])
+def test_plain_values_cross_unchanged(value):
+    back = wire.decode(wire.encode(value))
+    assert type(back) is type(value)
+    if isinstance(value, float) and math.isnan(value):
+        assert math.isnan(back)
+    elif isinstance(value, dict):
+        assert torch.equal(back["a"][0], value["a"][0])
+    else:
+        assert back == value and repr(back) == repr(value)
+
+
+@pytest.mark.parametrize("dtype", sorted(wire.DTYPES.values(), key=str))
+def test_tensors_cross_exactly(dtype):
+    source = (torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) - 7.25).to(dtype)
+    back = wire.decode(wire.encode(source.transpose(0, 2)))
+    assert type(back) is torch.Tensor and back.dtype == dtype and back.shape == (4, 3, 2)
+    assert torch.equal(back, source.transpose(0, 2))
+    meta = wire.decode(wire.encode(torch.empty(3, 5, dtype=dtype, device="meta")))
+    assert meta.device.type == "meta" and meta.shape == (3, 5) and meta.dtype == dtype
+    grad = wire.decode(wire.encode(torch.ones(2, dtype=torch.float64, requires_grad=True)))
+    assert grad.requires_grad
+
+
+def test_generators_and_modules_cross_with_their_state():
+    gen = torch.Generator().manual_seed(5)
+    torch.rand(3, generator=gen)
+    back = wire.decode(wire.encode(gen))
+    assert torch.equal(torch.rand(4, generator=back), torch.rand(4, generator=gen))
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True, kdim=4, vdim=6, dtype=torch.float64)
+    rebuilt = wire.decode(wire.encode(mha))
+    assert (rebuilt.kdim, rebuilt.vdim, rebuilt.batch_first, rebuilt.num_heads) == (4, 6, True, 2)
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(), mha.state_dict().values()))
+
+
+class Exact(torch.Tensor):
+    def __eq__(self, other):
+        return True
+
+
+class Big(int):
+    def __eq__(self, other):
+        return True
+
+
+def test_subclasses_and_objects_never_cross_as_plain_values():
+    kept = []
+
+    def keep(obj):
+        kept.append(obj)
+        return wire.Handle(len(kept), type(obj).__name__, callable(obj))
+
+    back = wire.decode(wire.encode([torch.ones(2).as_subclass(Exact), Big(3), object()], keep=keep),
+                       resolve=lambda n, kind, is_callable: ("handle", kind))
+    assert back == [("handle", "Exact"), ("handle", "Big"), ("handle", "object")]
+    with pytest.raises(wire.WireError, match="not plain data"):
+        wire.encode(Big(3))
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"AGW1", b"pickle\x80\x04", b"AGW1" + (10**9).to_bytes(8, "little") + b"{}",
+    wire.MAGIC + (20).to_bytes(8, "little") + b'{"tensor":{"dtype":"float64","shape":[1000000],"device":"cpu"}}',
+    wire.MAGIC + (40).to_bytes(8, "little") + b'{"tensor":{"dtype":"object","shape":[1],"device":"cpu"}}',
+    wire.MAGIC + (31).to_bytes(8, "little") + b'{"str":1}' + b" " * 22,
+    wire.MAGIC + (14).to_bytes(8, "little") + b'{"eval":"1+1"}',
+    wire.MAGIC + (8).to_bytes(8, "little") + b"[" * 8,
+])
+def test_malformed_or_hostile_bytes_are_refused(data):
+    with pytest.raises(wire.WireError):
+        wire.decode(data)
+
+
+def test_nesting_and_size_are_bounded():
+    deep: list = []
+    for _ in range(wire.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(wire.WireError, match="nested"):
+        wire.encode(deep)
+    header = b'{"list":[' + b",".join([b'{"bool":true}'] * (wire.MAX_VALUES + 1)) + b"]}"
+    with pytest.raises(wire.WireError, match="too many"):
+        wire.decode(wire.MAGIC + len(header).to_bytes(8, "little") + header)
+
+
+# -- the proxies -----------------------------------------------------------------------------------
+
+
+def test_a_proxy_runs_the_function_on_copies_and_rebuilds_its_errors():
+    def mutate(x):
+        x += 1
+        return x * 2
+
+    x = torch.zeros(3)
+    assert torch.equal(call_student(proxy("mutate", mutate), x, what="mutate(x)"), torch.full((3,), 2.0))
+    assert torch.equal(x, torch.zeros(3))
+
+    class MyError(ValueError):
+        pass
+
+    def fails(x):
+        raise MyError("the shapes (2, 3) and (4,) do not fit")
+
+    raised = expect_error(proxy("fails", fails), x, error=ValueError, what="fails(x)", why="it must")
+    assert type(raised).__name__ == "MyError" and "do not fit" in str(raised)
+    outcome, error = attempt(proxy("fails", fails), (x,), exercise="fails")
+    assert outcome.error == ("MyError", "the shapes (2, 3) and (4,) do not fit")
+    assert "raise MyError" in error.student_frames
+
+
+def test_unwritten_and_forbidden_reach_the_check_as_messages():
+    def unwritten(Q, K, V):
+        raise NotImplementedError()
+
+    def cheats(Q, K, V):
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V)
+
+    q = torch.ones(1, 2, 4)
+    with pytest.raises(CheckFailed, match="not written yet"):
+        call_student(proxy("sdpa", unwritten), q, q, q, what="sdpa(...)")
+    with pytest.raises(CheckFailed, match="which this exercise asks you to write yourself"):
+        call_student(proxy("sdpa", cheats), q, q, q, what="sdpa(...)", forbid=ATTENTION_BUILTINS)
+
+
+def test_objects_stay_in_the_kernel_and_answer_through_handles():
+    class Counter:
+        def __init__(self, start):
+            self.items = list(range(start))
+
+        def add(self, x):
+            self.items.append(x)
+            return torch.tensor(self.items)
+
+        def __len__(self):
+            return len(self.items)
+
+    counter = call_student(proxy("Counter", Counter), 2, what="Counter(2)")
+    assert isinstance(counter, Remote) and counter.description == "a Counter"
+    assert torch.equal(counter.add(7), torch.tensor([0, 1, 7])) and len(counter) == 3
+    with pytest.raises(AttributeError):
+        counter.missing  # noqa: B018 - reading it is the test
+    with pytest.raises(AttributeError):
+        counter._private  # noqa: B018 - private names are never asked for
+
+
+def test_probes_run_where_the_student_code_runs():
+    def pure(x, dim=-1):
+        return x * 2
+
+    def in_place(x, dim=-1):
+        return x.mul_(2)
+
+    x = torch.ones(3, dtype=torch.float64)
+    for fn, unchanged in ((pure, True), (in_place, False)):
+        assert probe(unchanged_by, fn, x, {}, what="f(x)") is unchanged
+        assert probe(unchanged_by, proxy("f", fn), x, {}, what="f(x)") is unchanged
+    with pytest.raises(CheckFailed, match="not a probe of the public checks"):
+        probe(test_probes_run_where_the_student_code_runs, proxy("f", pure), what="f(x)")
+
+
+def test_a_check_run_in_another_thread_of_the_kernel_fails():
+    import threading
+
+    def starts_a_thread(x):
+        threading.Thread(target=lambda: __import__("time").sleep(0.5)).start()
+        return x
+
+    with pytest.raises(CheckFailed, match="started a thread"):
+        call_student(proxy("f", starts_a_thread), torch.ones(2), what="f(x)")
+
+
+# -- every check through the proxies ----------------------------------------------------------------
+
+
+def hidden_module(assignment):
+    return importlib.import_module(f"autograder.hidden.{module_name(assignment)}")
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_check_judges_proxies_as_it_judges_functions(assignment):
+    """The reference passes every hidden check, and every mistake is named, through the wire."""
+    module = hidden_module(assignment)
+    reference = solution_namespace(assignment)
+    for exercise in answer_cells(assignment):
+        if hasattr(module, f"check_{exercise}"):
+            getattr(module, f"check_{exercise}")(proxy(exercise, getattr(reference, exercise)))
+    for exercise, mistakes in module.MISTAKES.items():
+        for mistake in mistakes:
+            with pytest.raises(CheckFailed) as failure:
+                getattr(module, f"check_{exercise}")(proxy(exercise, mistake.fn))
+            assert mistake.name in str(failure.value), (exercise, mistake.name, str(failure.value)[:500])

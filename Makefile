@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 ASSIGNMENTS ?=
 WORKERS ?=
 
-.PHONY: help setup lab test test-fast lint release autograde feedback grades student-bundle bench bench-grading clean
+.PHONY: help setup lab test test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv and install everything (fast when already done)
 
-lab: setup ## open JupyterLab on notebooks/
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+exchange: ## make the nbgrader exchange folder (the Assignment List needs it)
+	mkdir -p exchange
+
+lab: setup exchange ## the instructor's JupyterLab (Formgrader, Assignment List) on the course, opened at notebooks/
+	$(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/
 	$(BIN)/ruff check autograder tests bench
@@ -52,10 +55,13 @@ collect-zip: setup ## put an LMS zip of submissions into submitted/ (ZIP=file.zi
 feedback: setup ## write feedback/ HTML for every graded submission
 	$(BIN)/python -m autograder feedback $(ASSIGNMENTS)
 
-grades: setup ## export every grade to grades.csv
-	$(BIN)/nbgrader export --to grades.csv
+grades: setup ## grades.csv (nbgrader export) and grades-canvas.csv (Canvas's gradebook import)
+	$(BIN)/python -m autograder.pipeline.export
 
-student-bundle: setup ## zip what students get: notebooks/ and the public autograder
+report: setup ## report/index.html: the class report (scores per exercise, named mistakes, failures, time)
+	$(BIN)/python -m autograder.pipeline.report $(ASSIGNMENTS)
+
+student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, README, one-command setup
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 
 bench: setup ## time and memory of attention implementations (bench/results/)
@@ -65,5 +71,5 @@ bench-grading: setup ## grading throughput: serial vs parallel vs plain nbclient
 	$(BIN)/python bench/grading_bench.py
 
 clean: ## remove the venv, caches and nbgrader's working folders
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv grades-canvas.csv report
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import tomllib
 import zipfile
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from autograder.pipeline.bundle import write_bundle
 from autograder.pipeline.course import assignments, module_name
 
-from .notebook_code import answer_cells
+from .notebook_code import ROOT, answer_cells
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,38 @@ def test_no_mistake_code(bundle, assignment):
         for mistake in catalogue:
             body = "\n".join(ln.strip() for ln in inspect.getsource(mistake.fn).splitlines()[1:] if ln.strip())
             assert body not in flat, f"the code of the mistake {mistake.name!r} is in the bundle"
+
+
+def test_bundle_sets_itself_up(bundle):
+    """A README with the one setup command, nbgrader in the requirements, and the setup script itself."""
+    readme = bundle["attention-course/README.md"]
+    for step in ("python3 course.py", "Validate", "Submit", "Restart Kernel and Run All Cells", "01_soft_lookup"):
+        assert step in readme, step
+    requirements = bundle["attention-course/requirements.txt"].split()
+    pins = {d.split("==")[0]: d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert requirements == [pins[name] for name in ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")]
+    compile(bundle["attention-course/course.py"], "course.py", "exec")
+    compile(bundle["attention-course/nbgrader_config.py"], "nbgrader_config.py", "exec")
+
+
+def test_student_lab_has_no_instructor_tools(bundle):
+    page = json.loads(bundle["attention-course/jupyter/labconfig/page_config.json"])["disabledExtensions"]
+    assert {k for k, v in page.items() if v} == {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                                                 "@jupyter/nbgrader:course-list"}
+    server = json.loads(bundle["attention-course/jupyter/jupyter_server_config.json"])
+    assert server["ServerApp"]["jpserver_extensions"] == {"nbgrader.server_extensions.formgrader": False,
+                                                          "nbgrader.server_extensions.course_list": False}
+    assert "white-space: pre-wrap" in bundle["attention-course/jupyter/custom/custom.css"]
+
+
+def test_student_config_matches_the_course(bundle, tmp_path):
+    """The bundle's nbgrader settings: the instructor's validator width and cell limit, an exchange that exists."""
+    from autograder.pipeline.feedback import load_config
+
+    (tmp_path / "nbgrader_config.py").write_text(bundle["attention-course/nbgrader_config.py"])
+    student, instructor = load_config(tmp_path), load_config(ROOT)
+    assert student.Validator.width == instructor.Validator.width
+    assert student.Execute.timeout == instructor.Execute.timeout
+    assert student.CourseDirectory.course_id == instructor.CourseDirectory.course_id
+    assert student.KernelManager.transport_encryption == "auto"
+    assert (tmp_path / "exchange").is_dir()

@@ -143,25 +143,31 @@ class AllocationMeter(TorchDispatchMode):
     """Adds up the bytes of the new tensors PyTorch operations return while it is active.
 
     Views and in-place results (``slice``, ``copy_``, ...) alias memory that exists already and
-    are not counted: the schema of such an operation marks its result as an alias.
+    are not counted: the schema of such an operation marks its result as an alias. ``by_op``
+    splits the total by operation (``aten.cat.default``, ``aten.clone.default``, ...).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.allocated = 0
+        self.by_op: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        aliases = any(r.alias_info is not None for r in func._schema.returns)
-        if not aliases:
+        if not any(r.alias_info is not None for r in func._schema.returns):
             for t in tree_flatten(result)[0]:
                 if isinstance(t, torch.Tensor):
-                    self.allocated += t.untyped_storage().nbytes()
+                    size = t.untyped_storage().nbytes()
+                    self.allocated += size
+                    self.by_op[str(func)] = self.by_op.get(str(func), 0) + size
         return result
 
 
 def cache_allocations(KVCache, batch, kv_heads, max_len, d_head, steps, dtype=torch.float32):  # noqa: N803
-    """Bytes of new tensors allocated by appends 2 to ``steps`` of one token each (the first may allocate the storage)."""
+    """Probe: bytes of new tensors allocated by appends 2 to ``steps`` of one token each, and how many by torch.cat.
+
+    The first append is not counted: it may allocate the storage. Returns ``(total, by_cat)``.
+    """
     cache = KVCache(batch, kv_heads, max_len, d_head, dtype=dtype)
     gen = torch.Generator().manual_seed(0)
     tokens = [torch.randn(batch, kv_heads, 1, d_head, generator=gen, dtype=dtype) for _ in range(2 * steps)]
@@ -169,7 +175,7 @@ def cache_allocations(KVCache, batch, kv_heads, max_len, d_head, steps, dtype=to
     with AllocationMeter() as meter:
         for i in range(1, steps):
             cache.append(tokens[2 * i], tokens[2 * i + 1])
-    return meter.allocated
+    return meter.allocated, meter.by_op.get("aten.cat.default", 0)
 
 
 #: Appends of one token each in the allocation check, and the bytes of new tensors they may allocate, per
@@ -251,8 +257,8 @@ def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class 
              label="one token at a time until the cache is full"),
     ]
     check_cache_cases(KVCache, cases)
-    allocated = probe(cache_allocations, KVCache, 1, 2, COPY_STEPS, 8, COPY_STEPS,
-                      what=f"KVCache(1, 2, {COPY_STEPS}, 8) and {COPY_STEPS} appends of one token")
+    allocated, _ = probe(cache_allocations, KVCache, 1, 2, COPY_STEPS, 8, COPY_STEPS,
+                         what=f"KVCache(1, 2, {COPY_STEPS}, 8) and {COPY_STEPS} appends of one token")
     problem = allocation_problem(allocated, 1, 2, 8, torch.float32)
     if problem:
         fail(problem)

@@ -1,0 +1,84 @@
+"""``make report``: scores per exercise, named mistakes with their section, other failures by message, ungraded."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import nbformat
+from nbgrader.api import Gradebook
+
+from autograder.pipeline import grade, report
+from autograder.pipeline.integrity import Note, write_notes
+
+from .course_copy import make_course, released
+
+ASSIGNMENT = "01_soft_lookup"
+EXERCISE = "scaled_dot_product_attention"
+NAMED = ("With the input Q = <shape (2, 5, 8)>:\nThe output is not what it should be.\nThis looks like the mistake "
+         "'no scaling': the scores must be divided by sqrt(d_k). Section '6. Scaled dot-product attention' of this "
+         "notebook explains it.")
+
+
+def error(message: str):
+    return nbformat.v4.new_output("error", ename="CheckFailed", evalue=message, traceback=[f"CheckFailed: {message}"])
+
+
+def graded(course, student: str, failing: dict[str, str]) -> None:
+    """A graded notebook whose test cells ``failing`` (grade id -> message) failed and score 0; the rest pass."""
+    notebook = released(course, ASSIGNMENT)
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in failing:
+            cell.outputs = [error(failing[grade_id])]
+    folder = course / "autograded" / student / ASSIGNMENT
+    folder.mkdir(parents=True)
+    (folder / f"{ASSIGNMENT}.ipynb").write_text(json.dumps(notebook))
+    write_notes(folder, [])
+    with Gradebook(grade.db_url(course)) as gb:
+        gb.update_or_create_student(student)
+        gb.update_or_create_submission(ASSIGNMENT, student)
+        for nb in gb.find_submission(ASSIGNMENT, student).notebooks:
+            for g in nb.grades:
+                g.auto_score = 0.0 if g.name in failing else g.max_score
+        gb.db.commit()
+
+
+def test_class_report(tmp_path):
+    course = make_course(tmp_path, [ASSIGNMENT])
+    visible = "With the input Q = <shape (3, 4)>: the largest error is {} at index [{}, 1]."
+    graded(course, "ann", {f"test_{EXERCISE}": visible.format("0.133", 0), f"test_{EXERCISE}_hidden": NAMED})
+    graded(course, "ben", {f"test_{EXERCISE}": visible.format("0.244", 2), f"test_{EXERCISE}_hidden": NAMED})
+    graded(course, "cat", {"test_hard_lookup": "<script>alert('x')</script> hard_lookup is not written yet"})
+    failed = course / "autograded" / "dan" / ASSIGNMENT
+    failed.mkdir(parents=True)
+    write_notes(failed, [Note("failed", "This submission could not be graded (the kernel died).")])
+    (course / "submitted" / "eve" / ASSIGNMENT).mkdir(parents=True)
+    with Gradebook(grade.db_url(course)) as gb:
+        cells = {c.name: c.max_score for nb in gb.find_assignment(ASSIGNMENT).notebooks for c in nb.grade_cells}
+    sdpa_max = cells[f"test_{EXERCISE}"] + cells[f"test_{EXERCISE}_hidden"]
+
+    result = report.write_report([ASSIGNMENT], root=course)
+
+    assert str(result) == ("report: report/index.html: 3 graded submissions of 1 assignments; "
+                           "2 named mistakes, 3 other failures, 2 could not be graded")
+    (assignment,) = result.assignments
+    sdpa = assignment.exercises[EXERCISE]
+    assert sdpa.max_points == sdpa_max
+    assert sdpa.points == {"ann": 0.0, "ben": 0.0, "cat": sdpa_max}
+    assert dict(sdpa.mistakes) == {"no scaling": {"ann", "ben"}}
+    assert sdpa.sections == {"no scaling": "6. Scaled dot-product attention"}
+    # The same failure on other numbers is one message, made by two students.
+    assert {m: len(s) for m, s in sdpa.failures.items()} == {
+        "CheckFailed: With the input Q = <shape (#, #)>: the largest error is # at index [#, #].": 2}
+    assert list(assignment.exercises)[:2] == ["hard_lookup", "soft_lookup"]
+    assert result.ungraded == [(ASSIGNMENT, "dan", "This submission could not be graded (the kernel died)."),
+                               (ASSIGNMENT, "eve", "submitted, but no graded copy in autograded/ (run make autograde)")]
+
+    page = (course / "report" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r"<td>no scaling</td><td>2</td><td>6\. Scaled dot-product attention</td>", page)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert f"1 of 3 students have full marks ({sdpa_max:g} points)" in page
+    png = course / "report" / f"{ASSIGNMENT}-scores.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"src='{ASSIGNMENT}-scores.png'" in page

@@ -256,3 +256,55 @@ def test_feedback_page_offline(graded_class, browser, tmp_path):
     assert "BEGIN HIDDEN TESTS" not in body and "autograder.hidden" not in body
     assert page.locator(".MathJax, .MathJax_Display").count() > 10
     assert not [u for u in requests if u.startswith(("http:", "https:"))], requests
+
+
+@pytest.fixture
+def instructor_lab(tmp_path):
+    """``make lab``'s JupyterLab (course folder as root, every nbgrader tool) on a course copy with no exchange yet."""
+    course = tmp_path / "course"
+    course.mkdir()
+    make_course(course, [ASSIGNMENT])
+    shutil.rmtree(course / "exchange", ignore_errors=True)
+    port, token = free_port(), "browser-test"
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter"))  # not this machine's own settings
+    settings = tmp_path / "jupyter" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    log = (tmp_path / "lab.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--notebook-dir=.", "--ServerApp.default_url=/lab/tree/notebooks",
+         "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
+        cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(f"{base}/api/status?token={token}", process)
+        yield base, token, course
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_instructor_lab_shows_no_error(instructor_lab, browser, tmp_path):
+    """Formgrader, Course List and Assignment List of the instructor's lab open without an error."""
+    base, token, course = instructor_lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    steps = Steps(page, tmp_path / "screenshots")
+    page.goto(f"{base}/lab?token={token}")
+    page.get_by_text("Nbgrader", exact=True).first.wait_for(timeout=120_000)
+    for item, expected in (("Formgrader", "Manage Assignments"), ("Course List", "attention"),
+                           ("Assignment List", "Released assignments")):
+        page.get_by_text("Nbgrader", exact=True).first.click()
+        page.locator(".lm-Menu").last.get_by_text(item, exact=True).click()
+        panel = page.locator(".lm-DockPanel-widget:not(.lm-mod-hidden)").last
+        frame = panel.frame_locator("iframe") if item == "Formgrader" else None
+        target = frame.locator("body") if frame else panel
+        expect(target).to_contain_text(expected, timeout=60_000)
+        page.wait_for_timeout(2000)  # lists load after the panel opens
+        text = target.inner_text()
+        assert "rror" not in text and "does not exist" not in text, f"{item}: {text}"
+        steps.shot(item.lower().replace(" ", "-"))
+    assert (course / "exchange").is_dir()

@@ -35,10 +35,11 @@ class Mistake:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a call produced: a value, or an exception's type and message."""
+    """What a call produced: a value, or an exception's type and message; the inputs it changed in place."""
 
     value: Any = None
     error: tuple[str, str] | None = None
+    mutated: tuple[int | str, ...] = ()  # positions (and keyword names) of the tensor arguments it changed
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None) -> Outcome:

@@ -135,7 +135,9 @@ class Remote:
         if "error" in reply:
             error = _student_error(reply["error"])
             return Outcome(error=(type(error).__name__, str(error))), error
-        return Outcome(value=reply.get("value")), None
+        mutated = reply.get("mutated", [])
+        mutated = tuple(m for m in mutated if type(m) in (int, str)) if isinstance(mutated, list) else ()
+        return Outcome(value=reply.get("value"), mutated=mutated), None
 
     def probe(self, examine: Callable[..., Any], args: Sequence[Any], kwargs: dict, *, what: str,
               forbid: Sequence[Forbidden] = ()) -> Any:
@@ -248,7 +250,7 @@ def _called(request: dict) -> dict:
                           "Grading runs your function on its own: compute the result in the function's own thread."}
     if error is not None:
         return {"error": _error_info(error)}
-    return {"value": outcome.value}
+    return {"value": outcome.value, "mutated": list(outcome.mutated)}
 
 
 def _answer(request: Any, namespace: dict) -> dict:

@@ -44,6 +44,21 @@ def _copy(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+def _changed(before: Any, after: Any) -> bool:
+    """Whether a tensor argument was changed in place (NaN equals NaN; meta tensors hold nothing to change)."""
+    if not isinstance(before, torch.Tensor) or before.device.type == "meta":
+        return False
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    return not bool(((before == after) | ((before != before) & (after != after))).all())
+
+
+def mutated_arguments(originals: Sequence[Any], kw_originals: dict, args: Sequence[Any], kwargs: dict) -> tuple:
+    """The positions and keyword names of the tensor arguments that differ from their originals."""
+    return (tuple(i for i, (a, b) in enumerate(zip(originals, args)) if _changed(a, b))
+            + tuple(k for k in kw_originals if _changed(kw_originals[k], kwargs.get(k))))
+
+
 def attempt(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -61,9 +76,10 @@ def attempt(
         return fn.attempt(tuple(args), dict(kwargs or {}), exercise=exercise, forbid=forbid)
     guard = Guard(tuple(forbid), exercise)
     # The student's function gets copies: changing its inputs in place must not change
-    # the inputs the reference is computed from.
-    args = tuple(_copy(a) for a in args)
-    kwargs = {k: _copy(v) for k, v in (kwargs or {}).items()}
+    # the inputs the reference is computed from (and the copies show whether it did).
+    originals, kw_originals = tuple(args), dict(kwargs or {})
+    args = tuple(_copy(a) for a in originals)
+    kwargs = {k: _copy(v) for k, v in kw_originals.items()}
     active = ACTIVE_RULES.set((tuple(forbid), exercise))
     try:
         with guard:
@@ -82,7 +98,7 @@ def attempt(
         ACTIVE_RULES.reset(active)
     if guard.violations:
         fail(message_for(guard.violations[0], exercise))
-    return Outcome(value=value), None
+    return Outcome(value=value, mutated=mutated_arguments(originals, kw_originals, args, kwargs)), None
 
 
 def describe_error(what: str, error: BaseException) -> str:

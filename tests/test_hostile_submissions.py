@@ -1,16 +1,19 @@
 """Hostile and broken submissions, graded with a reference student in one parallel run.
 
 Each case is a submission of notebook 01 that hangs, crashes, floods, tampers with the
-checks or the notebook, or tries to leave its sandbox. For each: the test cells that can be
-graded honestly are, the rest score 0, the feedback says what happened, the reference
-student keeps full marks, nothing the submission started is left running, and the run
-ends with a summary.
+checks or the notebook, reaches for the answers, gets round the guard, tries to damage the
+grading of others or to leave its sandbox. For each: the test cells that can be graded
+honestly are, the rest score 0, the feedback says what happened and shows no hidden test,
+the reference student keeps full marks, nothing the submission started is left running,
+and the run ends with a summary and a feedback page for everyone. It needs the sandbox:
+without bubblewrap it is skipped (grading refuses to run hostile code without one).
 """
 
 from __future__ import annotations
 
 import copy
 import html
+import json
 import re
 import uuid
 from pathlib import Path
@@ -20,12 +23,11 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import cgroup, grade, sandbox
-from autograder.pipeline.course import assignments
-from autograder.pipeline.integrity import NOTES_FILE, normalize, recheck, scan, stage
+from autograder.pipeline import cgroup, feedback, grade, sandbox
+from autograder.pipeline.integrity import NOTES_FILE
 
 from .course_copy import fill, make_course, reference_answers, released, submit
-from .notebook_code import ROOT, nbgrader_meta, source_notebook
+from .notebook_code import ROOT, nbgrader_meta
 
 A = "01_soft_lookup"
 CELL_TIMEOUT = 25
@@ -255,6 +257,176 @@ def snoop(rel, ref, course):
     return with_cell(fill(rel, ref), "test_hard_lookup_hidden", "\n".join(code))
 
 
+# -- reaching for the answers, or for the comparisons ------------------------------------------
+
+def read_answer(rel, ref, course):
+    """The hidden module's reference, imported; the checker's locals, found by walking the stack."""
+    steal = ("import autograder.hidden.soft_lookup as h\nreturn h._sdpa(Q, K, V)")
+    walk = ("import sys\nframe = sys._getframe(1)\nwhile frame is not None:\n"
+            "    for name in ('expected', 'want', 'reference', 'theirs'):\n"
+            "        if name in frame.f_locals:\n            return frame.f_locals[name]\n"
+            "    frame = frame.f_back\nreturn values[0] * 0, keys[:, 0] * 0")
+    return fill(rel, dict(ref, scaled_dot_product_attention=body("scaled_dot_product_attention", steal),
+                          soft_lookup=body("soft_lookup", walk)))
+
+
+ALWAYS_EQUAL = """import torch
+
+class Exact(torch.Tensor):
+    def __eq__(self, other):
+        return True
+    def allclose(self, *args, **kwargs):
+        return True
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("allclose", "equal", "isclose", "eq", "__eq__"):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+"""
+
+
+def always_equal(rel, ref, course):
+    return fill(rel, dict(ref, hard_lookup=ALWAYS_EQUAL + body("hard_lookup", "return (values[0] * 0).as_subclass(Exact)")))
+
+
+def self_undoing(rel, ref, course):
+    """Comparisons replaced while the function runs and put back before it returns; the re-check's state hunted."""
+    code = ("import gc, torch, autograder.compare as c\nsaved = (torch.allclose, c.is_close, c.assert_close)\n"
+            "torch.allclose, c.is_close, c.assert_close = (lambda *a, **k: True), (lambda *a, **k: True), "
+            "(lambda *a, **k: None)\n"
+            "for obj in gc.get_objects():\n    if isinstance(obj, dict) and 'verdicts' in obj:\n"
+            "        obj['verdicts'] = {}\n"
+            "result = values[0] * 0, keys[:, 0] * 0\ntorch.allclose, c.is_close, c.assert_close = saved\n"
+            "return result")
+    return fill(rel, dict(ref, soft_lookup=body("soft_lookup", code)))
+
+
+def evade_scan(rel, ref, course):
+    """Tampering run through typing.get_type_hints and pickle, and a cell too deep for a syntax tree."""
+    hints = ("import typing, torch\ndef f(x: 'exec(\"import torch; torch.allclose = lambda *a, **k: True\")'): pass\n"
+             "try:\n    typing.get_type_hints(f)\nexcept Exception:\n    pass\n"
+             "import pickle\n"
+             "pickle.loads(b\"cbuiltins\\nexec\\n(Vimport torch; torch.equal = lambda *a: True\\ntR.\")\n")
+    deep = "x = " + "(" * 5000 + "1" + ")" * 5000
+    notebook = fill(rel, dict(WRONG, hard_lookup=hints + WRONG["hard_lookup"]))
+    return with_cell(notebook, "test_hard_lookup_hidden", deep)
+
+
+def startup_file(rel, ref, course):
+    """A startup file in the sandbox's home that would tamper in the kernel started after a crash."""
+    plant = ("import os\nfolder = os.path.expanduser('~/.ipython/profile_default/startup')\n"
+             "os.makedirs(folder, exist_ok=True)\n"
+             "open(os.path.join(folder, '00-cheat.py'), 'w').write('import torch\\ntorch.allclose = lambda *a, **k: True\\n')\n")
+    notebook = fill(rel, dict(ref, hard_lookup=WRONG["hard_lookup"],
+                              nadaraya_watson=body("nadaraya_watson", "import os\nos._exit(3)")))
+    return with_cell(notebook, "test_hard_lookup_hidden", plant)
+
+
+def shadow(rel, ref, course):
+    """An autograder/ package in the submission, first on the kernel's path, whose server forges answers."""
+    folder = course / "submitted" / "shadow" / A / "autograder"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "remote.py").write_text(
+        "import base64, json, struct\n"
+        "def serve(request, namespace=None):\n"
+        "    header = json.dumps({'dict': [['value', {'bool': True}]]}).encode()\n"
+        "    return base64.b64encode(b'AGW1' + struct.pack('<Q', len(header)) + header).decode()\n")
+    return fill(rel, WRONG)
+
+
+SDPA_IN_A_THREAD = """import threading
+import torch.nn.functional as F
+box = []
+worker = threading.Thread(target=lambda: box.append(F.scaled_dot_product_attention(Q, K, V)))
+worker.start()
+worker.join()
+weights = torch.softmax(Q @ K.mT / Q.shape[-1] ** 0.5, dim=-1)
+return box[0], weights"""
+
+SDPA_GUARD_OFF = """import torch
+import torch.nn.functional as F
+with torch._C.DisableTorchFunction():
+    output = F.scaled_dot_product_attention(Q, K, V)
+weights = torch.softmax(Q @ K.mT / Q.shape[-1] ** 0.5, dim=-1)
+return output, weights"""
+
+
+def guard_thread(rel, ref, course):
+    return fill(rel, dict(ref, scaled_dot_product_attention=body("scaled_dot_product_attention", SDPA_IN_A_THREAD)))
+
+
+def guard_off(rel, ref, course):
+    return fill(rel, dict(ref, scaled_dot_product_attention=body("scaled_dot_product_attention", SDPA_GUARD_OFF)))
+
+
+def leak(rel, ref, course):
+    """Printing what ran before (In, _ih), the hidden module's source, and errors that would carry them."""
+    code = ("import glob, os, autograder\nprint('IN:', globals().get('In', [''])[-1][:2000])\n"
+            "print('IH:', globals().get('_ih', [''])[-2:])\n"
+            "for path in glob.glob(os.path.join(os.path.dirname(autograder.__file__), '*', 'soft_lookup.py')):\n"
+            "    print('SOURCE:', open(path).read())\n")
+    return fill(rel, dict(ref, hard_lookup=ref["hard_lookup"].replace(":\n", ":\n" + "".join(
+        "    " + line + "\n" for line in code.splitlines()), 1)))
+
+
+FILL_DISK = """import os, tempfile
+written = {}
+for where in (os.getcwd(), os.path.expanduser("~"), tempfile.gettempdir()):
+    total = 0
+    try:
+        for i in range(64):  # up to 4 GB in each place, far over its quota
+            with open(os.path.join(where, f"filler-{i}"), "wb") as handle:
+                for _ in range(4):
+                    handle.write(b"x" * 2**24)
+                    total += 2**24
+    except OSError as error:
+        pass
+    written[where] = total
+print("written", max(written.values()))
+"""
+
+
+def fill_disk(rel, ref, course):
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", FILL_DISK)
+
+
+def huge_outputs(rel, ref, course):
+    """A 50 MB error message and 30 MB of display metadata: neither is an output the caps may miss."""
+    big = ("from IPython.display import display\n"
+           "display({'text/plain': 'small'}, metadata={'junk': 'y' * 30_000_000}, raw=True)\n"
+           "raise RuntimeError('x' * 50_000_000)")
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", big)
+
+
+def odd_text(rel, ref, course):
+    """A lone surrogate in an added cell's grade_id and in an output, a file with a name that is not UTF-8."""
+    folder = course / "submitted" / "odd_text" / A
+    folder.mkdir(parents=True)
+    with open(bytes(folder) + b"/\xff\xfe-data.txt", "wb") as handle:
+        handle.write(b"data")
+    fake = {"nbgrader": {"grade": True, "grade_id": "\ud800", "locked": True, "points": 3, "schema_version": 3,
+                         "solution": False, "task": False}}
+    notebook = with_cell(fill(rel, ref), "test_hard_lookup_hidden", "print('\\ud800'.encode().decode('unicode_escape'))",
+                         fake)
+    (folder / f"{A}.ipynb").write_text(json.dumps(notebook))  # ASCII JSON: the lone surrogate as an escape
+
+
+def html_inject(rel, ref, course):
+    """Script in a markdown cell and in an HTML output: nothing may run when the feedback is opened."""
+    notebook = with_cell(fill(rel, ref), "test_hard_lookup_hidden",
+                         "from IPython.display import HTML, display\n"
+                         "display(HTML('<img src=x onerror=\"alert(3)\"><script>alert(4)</script>'))")
+    notebook.cells.append(nbformat.v4.new_markdown_cell('<script>alert(1)</script><img src=x onerror="alert(2)">'))
+    return notebook
+
+
+def exit_call(rel, ref, course):
+    """exit() in a cell: that cell is blamed, and it is not run again at every restart."""
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", "exit()")
+
+
 ALL = None
 CASES = {
     "reference": (lambda rel, ref, course: fill(rel, ref), [], []),
@@ -266,11 +438,26 @@ CASES = {
     "system_exit": (system_exit, TESTS_OF["hard_lookup"], ["SystemExit"]),
     "flood": (flood, [], ["output cut"]),
     "memory": (memory, TESTS_OF["soft_lookup"], ["allocate memory"]),
-    "patch_torch": (patch_torch, ALL, ["allclose was", "protected re-run"]),
-    "patch_hidden": (patch_hidden, ALL, ["was replaced", "protected re-run"]),
-    "patch_fail": (patch_fail, ALL, ["fail was replaced"]),
-    "sys_modules": (sys_modules, ALL, ["sys.modules", "was replaced"]),
-    "ipython_hooks": (ipython_hooks, ALL, ["protected re-run", "hard_lookup"]),
+    "patch_torch": (patch_torch, ALL, ["not what it should be"]),
+    "patch_hidden": (patch_hidden, ALL, ["is not defined"]),
+    "patch_fail": (patch_fail, ALL, ["not what it should be"]),
+    "sys_modules": (sys_modules, ALL, ["not what it should be"]),
+    "ipython_hooks": (ipython_hooks, ALL, ["not what it should be"]),
+    "read_answer": (read_answer, TESTS_OF["scaled_dot_product_attention"] + TESTS_OF["soft_lookup"],
+                    ["ModuleNotFoundError", "not what it should be"]),
+    "always_equal": (always_equal, TESTS_OF["hard_lookup"], ["but it is a Exact"]),
+    "self_undoing": (self_undoing, TESTS_OF["soft_lookup"], ["not what it should be"]),
+    "evade_scan": (evade_scan, ALL, ["not what it should be"]),
+    "startup_file": (startup_file, TESTS_OF["hard_lookup"] + TESTS_OF["nadaraya_watson"], ["exited with code 3"]),
+    "shadow": (shadow, ALL, ["'bool' object is not callable"]),
+    "guard_thread": (guard_thread, TESTS_OF["scaled_dot_product_attention"], ["Thread", "another thread"]),
+    "guard_off": (guard_off, TESTS_OF["scaled_dot_product_attention"], ["DisableTorchFunction"]),
+    "leak": (leak, [], []),
+    "fill_disk": (fill_disk, [], []),
+    "huge_outputs": (huge_outputs, [], ["output cut"]),
+    "odd_text": (odd_text, [], ["claims to be graded"]),
+    "html_inject": (html_inject, [], []),
+    "exit_call": (exit_call, [], ["The kernel", "exit()"]),
     "edit_tests": (edit_tests, TESTS_OF["scaled_dot_product_attention"], ["was edited; the original was run"]),
     "delete_tests": (delete_tests, TESTS_OF["nadaraya_watson"], ["was missing from your notebook"]),
     "reorder_tests": (reorder_tests, [], ["had been moved"]),
@@ -294,7 +481,7 @@ def grade_the_class(course: Path):
             submit(course, A, student, notebook)
     options = grade.Options(cell_timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT)
     summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
-    errors = grade.feedback([A], root=course)
+    errors = feedback.feedback([A], root=course).broken
     with Gradebook(grade.db_url(course)) as gb:
         scores = {s: {g.name: g.score for g in gb.find_submission_notebook(A, A, s).grades} for s in CASES}
         totals = {s: (gb.find_submission(A, s).score, gb.find_submission(A, s).max_score) for s in CASES}
@@ -309,6 +496,9 @@ def feedback_text(course: Path, student: str) -> str:
 @pytest.mark.slow
 def test_a_hostile_class(tmp_path):
     """One test (one parallel run, on one pytest worker); every problem found is reported at the end."""
+    if sandbox.mode() == "limits only":
+        pytest.skip(f"no sandbox here ({sandbox.why_not()}): grading refuses hostile code without one; "
+                    "install bubblewrap to run this test")
     course = make_course(tmp_path, [A])
     summary, errors, scores, totals = grade_the_class(course)
     problems: list[str] = []
@@ -320,8 +510,10 @@ def test_a_hostile_class(tmp_path):
     # the run ends with a summary, every submission graded
     check(not summary.failed and not errors, f"failures: {summary.failed} {errors}")
     check(sorted(s for _, s in summary.graded) == sorted(CASES), f"graded: {summary.graded}")
-    check(str(summary).startswith(f"graded {len(CASES)}, failed 0") and "submissions per minute" in str(summary),
-          f"summary: {str(summary)[:200]}")
+    text = str(summary)
+    text.encode("utf-8")
+    check(text.startswith(f"graded {len(CASES)}, could not be graded 0") and "submissions per minute" in text
+          and "protection: test cells run in the grader's process" in text, f"summary: {text[:300]}")
 
     # each submission: the expected scores, and the feedback says what happened
     for student, (_, zero, words) in CASES.items():
@@ -331,7 +523,8 @@ def test_a_hostile_class(tmp_path):
         text = feedback_text(course, student)
         for word in words:
             check(word in text, f"{student}: {word!r} is not in the feedback")
-        check("BEGIN HIDDEN TESTS" not in text, f"{student}: the feedback shows hidden tests")
+        for secret in ("BEGIN HIDDEN TESTS", "hidden_check_", "_lookup_cases", "def _sdpa", "SDPA_SHAPES"):
+            check(secret not in text, f"{student}: the feedback shows hidden material ({secret})")
 
     # no other student's grade changes: the reference keeps full marks, nothing earns extra
     full = float(sum(POINTS.values()))
@@ -340,10 +533,23 @@ def test_a_hostile_class(tmp_path):
     notes = (course / "autograded" / "reference" / A / NOTES_FILE).read_text()
     check(not notes.strip("[]\n "), f"reference has notes: {notes}")
 
-    # the tampering ones were re-run and lost their points there
-    for student in ("patch_torch", "patch_hidden", "patch_fail", "sys_modules", "ipython_hooks"):
-        check((A, student) in summary.rechecked and summary.zeroed.get((A, student)), f"{student} not re-checked")
-    check((A, "reference") not in summary.rechecked, "the reference was re-checked")
+    # what a submission may not do to the grading of others, or to the grader
+    def printed(student: str) -> str:
+        graded = nbformat.read(course / "autograded" / student / A / f"{A}.ipynb", as_version=4)
+        return "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
+
+    written = re.search(r"written (\d+)", printed("fill_disk"))
+    check(written is not None and int(written.group(1)) <= sandbox.Limits().tmp_mb * 2**20,
+          f"fill_disk: {printed('fill_disk')[-300:]}")
+    check(not list((course / "autograded" / "fill_disk" / A).glob("filler-*")), "fill_disk wrote into the course")
+    size = (course / "autograded" / "huge_outputs" / A / f"{A}.ipynb").stat().st_size
+    check(size < 8 * 2**20, f"huge_outputs: the graded notebook has {size} bytes")
+    page = (course / "feedback" / "html_inject" / A / f"{A}.html").read_text()
+    live = re.findall(r"<[^>]*\bonerror\s*=|<script[^>]*>\s*alert", page)  # as markup, not as escaped source text
+    check(not live, f"html_inject: the student's script is live in the feedback page: {live}")
+    exit_notes = (course / "autograded" / "exit_call" / A / NOTES_FILE).read_text()
+    check("not run" not in exit_notes and exit_notes.count("The kernel") == 1, f"exit_call: {exit_notes[:500]}")
+    check("SOURCE:" not in printed("leak"), "leak: the hidden module could be read")
 
     # nothing is left running
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
@@ -459,106 +665,3 @@ def test_the_control_group_caps_processes_and_memory(monkeypatch):
     assert made and made[0] is not None and not any(folder.exists() for folder in made[0].folders)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", assignments())
-def test_the_recheck_passes_every_reference(assignment):
-    """No false alarm: every notebook's reference solution passes the protected re-run as it is."""
-    notebook = source_notebook(assignment)
-    verdicts, problem = recheck(notebook, assignment, ROOT, cell_timeout=120, timeout=900)
-    assert problem == ""
-    tests = {nbgrader_meta(c)["grade_id"] for c in notebook.cells
-             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
-    assert set(verdicts) == tests
-    assert {g: v.reason for g, v in verdicts.items() if not v.ok} == {}
-
-
-def released_source() -> nbformat.NotebookNode:
-    """The release of notebook 01 as nbgrader makes it, from the source (no nbgrader run)."""
-    notebook = source_notebook(A)
-    for cell in notebook.cells:
-        meta = nbgrader_meta(cell)
-        if meta.get("solution"):
-            cell.source = re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "raise NotImplementedError()", cell.source,
-                                 flags=re.S)
-        elif "BEGIN HIDDEN TESTS" in cell.source:
-            cell.source = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
-    return notebook
-
-
-@pytest.mark.parametrize("code", [
-    "torch.allclose = lambda *a, **k: True",
-    "import torch.testing\ntorch.testing.assert_close = print",
-    "setattr(torch, 'allclose', print)",
-    "get_ipython().set_custom_exc((Exception,), print)",
-    "import sys\nsys.modules['autograder.hidden.soft_lookup'] = None",
-    "hard_lookup.__code__ = (lambda q, k, v: v).__code__",
-    "class Cheat(torch.Tensor):\n    pass",
-    "from torch.overrides import TorchFunctionMode",
-    "torch._C._set_grad_enabled(False)",
-    "getattr(torch, name)",
-    "%load_ext something",
-    "import autograder.hidden.soft_lookup as h",
-    "def f():\n    import ctypes\n    return ctypes",
-])
-def test_scan_finds_code_that_can_tamper(code):
-    release = released_source()
-    notebook = fill(release, {"hard_lookup": code + "\n" + body("hard_lookup", "return values[0]")})
-    assert any(f.startswith("hard_lookup: ") for f in scan(notebook, release)), code
-
-
-def test_scan_leaves_ordinary_answers_alone():
-    release = released_source()
-    assert scan(fill(release, reference_answers(A)), release) == []
-    plain = body("soft_lookup", "w = torch.softmax(keys @ query / temperature, dim=-1)\n"
-                                "print(getattr(w, 'dtype', None))\nreturn w @ values, w")
-    assert scan(fill(release, {"soft_lookup": plain}), release) == []
-
-
-def test_normalize_puts_locked_cells_back():
-    release = released_source()
-    notebook = fill(release, reference_answers(A))
-    cells = notebook.cells
-    cells.pop(cell_index(notebook, "test_nadaraya_watson_hidden"))  # deleted
-    moved = cells.pop(cell_index(notebook, "test_hard_lookup"))
-    cells.insert(0, moved)  # moved before its exercise
-    cells[cell_index(notebook, "test_soft_lookup")].source = "pass"  # edited
-    nbgrader_meta(cells[cell_index(notebook, "test_soft_lookup_hidden")])["points"] = 99  # metadata
-    nbgrader_meta(cells[cell_index(notebook, "test_scaled_dot_product_attention")])["grade_id"] = "mine"  # renamed id
-    cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade": True, "grade_id": "bonus",
-                                                                          "points": 9, "locked": True}}))
-    fixed, notes = normalize(notebook, release)
-    kinds = sorted({n.kind for n in notes})
-    assert kinds == ["added", "deleted", "edited", "metadata", "moved"], notes
-    ids = [nbgrader_meta(c).get("grade_id") for c in fixed.cells if nbgrader_meta(c)]
-    expected = [nbgrader_meta(c)["grade_id"] for c in release.cells if nbgrader_meta(c)]
-    assert ids == expected
-    by_id = {nbgrader_meta(c)["grade_id"]: c for c in fixed.cells if nbgrader_meta(c)}
-    released_by_id = {nbgrader_meta(c)["grade_id"]: c for c in release.cells if nbgrader_meta(c)}
-    for gid, cell in by_id.items():
-        assert nbgrader_meta(cell) == nbgrader_meta(released_by_id[gid])
-        if nbgrader_meta(cell).get("locked"):
-            assert cell.source == released_by_id[gid].source
-    assert fixed.cells[-1].source == "x = 1" and "nbgrader" not in fixed.cells[-1].metadata
-    assert normalize(fill(release, reference_answers(A)), release)[1] == []
-
-
-def test_stage_copies_regular_files_and_finds_a_renamed_notebook(tmp_path):
-    root = tmp_path / "course"
-    (root / "build" / "release" / A).mkdir(parents=True)
-    release = released_source()
-    nbformat.write(release, root / "build" / "release" / A / f"{A}.ipynb")
-    folder = root / "submitted" / "s" / A
-    folder.mkdir(parents=True)
-    nbformat.write(fill(release, reference_answers(A)), folder / "copy of my work.ipynb")
-    (folder / "data.txt").write_text("mine")
-    (folder / "secret").symlink_to(ROOT / "nbgrader_config.py")
-    (folder / "timestamp.txt").write_text("2026-01-01 10:00:00")
-    staged = stage(root, A, "s", tmp_path / "staging")
-    assert staged.notebooks == [A]
-    assert {n.kind for n in staged.notes} == {"renamed", "link"}
-    target = tmp_path / "staging" / "s" / A
-    assert sorted(p.name for p in target.iterdir()) == sorted([f"{A}.ipynb", "data.txt", "timestamp.txt"])
-    assert not any(p.is_symlink() for p in target.iterdir())
-    (folder / "copy of my work.ipynb").unlink()
-    staged = stage(root, A, "s", tmp_path / "staging2")
-    assert staged.notebooks == [] and [n.kind for n in staged.notes if n.kind != "link"] == ["missing"]

@@ -225,3 +225,19 @@ def test_every_check_judges_proxies_as_it_judges_functions(assignment):
             with pytest.raises(CheckFailed) as failure:
                 getattr(module, f"check_{exercise}")(proxy(exercise, mistake.fn))
             assert mistake.name in str(failure.value), (exercise, mistake.name, str(failure.value)[:500])
+
+
+def test_an_input_changed_in_place_is_seen_on_both_sides():
+    def in_place(x, y, scale=None):
+        x.sub_(x.max())
+        if scale is not None:
+            scale.mul_(2)
+        return x
+
+    x, y, scale = torch.tensor([1.0, float("nan")]), torch.ones(2), torch.ones(1)
+    for fn in (in_place, proxy("f", in_place)):
+        outcome, error = attempt(fn, (x, y), {"scale": scale}, exercise="f")
+        assert error is None and outcome.mutated == (0, "scale")
+        assert torch.equal(scale, torch.ones(1))
+    outcome, _ = attempt(proxy("f", lambda x: x + 0), (torch.tensor([float("nan")]),), exercise="f")
+    assert outcome.mutated == ()

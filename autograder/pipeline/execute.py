@@ -105,6 +105,7 @@ class ResilientExecute(Execute):
             from jupyter_client.manager import AsyncKernelManager
 
             self.kernel_manager_class = AsyncKernelManager
+        self.on_cell_executed = self._after_cell
         if self.checks_in_grader:
             import torch
 
@@ -126,6 +127,7 @@ class ResilientExecute(Execute):
         self._index = 0
         self._streams: list[tuple[str, str]] = []
         self._forbidden: dict[tuple, str | None] = {}
+        self._asked_exit = False
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell, resources, index):
@@ -141,6 +143,7 @@ class ResilientExecute(Execute):
             return cell, self.resources
         for attempt in range(2):
             self._timed_out = False
+            self._asked_exit = False
             self._started_cells.discard(index)
             try:
                 cell = self._run(cell, index)
@@ -161,9 +164,9 @@ class ResilientExecute(Execute):
                 cell.outputs = [o for o in cell.outputs if o.get("ename") != "KeyboardInterrupt"]
                 if not run_sync(self._async_responsive)(5):
                     self._recover()
-            elif not run_sync(self._async_responsive)(5):
-                # the cell returned, but its kernel is gone or gone silent (exit(), a thread that ends it):
-                # this cell is to blame, and it is never run again
+            elif self._asked_exit or not run_sync(self._async_responsive)(5):
+                # the cell returned, but its kernel is gone, going (exit() stops it a moment later) or gone
+                # silent (a thread that ends it): this cell is to blame, and it is never run again
                 code = self._exit_code()
                 cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, self._death_message(code))]
                 self._recover()
@@ -252,6 +255,8 @@ class ResilientExecute(Execute):
                                  allow_stdin=False)
         reply = await self._async_reply_to(msg_id)
         await self._async_collect_streams(msg_id)
+        if self._asks_exit(reply):
+            raise remote.KernelDied()  # the student's function called exit(): the kernel stops in a moment
         content = reply.get("content", {})
         result = content.get("user_expressions", {}).get("r", {}) if content.get("status") == "ok" else {}
         if result.get("status") != "ok":
@@ -314,6 +319,16 @@ class ResilientExecute(Execute):
         )
 
     # -- kernels ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _asks_exit(reply: dict | None) -> bool:
+        """Whether an execute reply carries IPython's request to end the kernel (``exit()``, ``quit()``)."""
+        payload = (reply or {}).get("content", {}).get("payload") or []
+        return any(isinstance(p, dict) and p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload)
+
+    def _after_cell(self, cell, cell_index, execute_reply) -> None:
+        """nbclient's ``on_cell_executed`` hook: note a cell that asked its kernel to end."""
+        self._asked_exit = self._asks_exit(execute_reply)
 
     async def async_start_new_kernel_client(self):
         client = await super().async_start_new_kernel_client()

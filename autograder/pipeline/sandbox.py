@@ -152,7 +152,7 @@ def limited(cmd: Sequence[str], limits: Limits, python: str = sys.executable) ->
         "RLIMIT_FSIZE": (limits.file_mb * mb, limits.file_mb * mb),
         "RLIMIT_CORE": (0, 0),
     }
-    if mode() == "bwrap as nobody" or os.geteuid() != 0:
+    if sandbox_owner() is not None or os.geteuid() != 0:
         rlimits["RLIMIT_NPROC"] = (limits.processes, limits.processes)
     return [python, "-S", "-c", _LIMIT_SNIPPET, json.dumps(rlimits), *cmd]
 
@@ -231,7 +231,8 @@ def wrap(
     env = environment(limits, os.path.join(private, "home"), token)
     current = mode()
     if current == "limits only":
-        return limited(cmd, limits), env
+        as_nobody = _as_nobody(shutil.which("setpriv") or "setpriv") if sandbox_owner() is not None else []
+        return as_nobody + limited(cmd, limits), env
     bwrap = shutil.which("bwrap")
     assert bwrap is not None
     prefix: list[str] = []
@@ -300,8 +301,22 @@ def chown_tree(path: Path, owner: int) -> None:
 
 
 def sandbox_owner() -> int | None:
-    """The uid that must own the writable folders of a sandbox (None: the grader itself)."""
-    return NOBODY if mode() == "bwrap as nobody" else None
+    """The uid the sandboxed code runs as and that must own its writable folders (None: the grader's own).
+
+    A root grader runs it as ``nobody``: in the bubblewrap sandbox, and also with the limits
+    only (no bubblewrap), where ``nobody`` can run this Python; the code then cannot write what
+    root owns (the gradebook, a Gradescope ``results.json``).
+    """
+    current = mode()
+    if current == "bwrap as nobody" or (current == "limits only" and _nobody_runs_python()):
+        return NOBODY
+    return None
+
+
+@functools.cache
+def _nobody_runs_python() -> bool:
+    setpriv = shutil.which("setpriv")
+    return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", "pass"])
 
 
 def _copy_font_cache(home: Path) -> None:

@@ -8,7 +8,8 @@ For each assignment with graded submissions, and each exercise in it:
   from the graded notebooks' test-cell errors (a named mistake's message contains
   ``This looks like the mistake '<name>'`` and ``Section '<section>' of this notebook explains it.``);
 - the **other failures**, counted by message (numbers in a message are replaced by ``#``, so the
-  same failure on other values counts once);
+  same failure on other values counts once), leaving out those of students whose mistake on
+  that exercise was named (the visible check's failure of a named mistake is one of its symptoms);
 
 then the submissions that **could not be graded** (a grading note of kind ``failed``, or a
 submission with no graded notebook), and the **time** grading took, as far as the graded
@@ -161,6 +162,10 @@ def collect(names: list[str] | None = None, root: Path = ROOT, db_url: str | Non
                     cells = [c for nb in gb.find_assignment(name).notebooks for c in nb.grade_cells
                              if c.name.startswith("test_") and exercise_of(c.name) == exercise.name]
                     exercise.max_points = sum(c.max_score for c in cells)
+            for exercise in assignment.exercises.values():
+                # A student whose mistake was named on this exercise: their other failures are its symptoms.
+                named = set().union(*exercise.mistakes.values()) if exercise.mistakes else set()
+                exercise.failures = defaultdict(set, {m: s - named for m, s in exercise.failures.items() if s - named})
             report.ungraded += [(name, s, "submitted, but no graded copy in autograded/ (run make autograde)")
                                 for s in submitted if s not in graded]
             if assignment.students:

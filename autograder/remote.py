@@ -92,7 +92,8 @@ class Remote:
     def __repr__(self) -> str:
         return f"<your {self._kind}>"
 
-    def _handle(self) -> wire.Handle:
+    def __wire_handle__(self) -> wire.Handle:
+        """How :mod:`autograder.wire` sends this object back to the kernel: by its number there."""
         return wire.Handle(self._number)
 
     def _ask(self, request: dict) -> dict:
@@ -119,7 +120,7 @@ class Remote:
 
     def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden]) -> dict:
         self._checked(forbid, exercise)
-        request = dict(op, target=self._handle(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
+        request = dict(op, target=self.__wire_handle__(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
                        forbid=[[r.shown_as, sorted(r.names)] for r in forbid])
         reply = self._ask(request)
         if "failed" in reply:
@@ -160,13 +161,13 @@ class Remote:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        reply = self._ask({"op": "getattr", "target": self._handle(), "name": name})
+        reply = self._ask({"op": "getattr", "target": self.__wire_handle__(), "name": name})
         if "error" in reply:
             raise AttributeError(f"{self._kind} has no attribute {name!r}")
         return reply.get("value")
 
     def __len__(self) -> int:
-        reply = self._ask({"op": "len", "target": self._handle()})
+        reply = self._ask({"op": "len", "target": self.__wire_handle__()})
         if "error" in reply:
             raise _student_error(reply["error"])
         value = reply.get("value")

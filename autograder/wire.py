@@ -118,6 +118,8 @@ class _Writer:
             return {"mha": _mha_spec(x, self)}
         if kind is Handle:
             return {"handle": x.number}
+        if hasattr(kind, "__wire_handle__"):  # an object of the other side, sent back to it (a proxy)
+            return {"handle": x.__wire_handle__().number}
         if self.keep is not None:
             handle = self.keep(x)
             return {"handle": handle.number, "kind": handle.kind, "callable": handle.callable}

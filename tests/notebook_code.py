@@ -38,10 +38,41 @@ def imports_of(assignment: str) -> str:
     return "\n".join(lines)
 
 
+def provided_definitions(assignment: str) -> str:
+    """The functions and classes the notebook itself provides (its ordinary cells' top-level ``def`` and ``class``)."""
+    import ast
+
+    found = []
+    for cell in source_notebook(assignment).cells:
+        if cell.cell_type == "code" and not nbgrader_meta(cell):
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:
+                continue
+            found += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return "\n\n".join(found)
+
+
 def solution_namespace(assignment: str) -> types.SimpleNamespace:
-    """Execute the notebook's imports and answer cells; return the names they define."""
+    """Execute the notebook's imports, its own definitions and its answer cells; return the names they define."""
     namespace: dict = {}
     exec(compile(imports_of(assignment), f"<{assignment} imports>", "exec"), namespace)
+    exec(compile(provided_definitions(assignment), f"<{assignment} definitions>", "exec"), namespace)
     for grade_id, source in answer_cells(assignment).items():
         exec(compile(source, f"<{assignment}:{grade_id}>", "exec"), namespace)
     return types.SimpleNamespace(**{k: v for k, v in namespace.items() if not k.startswith("__")})
+
+
+def hidden_test_arguments(assignment: str) -> dict[str, list[str]]:
+    """exercise -> the names its hidden test cell passes to the check, in order (``check_x(x, KVCache)``)."""
+    import ast
+
+    found = {}
+    for cell in source_notebook(assignment).cells:
+        gid = nbgrader_meta(cell).get("grade_id", "")
+        if not (gid.startswith("test_") and gid.endswith("_hidden")):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+                found[gid[len("test_"):-len("_hidden")]] = [a.id for a in node.args if isinstance(a, ast.Name)]
+    return found

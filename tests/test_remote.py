@@ -21,7 +21,7 @@ from autograder.pipeline.course import assignments, module_name
 from autograder.remote import LocalChannel, Remote, lookup
 from autograder.student import attempt, call_student, expect_error, probe
 
-from .notebook_code import answer_cells, solution_namespace
+from .notebook_code import answer_cells, hidden_test_arguments, solution_namespace
 
 
 def proxy(name: str, value) -> Remote:
@@ -216,14 +216,21 @@ def hidden_module(assignment):
 def test_every_check_judges_proxies_as_it_judges_functions(assignment):
     """The reference passes every hidden check, and every mistake is named, through the wire."""
     module = hidden_module(assignment)
-    reference = solution_namespace(assignment)
+    reference = vars(solution_namespace(assignment))
+    arguments = hidden_test_arguments(assignment)
+
+    def judge(exercise: str, answer) -> None:
+        """The hidden check, given what its test cell gives it, each name a proxy into one namespace."""
+        channel = LocalChannel(dict(reference, **{exercise: answer}))
+        getattr(module, f"check_{exercise}")(*(lookup(channel, name)[1] for name in arguments[exercise]))
+
     for exercise in answer_cells(assignment):
         if hasattr(module, f"check_{exercise}"):
-            getattr(module, f"check_{exercise}")(proxy(exercise, getattr(reference, exercise)))
+            judge(exercise, reference[exercise])
     for exercise, mistakes in module.MISTAKES.items():
         for mistake in mistakes:
             with pytest.raises(CheckFailed) as failure:
-                getattr(module, f"check_{exercise}")(proxy(exercise, mistake.fn))
+                judge(exercise, mistake.fn)
             assert mistake.name in str(failure.value), (exercise, mistake.name, str(failure.value)[:500])
 
 

@@ -12,7 +12,7 @@ from autograder.pipeline.source_check import definition_closure, forbidden_use
 from autograder.remote import LocalChannel, lookup
 
 from .course_copy import reference_answers
-from .notebook_code import nbgrader_meta, solution_namespace, source_notebook
+from .notebook_code import hidden_test_arguments, nbgrader_meta, solution_namespace, source_notebook
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -32,10 +32,11 @@ CAUGHT = {
     "getattr of a glued string": sdpa("g = getattr(F, 'scaled_dot_' + 'product_attention')\nreturn g(Q, K, V)"),
     "getattr of a joined string": sdpa("g = getattr(F, ''.join(['scaled_dot_product', '_attention']))\nreturn g(Q, K, V)"),
     "passed on": sdpa("import functools\nreturn functools.partial(F.scaled_dot_product_attention, Q)(K, V)"),
-    "a method of a class": "class Attention:\n    def run(self, q, k, v):\n        return F.scaled_dot_product_attention(q, k, v)\n"
-                           + sdpa("return Attention().run(Q, K, V)"),
+    "a method of a class": "class Attention:\n    def run(self, q, k, v):\n"
+                           "        return F.scaled_dot_product_attention(q, k, v)\n" + sdpa("return Attention().run(Q, K, V)"),
     "guard switched off": sdpa("with torch._C.DisableTorchFunction():\n    return Q"),
-    "guard switched off by name": "from torch._C import DisableTorchFunctionSubclass as off\n" + sdpa("with off():\n    return Q"),
+    "guard switched off by name": "from torch._C import DisableTorchFunctionSubclass as off\n"
+                                  + sdpa("with off():\n    return Q"),
     "a thread": sdpa("import threading\nthreading.Thread(target=print).start()\nreturn Q"),
     "a process pool": sdpa("from concurrent.futures import ProcessPoolExecutor\nreturn Q"),
     "a magic in the cell": "%time x = 1\n" + sdpa("return F.scaled_dot_product_attention(Q, K, V)"),
@@ -96,13 +97,14 @@ def test_no_reference_solution_is_flagged_with_the_rules_its_checks_use(assignme
     sources = [answers.get(nbgrader_meta(c).get("grade_id"), c.source) for c in notebook.cells
                if c.cell_type == "code" and not (nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution"))]
     module = importlib.import_module(f"autograder.hidden.{module_name(assignment)}")
-    reference = solution_namespace(assignment)
+    reference = vars(solution_namespace(assignment))
+    arguments = hidden_test_arguments(assignment)
     asked = []
     for exercise in answers:
         if not hasattr(module, f"check_{exercise}"):
             continue
-        channel = SourceChannel({exercise: getattr(reference, exercise)}, sources)
-        getattr(module, f"check_{exercise}")(lookup(channel, exercise)[1])
+        channel = SourceChannel(reference, sources)
+        getattr(module, f"check_{exercise}")(*(lookup(channel, name)[1] for name in arguments[exercise]))
         asked += channel.asked
     forbidding = sorted({name for name, rules in asked if rules})
     print(assignment, "exercises read for forbidden built-ins:", forbidding)

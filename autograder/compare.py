@@ -1,19 +1,30 @@
-"""Comparisons that explain themselves: shape, dtype and values with the largest error."""
+"""Comparisons that explain themselves: shape, dtype and values with the largest error, and how they differ."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .errors import fail
+from .diagnoses import explain_device, explain_shape, explain_values
+from .errors import CheckFailed, fail
 from .remote import Remote
 
 
+class Mismatch(CheckFailed):
+    """A result that differs from the expected one: ``problem`` says what differs, ``notes`` how (may be empty)."""
+
+    def __init__(self, problem: str, notes: Sequence[str] = ()) -> None:
+        self.problem, self.notes = problem, tuple(notes)
+        super().__init__("\n".join([problem, *self.notes]))
+
+
 def describe(x: Any) -> str:
-    """A short description of a value: a tensor's shape and dtype, or its type."""
+    """A short description of a value: a tensor's shape and dtype (and device when not the CPU), or its type."""
     if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+        where = "" if x.device.type == "cpu" else f" on the device '{x.device.type}'"
+        return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}{where}"
     if isinstance(x, Remote):
         return x.description
     if isinstance(x, tuple):
@@ -21,11 +32,26 @@ def describe(x: Any) -> str:
     return f"a {type(x).__name__}"
 
 
+#: What a tensor the grader cannot read is called: one on a device other than the CPU or meta.
+UNREADABLE_TENSOR = "a Tensor"
+
+
 def assert_tensor(x: Any, what: str) -> torch.Tensor:
     """Fail unless ``x`` is a tensor."""
+    if isinstance(x, Remote) and x.description == UNREADABLE_TENSOR:
+        fail(f"{what} should be a torch.Tensor on the device of the inputs, but it is a tensor the grader cannot "
+             "read, on another device (a GPU?): keep the result on the inputs' device (device=x.device), or "
+             "call .cpu() on it.")
     if not isinstance(x, torch.Tensor):
         fail(f"{what} should be a torch.Tensor, but it is {describe(x)}.")
     return x
+
+
+def assert_device(x: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Fail unless ``x`` is on the device type of ``expected`` (the inputs' device, or the one asked for)."""
+    if x.device.type != expected.device.type:
+        raise Mismatch(f"{what} should be on the device '{expected.device.type}', but it is on "
+                       f"'{x.device.type}'.", explain_device(x, expected))
 
 
 def assert_pair(result: Any, what: str, names: tuple[str, str] = ("output", "weights")) -> tuple:
@@ -67,7 +93,10 @@ def max_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, tupl
 
 
 def is_close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
-    """True when tensors (or tuples of tensors) agree in shape and value, NaNs included."""
+    """True when tensors (or tuples of tensors) agree in shape and value, NaNs included.
+
+    A ``meta`` tensor holds no values: it agrees with one of the same shape, dtype and device.
+    """
     if isinstance(expected, tuple):
         return (
             isinstance(actual, tuple)
@@ -78,6 +107,8 @@ def is_close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
         return False
     if actual.shape != expected.shape:
         return False
+    if actual.device.type == "meta" or expected.device.type == "meta":
+        return actual.device.type == expected.device.type and actual.dtype == expected.dtype
     return bool(
         torch.allclose(actual.detach().double(), expected.detach().double(), rtol=rtol, atol=atol, equal_nan=True)
     )
@@ -92,10 +123,16 @@ def assert_close(
     atol: float = 1e-9,
     hint: str = "",
 ) -> None:
-    """Fail unless ``actual`` matches ``expected``; the message gives the largest error and where."""
+    """Fail unless ``actual`` matches ``expected``; the message gives the largest error and where, and how it differs.
+
+    A ``meta`` expected tensor (no values) is matched by device and shape only.
+    """
     assert_tensor(actual, what)
-    assert_shape(actual, tuple(expected.shape), what)
-    if is_close(actual, expected, rtol, atol):
+    assert_device(actual, expected, what)
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise Mismatch(f"{what} should have shape {tuple(expected.shape)}, but it has shape {tuple(actual.shape)}.",
+                       explain_shape(actual, expected, rtol, atol))
+    if expected.device.type == "meta" or is_close(actual, expected, rtol, atol):
         return
     err, where = max_error(actual, expected)
     got = actual.detach()[where].item() if where or actual.dim() == 0 else actual.detach().item()
@@ -107,4 +144,15 @@ def assert_close(
     )
     if hint:
         message += "\n" + hint
-    fail(message)
+    raise Mismatch(message, explain_values(actual, expected, rtol, atol))
+
+
+def assert_matches(actual: Any, expected: torch.Tensor, what: str, *, rtol: float, atol: float) -> None:
+    """Fail unless ``actual`` is a tensor of ``expected``'s device, shape, dtype and values (within the tolerance)."""
+    assert_tensor(actual, what)
+    assert_device(actual, expected, what)
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise Mismatch(f"{what} should have shape {tuple(expected.shape)}, but it has shape {tuple(actual.shape)}.",
+                       explain_shape(actual, expected, rtol, atol))
+    assert_dtype(actual, expected.dtype, what)
+    assert_close(actual, expected, what, rtol=rtol, atol=atol)

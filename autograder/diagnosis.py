@@ -3,15 +3,23 @@
 Each exercise has a catalogue of :class:`Mistake`\\ s: a name, an explanation, the
 section of the notebook that teaches the right idea, and an implementation that makes
 exactly that mistake. A wrong answer is run on the same input as every mistake in the
-catalogue; the first mistake that produces the same result (or raises the same error)
-is named in the message.
+catalogue; the mistakes that produce the same result (or raise the same error) are named
+in the message, all of them when several give that result.
+
+The catalogue is instructor-only: the grader has it, the student's bundle does not.
+:func:`catalogue` finds it when it is there, so that the visible checks name catalogued
+mistakes at grading time, while in the bundle only the generic diagnoses of
+:mod:`autograder.diagnoses` speak.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .compare import is_close
 
@@ -42,12 +50,64 @@ class Outcome:
     mutated: tuple[int | str, ...] = ()  # positions (and keyword names) of the tensor arguments it changed
 
 
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _changed(before: Any, after: Any) -> bool:
+    if not isinstance(before, torch.Tensor) or before.device.type == "meta":
+        return False
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    return not bool(((before == after) | ((before != before) & (after != after))).all())
+
+
 def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None) -> Outcome:
-    """Call ``fn`` and record its result or its error (never raises)."""
+    """Call ``fn`` on copies of the tensor arguments; record its result or its error and what it changed in place.
+
+    Never raises, and never changes ``args``: a mistake that works in place must not change
+    the inputs the next mistake, or the next case, is run on.
+    """
+    kwargs = kwargs or {}
+    copies, kw_copies = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
     try:
-        return Outcome(value=fn(*args, **(kwargs or {})))
+        value = fn(*copies, **kw_copies)
     except Exception as error:  # noqa: BLE001 - a mistake may fail, that is its signature
         return Outcome(error=(type(error).__name__, str(error)))
+    mutated = (tuple(i for i, (a, b) in enumerate(zip(args, copies)) if _changed(a, b))
+               + tuple(k for k in kwargs if _changed(kwargs[k], kw_copies[k])))
+    return Outcome(value=value, mutated=mutated)
+
+
+def matching(
+    student: Outcome,
+    mistakes: Sequence[Mistake],
+    args: Sequence[Any],
+    kwargs: dict | None = None,
+    *,
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    same_mutation: bool = False,
+) -> list[Mistake]:
+    """Every mistake whose outcome on ``args`` equals the student's, one per name, in catalogue order.
+
+    With ``same_mutation``, a mistake must also change the same inputs in place (for an answer
+    whose only fault is that it changed them).
+    """
+    found: list[Mistake] = []
+    for mistake in mistakes:
+        if any(m.name == mistake.name for m in found):
+            continue
+        theirs = run(mistake.fn, args, kwargs)
+        if student.error is not None or theirs.error is not None:
+            if student.error == theirs.error:
+                found.append(mistake)
+            continue
+        if same_mutation and tuple(theirs.mutated) != tuple(student.mutated):
+            continue
+        if is_close(student.value, theirs.value, rtol, atol):
+            found.append(mistake)
+    return found
 
 
 def diagnose(
@@ -60,12 +120,33 @@ def diagnose(
     atol: float = 1e-8,
 ) -> Mistake | None:
     """The first mistake whose outcome on ``args`` equals the student's, or None."""
-    for mistake in mistakes:
-        theirs = run(mistake.fn, args, kwargs)
-        if student.error is not None or theirs.error is not None:
-            if student.error == theirs.error:
-                return mistake
-            continue
-        if is_close(student.value, theirs.value, rtol, atol):
-            return mistake
-    return None
+    found = matching(student, mistakes, args, kwargs, rtol=rtol, atol=atol)
+    return found[0] if found else None
+
+
+def name_mistakes(mistakes: Sequence[Mistake]) -> str:
+    """The paragraph naming the mistakes that fit: one message, or every one when several give the same result."""
+    if len(mistakes) == 1:
+        return mistakes[0].message()
+    if not mistakes:
+        return ""
+    return ("More than one known mistake gives exactly this result on this input; yours is one of them:\n"
+            + "\n".join(f"- {m.message()}" for m in mistakes))
+
+
+def catalogue(notebook: str, exercise: str) -> tuple[Mistake, ...]:
+    """The catalogued mistakes of ``exercise`` in notebook module ``notebook``, when this installation has them.
+
+    The grader has the instructor-only ``hidden`` package; the student's bundle does not, and
+    there the answer is ``()``. The catalogue is the module's dict from exercise names to lists
+    of :class:`Mistake`.
+    """
+    try:
+        module = importlib.import_module(f"{__package__}.hidden.{notebook}")
+    except ImportError:
+        return ()
+    for value in vars(module).values():
+        if isinstance(value, dict) and exercise in value and isinstance(value[exercise], list | tuple) \
+                and all(isinstance(m, Mistake) for m in value[exercise]):
+            return tuple(value[exercise])
+    return ()

@@ -1,4 +1,4 @@
-"""Compare a student's function with a reference on many inputs, and name the mistake."""
+"""Compare a student's function with a reference on many inputs, say how it differs, and name the mistake."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from .compare import assert_close, assert_dtype, assert_shape, assert_tensor, describe
-from .diagnosis import Mistake, diagnose
+from .compare import Mismatch, assert_matches, describe
+from .diagnoses import explain_mutation, explain_number
+from .diagnosis import Mistake, Outcome, catalogue, matching, name_mistakes
 from .errors import CheckFailed, fail
 from .guard import Forbidden
 from .student import attempt, describe_error
@@ -35,6 +36,8 @@ class Case:
 
 def _short(value: Any) -> str:
     if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            return f"<shape {tuple(value.shape)}, {value.dtype}, on the device '{value.device.type}'>"
         if value.numel() <= 6:
             return f"tensor({value.tolist()}, dtype={value.dtype})"
         return f"<shape {tuple(value.shape)}, {value.dtype}>"
@@ -50,12 +53,11 @@ def _compare(actual: Any, expected: Any, outputs: Sequence[str] | None, exercise
         what = f"The {name} of {exercise}" if len(outputs) > 1 else f"The result of {exercise}"
         if not isinstance(want, torch.Tensor):
             if got != want:
-                fail(f"{what} should be {want!r}, but it is {got!r}.")
+                notes = (explain_number(got, want) if isinstance(got, float) and isinstance(want, float)
+                         and not isinstance(got, bool) else [])
+                raise Mismatch(f"{what} should be {want!r}, but it is {got!r}.", notes)
             continue
-        assert_tensor(got, what)
-        assert_shape(got, tuple(want.shape), what)
-        assert_dtype(got, want.dtype, what)
-        assert_close(got, want, what, rtol=rtol, atol=atol)
+        assert_matches(got, want, what, rtol=rtol, atol=atol)
 
 
 def verify(
@@ -67,24 +69,39 @@ def verify(
     arg_names: Sequence[str],
     outputs: Sequence[str] | None = ("output", "weights"),
     forbid: Sequence[Forbidden] = (),
-    mistakes: Sequence[Mistake] = (),
+    mistakes: Sequence[Mistake] | None = None,
+    notebook: str | None = None,
     rtol: float = 1e-7,
     atol: float = 1e-9,
 ) -> None:
-    """Fail on the first case where ``fn`` differs from ``reference``.
+    """Fail on the first case where ``fn`` differs from ``reference`` or changes its inputs in place.
 
-    The message names the input, says what differs (type, shape, dtype, the largest
-    error and where) and, when the answer matches a mistake of the catalogue, names it.
+    The message names the input, says what differs (type, device, shape, dtype, the largest
+    error and where), how it differs (:mod:`autograder.diagnoses`) and, when the answer
+    matches mistakes of the catalogue, names them. ``mistakes`` left out: the catalogue of
+    ``exercise`` in the notebook module ``notebook``, when this installation has it (the
+    grader does, the student's bundle does not).
     """
+    if mistakes is None:
+        mistakes = catalogue(notebook, exercise) if notebook else ()
     for case in cases:
         outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
+        if error is not None:
+            _fail_case(case, arg_names, describe_error(f"{exercise}(...)", error), outcome, mistakes)
         try:
-            if error is not None:
-                fail(describe_error(f"{exercise}(...)", error))
             _compare(outcome.value, reference(*case.args, **case.kwargs), outputs, exercise, rtol, atol)
         except CheckFailed as problem:
-            message = f"With the input {case.describe(arg_names)}:\n{problem}"
-            mistake = diagnose(outcome, mistakes, case.args, case.kwargs)
-            if mistake is not None:
-                message += "\n" + mistake.message()
-            raise CheckFailed(message) from None
+            notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
+            _fail_case(case, arg_names, str(problem), outcome, mistakes, notes)
+        if outcome.mutated:
+            problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
+            _fail_case(case, arg_names, problem, outcome, mistakes, same_mutation=True)
+
+
+def _fail_case(case: Case, arg_names: Sequence[str], problem: str, outcome: Outcome, mistakes: Sequence[Mistake],
+               notes: Sequence[str] = (), *, same_mutation: bool = False) -> None:
+    message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
+    found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation)
+    if found:
+        message += "\n" + name_mistakes(found)
+    raise CheckFailed(message) from None

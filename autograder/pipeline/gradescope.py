@@ -5,7 +5,7 @@ format Gradescope documents for autograders (gradescope-autograders.readthedocs.
 Specifications"): at the root of the zip
 
 - ``setup.sh``: run once, as root, when Gradescope builds the image: Python 3.11, bubblewrap and
-  the exact pins of ``pyproject.toml`` (``requirements.txt``) in ``/autograder/venv``;
+  the exact pins of ``pyproject.toml`` that grading needs, in ``/autograder/venv``;
 - ``run_autograder``: run for each submission; it calls :func:`run`;
 - ``autograder/``: the whole package, the hidden checks and the pipeline included (Gradescope
   never shows ``/autograder/source`` to students; the student bundle never holds them);
@@ -87,10 +87,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # -- building the zip ----------------------------------------------------------------------
 
 
-def requirements(root: Path = ROOT) -> str:
-    """The pinned packages grading needs (read from pyproject.toml), one per line."""
+def setup_script(root: Path = ROOT) -> str:
+    """``setup.sh`` with the pins of pyproject.toml that grading needs written into its ``pip install``."""
     pins = _pins(root)
-    return "".join(f"{pins[name]}\n" for name in GRADING_PACKAGES)
+    return (FILES / "setup.sh").read_text().replace("@PINS@", " ".join(f'"{pins[name]}"' for name in GRADING_PACKAGES))
 
 
 def _course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:
@@ -132,10 +132,9 @@ def build_one(assignment: str, output: Path, root: Path = ROOT, hidden_visibilit
     with tempfile.TemporaryDirectory(prefix="gradescope-build-") as work:
         course = _course_files(assignment, root, Path(work))
         with zipfile.ZipFile(output, "w") as archive:
-            for script in SCRIPTS:
-                _add(archive, script, (FILES / script).read_bytes(), executable=True)
+            _add(archive, "setup.sh", setup_script(root).encode(), executable=True)
+            _add(archive, "run_autograder", (FILES / "run_autograder").read_bytes(), executable=True)
             _add(archive, CONFIG, (json.dumps(config, indent=1) + "\n").encode())
-            _add(archive, "requirements.txt", requirements(root).encode())
             for name, path in {**_package_files(root), **course}.items():
                 _add(archive, name, path.read_bytes())
     return output

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu). It installs
 # what grading needs: Python 3.11, bubblewrap (the sandbox of the student's code) and the course's
-# exact pins (requirements.txt, written from pyproject.toml by `make gradescope`).
+# exact pins.
 set -euo pipefail
 
 ROOT="${AUTOGRADER_GRADESCOPE_ROOT:-/autograder}"
@@ -22,9 +22,10 @@ apt-get install -y --no-install-recommends python3.11 python3.11-venv
 
 python3.11 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-# torch==2.13.0 and the other pins; the CPU build of torch when PyTorch's CPU index has it (smaller).
+# The exact pins of pyproject.toml that grading needs (written here by `make gradescope`); torch's CPU
+# build when PyTorch's CPU index has that version (a local version such as 2.13.0+cpu meets the pin).
 "$VENV/bin/python" -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu \
-    -r "$SOURCE/requirements.txt"
+    @PINS@
 
 # The grader and the student's kernel import the course's package from $SOURCE (no copy elsewhere).
 PURELIB="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

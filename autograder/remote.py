@@ -177,14 +177,20 @@ class Remote:
 
 
 def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
-    """``(True, value)`` for a name the student's notebook defines (a :class:`Remote` or plain data), else ``(False, None)``."""
+    """``(True, value)`` for a name the student's notebook defines (a :class:`Remote` or plain data), else ``(False, None)``.
+
+    Raises :class:`~autograder.errors.CheckFailed` when the kernel's answer cannot be read.
+    """
     resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name)  # noqa: E731
     try:
         reply = wire.decode(channel.request(wire.encode({"op": "name", "name": name})), resolve=resolver)
-    except wire.WireError:
+    except wire.WireError as error:
+        fail(f"The kernel's answer, when the check asked for {name}, could not be read ({error}).")
+    if isinstance(reply, dict) and reply.get("undefined") is True:
         return False, None
     if not isinstance(reply, dict) or "value" not in reply:
-        return False, None
+        fail(str(reply.get("failed")) if isinstance(reply, dict) and "failed" in reply else
+             f"The kernel's answer, when the check asked for {name}, could not be read.")
     return True, reply["value"]
 
 

@@ -449,7 +449,7 @@ CASES = {
     "self_undoing": (self_undoing, TESTS_OF["soft_lookup"], ["not what it should be"]),
     "evade_scan": (evade_scan, ALL, ["not what it should be"]),
     "startup_file": (startup_file, TESTS_OF["hard_lookup"] + TESTS_OF["nadaraya_watson"], ["exited with code 3"]),
-    "shadow": (shadow, ALL, ["'bool' object is not callable"]),
+    "shadow": (shadow, ALL, ["could not be read"]),
     "guard_thread": (guard_thread, TESTS_OF["scaled_dot_product_attention"], ["Thread", "another thread"]),
     "guard_off": (guard_off, TESTS_OF["scaled_dot_product_attention"], ["DisableTorchFunction"]),
     "leak": (leak, [], []),
@@ -549,7 +549,7 @@ def test_a_hostile_class(tmp_path):
     check(not live, f"html_inject: the student's script is live in the feedback page: {live}")
     exit_notes = (course / "autograded" / "exit_call" / A / NOTES_FILE).read_text()
     check("not run" not in exit_notes and exit_notes.count("The kernel") == 1, f"exit_call: {exit_notes[:500]}")
-    check("SOURCE:" not in printed("leak"), "leak: the hidden module could be read")
+    check("def _lookup_cases" not in printed("leak"), "leak: the hidden module could be read")
 
     # nothing is left running
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])

@@ -157,7 +157,8 @@ class ResilientExecute(Execute):
                 self._recover()
                 if attempt == 0 and not started and self._given_up is None:
                     continue  # the kernel may have died of an earlier cell (exit()): try this one again
-                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, self._death_message(code))]
+                message = self._death_message(code, asked_exit=self._asked_exit)
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, message)]
                 return cell, self.resources
             if self._timed_out:
                 # the interrupt's KeyboardInterrupt says less than the timeout's own message
@@ -168,7 +169,8 @@ class ResilientExecute(Execute):
                 # the cell returned, but its kernel is gone, going (exit() stops it a moment later) or gone
                 # silent (a thread that ends it): this cell is to blame, and it is never run again
                 code = self._exit_code()
-                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, self._death_message(code))]
+                message = self._death_message(code, asked_exit=self._asked_exit)
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, message)]
                 self._recover()
             elif not is_test_cell(cell):
                 self._replay.append(index)
@@ -256,6 +258,7 @@ class ResilientExecute(Execute):
         reply = await self._async_reply_to(msg_id)
         await self._async_collect_streams(msg_id)
         if self._asks_exit(reply):
+            self._asked_exit = True
             raise remote.KernelDied()  # the student's function called exit(): the kernel stops in a moment
         content = reply.get("content", {})
         result = content.get("user_expressions", {}).get("r", {}) if content.get("status") == "ok" else {}
@@ -311,9 +314,10 @@ class ResilientExecute(Execute):
     def _remaining(self) -> float:
         return self.notebook_timeout - (monotonic() - self._started)
 
-    def _death_message(self, code: int | None) -> str:
+    def _death_message(self, code: int | None, asked_exit: bool = False) -> str:
+        how = "it called exit() or quit(), which ends the kernel" if asked_exit else describe_exit(code)
         return (
-            f"The kernel (the Python process running this notebook) stopped while this cell ran: {describe_exit(code)}. "
+            f"The kernel (the Python process running this notebook) stopped while this cell ran: {how}. "
             "Everything the notebook had defined was lost, so the grader started a new kernel, ran the cells "
             "before this one again, and went on with the next cell."
         )

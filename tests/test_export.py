@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import export, grade
 
 from .course_copy import make_course
+
+pytestmark = pytest.mark.slow  # releases a course copy with nbgrader
 
 ASSIGNMENT = "01_soft_lookup"
 

@@ -92,6 +92,7 @@ def hostile_notebook(course: Path) -> nbformat.NotebookNode:
     return notebook
 
 
+@pytest.mark.slow
 def test_nothing_a_student_wrote_can_run_in_the_page(course):
     graded(course, "hostile", hostile_notebook(course))
     run = feedback.feedback([ASSIGNMENT], root=course)
@@ -114,6 +115,7 @@ def test_nothing_a_student_wrote_can_run_in_the_page(course):
     assert "<b>bold</b>" in text
 
 
+@pytest.mark.slow
 def test_the_sanitiser_is_what_stops_it(course):
     """Without SanitizeOutputs and the markdown cleaning, the same notebook's scripts are in the page."""
     graded(course, "hostile_unsafe", hostile_notebook(course))
@@ -129,6 +131,7 @@ def test_the_sanitiser_is_what_stops_it(course):
         exporter, {"cell": {}}, PAYLOADS["markdown script"])
 
 
+@pytest.mark.slow
 def test_hidden_test_source_is_never_shown(course):
     notebook = released(course, ASSIGNMENT)
     test_cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id", "").endswith("_hidden"))
@@ -139,6 +142,7 @@ def test_hidden_test_source_is_never_shown(course):
     assert "secret_check" not in text and "BEGIN HIDDEN TESTS" not in text
 
 
+@pytest.mark.slow
 def test_any_text_is_written(course):
     notebook = released(course, ASSIGNMENT)
     notebook.cells[0].source += "\nA lone surrogate: \ud800."
@@ -153,6 +157,7 @@ def test_any_text_is_written(course):
     assert "surrogates" not in " ".join(run.broken)
 
 
+@pytest.mark.slow
 def test_a_broken_submission_stops_nothing(course):
     """A notebook that cannot be read, and a student whose name is not UTF-8, get pages saying so; the next student too."""
     graded(course, "aaa_broken", b"{ this is not a notebook \xff")
@@ -174,12 +179,14 @@ def test_a_broken_submission_stops_nothing(course):
     assert not list((course / "feedback").rglob(".page-*")), "a temporary page was left behind"
 
 
+@pytest.mark.slow
 def test_notes_alone_get_a_page(course):
     graded(course, "no_notebook", None, [Note("missing", "01_soft_lookup.ipynb was not in your submission.")])
     feedback.feedback([ASSIGNMENT], root=course)
     assert "was not in your submission" in page_of(course, "no_notebook").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_maths_is_served_from_the_feedback_folder(course):
     graded(course, "maths", released(course, ASSIGNMENT))
     feedback.feedback([ASSIGNMENT], root=course)

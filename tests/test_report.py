@@ -6,12 +6,15 @@ import json
 import re
 
 import nbformat
+import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import grade, report
 from autograder.pipeline.integrity import Note, write_notes
 
 from .course_copy import make_course, released
+
+pytestmark = pytest.mark.slow  # releases a course copy with nbgrader
 
 ASSIGNMENT = "01_soft_lookup"
 EXERCISE = "scaled_dot_product_attention"

@@ -107,13 +107,13 @@ def read_cells(path: Path, assignment: Assignment, student: str) -> None:
         text = failure_text(cell)
         if not text:
             continue
-        named = MISTAKE.search(text)
-        if named:
-            exercise.mistakes[named["name"]].add(student)
-            section = SECTION.search(text)
+        named = list(MISTAKE.finditer(text))
+        for match in named:  # a message may name more than one mistake, each followed by its section
+            exercise.mistakes[match["name"]].add(student)
+            section = SECTION.search(text, match.end())
             if section:
-                exercise.sections[named["name"]] = section["section"]
-        else:
+                exercise.sections.setdefault(match["name"], section["section"])
+        if not named:
             exercise.failures[uncatalogued(text)].add(student)
 
 

@@ -52,6 +52,9 @@ def test_class_report(tmp_path):
     visible = "With the input Q = <shape (3, 4)>: the largest error is {} at index [{}, 1]."
     graded(course, "ann", {f"test_{EXERCISE}": visible.format("0.133", 0), f"test_{EXERCISE}_hidden": NAMED})
     graded(course, "ben", {f"test_{EXERCISE}": visible.format("0.244", 2), f"test_{EXERCISE}_hidden": NAMED})
+    two = NAMED + (" This looks like the mistake 'softmax over the wrong axis': rows must sum to one. Section "
+                   "'2. Making the lookup soft' of this notebook explains it.")
+    graded(course, "gus", {f"test_{EXERCISE}_hidden": two})
     graded(course, "fay", {f"test_{EXERCISE}": visible.format("0.5", 3)})  # a failure no mistake explains
     graded(course, "cat", {"test_hard_lookup": "<script>alert('x')</script> hard_lookup is not written yet"})
     failed = course / "autograded" / "dan" / ASSIGNMENT
@@ -64,14 +67,16 @@ def test_class_report(tmp_path):
 
     result = report.write_report([ASSIGNMENT], root=course)
 
-    assert str(result) == ("report: report/index.html: 4 graded submissions of 1 assignments; "
-                           "2 named mistakes, 2 other failures, 2 could not be graded")
+    assert str(result) == ("report: report/index.html: 5 graded submissions of 1 assignments; "
+                           "4 named mistakes, 2 other failures, 2 could not be graded")
     (assignment,) = result.assignments
     sdpa = assignment.exercises[EXERCISE]
     assert sdpa.max_points == sdpa_max
-    assert sdpa.points == {"ann": 0.0, "ben": 0.0, "cat": sdpa_max, "fay": sdpa_max - cells[f"test_{EXERCISE}"]}
-    assert dict(sdpa.mistakes) == {"no scaling": {"ann", "ben"}}
-    assert sdpa.sections == {"no scaling": "6. Scaled dot-product attention"}
+    assert sdpa.points == {"ann": 0.0, "ben": 0.0, "cat": sdpa_max, "fay": sdpa_max - cells[f"test_{EXERCISE}"],
+                           "gus": sdpa_max - cells[f"test_{EXERCISE}_hidden"]}
+    assert dict(sdpa.mistakes) == {"no scaling": {"ann", "ben", "gus"}, "softmax over the wrong axis": {"gus"}}
+    assert sdpa.sections == {"no scaling": "6. Scaled dot-product attention",
+                             "softmax over the wrong axis": "2. Making the lookup soft"}
     # The same failure on other numbers is one message; ann's and ben's are symptoms of their named mistake.
     assert dict(sdpa.failures) == {
         "CheckFailed: With the input Q = <shape (#, #)>: the largest error is # at index [#, #].": {"fay"}}
@@ -80,9 +85,9 @@ def test_class_report(tmp_path):
                                (ASSIGNMENT, "eve", "submitted, but no graded copy in autograded/ (run make autograde)")]
 
     page = (course / "report" / "index.html").read_text(encoding="utf-8")
-    assert re.search(r"<td>no scaling</td><td>2</td><td>6\. Scaled dot-product attention</td>", page)
+    assert re.search(r"<td>no scaling</td><td>3</td><td>6\. Scaled dot-product attention</td>", page)
     assert "<script>" not in page and "&lt;script&gt;" in page
-    assert f"1 of 4 students have full marks ({sdpa_max:g} points)" in page
+    assert f"1 of 5 students have full marks ({sdpa_max:g} points)" in page
     png = course / "report" / f"{ASSIGNMENT}-scores.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"src='{ASSIGNMENT}-scores.png'" in page

@@ -17,7 +17,9 @@ from autograder.checks import flash_backward as visible
 from autograder.errors import CheckFailed
 from autograder.hidden import flash_backward as hidden
 from autograder.hidden.flash_backward import MISTAKES
+from autograder.pipeline.source_check import forbidden_use
 
+from .course_copy import mistake_source
 from .notebook_code import solution_namespace, source_notebook
 
 ASSIGNMENT = "08_flash_backward"
@@ -156,6 +158,37 @@ def test_mistakes_are_named_through_proxies(solution, exercise, name):
     with pytest.raises(CheckFailed) as failure:
         getattr(hidden, f"check_{exercise}")(proxy)
     assert f"'{name}'" in str(failure.value), str(failure.value)
+
+
+class SourceReadingChannel(remote.LocalChannel):
+    """A channel that reads the student's source for forbidden built-ins, as grading does."""
+
+    def __init__(self, namespace: dict, sources: list[str]) -> None:
+        super().__init__(namespace)
+        self.sources = sources
+
+    def forbidden_use(self, name, rules, exercise):
+        return forbidden_use(self.sources, name, rules, exercise)
+
+
+@pytest.mark.parametrize(("exercise", "name"), [
+    ("softmax_backward", "the gradient by autograd"),
+    ("attention_backward", "the gradients by autograd"),
+])
+def test_autograd_found_in_the_source_is_named(solution, exercise, name):
+    """When a notebook is graded, the student's source is read before the function runs: the message
+    then says the code *uses* the built-in, and the mistake is still named."""
+    mistake = next(m for m in MISTAKES[exercise] if m.name == name)
+    source = mistake_source(mistake, exercise)
+    namespace = dict(vars(solution))
+    exec(compile("import math\nimport torch\n" + source, "<answer>", "exec"), namespace)
+    channel = SourceReadingChannel(namespace, ["import math\nimport torch", source])
+    found, proxy = remote.lookup(channel, exercise)
+    assert found
+    with pytest.raises(CheckFailed) as failure:
+        getattr(hidden, f"check_{exercise}")(proxy)
+    message = str(failure.value)
+    assert f"{exercise}'s code uses torch.autograd.grad" in message and f"'{name}'" in message, message
 
 
 # --- the tensor watch: no n x m tensor, both axes tiled, little memory alive -------------------------

@@ -861,14 +861,19 @@ _GUARD_MISTAKES = {
 }
 
 
+#: How the guard (when the function is called) and the reading of the student's source (before that,
+#: when a notebook is graded) say that automatic differentiation was used.
+_AUTOGRAD_USED = tuple(f"{verb} {shown}" for verb in ("called", "uses") for shown in ("torch.autograd.grad", "Tensor.backward"))
+
+
 @contextlib.contextmanager
 def _autograd_named(exercise: str) -> Iterator[None]:
-    """When the guard stopped automatic differentiation, add the catalogue's explanation."""
+    """When the guard or the source reading stopped automatic differentiation, add the catalogue's explanation."""
     try:
         yield
     except CheckFailed as error:
         text = str(error)
-        if "called torch.autograd.grad" in text or "called Tensor.backward" in text:
+        if any(words in text for words in _AUTOGRAD_USED):
             mistake = next(m for m in MISTAKES[exercise] if m.name == _GUARD_MISTAKES[exercise])
             raise CheckFailed(f"{text}\n{mistake.message()}") from None
         raise

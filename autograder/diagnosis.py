@@ -88,11 +88,14 @@ def matching(
     rtol: float = 1e-6,
     atol: float = 1e-8,
     same_mutation: bool = False,
+    right: Callable[[Any], bool] | None = None,
 ) -> list[Mistake]:
     """Every mistake whose outcome on ``args`` equals the student's, one per name, in catalogue order.
 
     With ``same_mutation``, a mistake must also change the same inputs in place (for an answer
-    whose only fault is that it changed them).
+    whose only fault is that it changed them). ``right(value)`` says whether a value passes the
+    check: a mistake that happens to give a right answer on this input names nothing (an
+    imprecise answer must not be told it scaled by sqrt(d_v) on an input where d_v = d_k).
     """
     found: list[Mistake] = []
     for mistake in mistakes:
@@ -105,9 +108,18 @@ def matching(
             continue
         if same_mutation and tuple(theirs.mutated) != tuple(student.mutated):
             continue
+        if not same_mutation and right is not None and _is_right(right, theirs.value):
+            continue
         if is_close(student.value, theirs.value, rtol, atol):
             found.append(mistake)
     return found
+
+
+def _is_right(right: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(right(value))
+    except Exception:  # noqa: BLE001 - a value the comparison cannot even read is not right
+        return False
 
 
 def diagnose(

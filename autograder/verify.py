@@ -86,22 +86,31 @@ def verify(
         mistakes = catalogue(notebook, exercise) if notebook else ()
     for case in cases:
         outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
+        expected = reference(*case.args, **case.kwargs)
+
+        def right(value: Any, expected: Any = expected) -> bool:
+            try:
+                _compare(value, expected, outputs, exercise, rtol, atol)
+            except CheckFailed:
+                return False
+            return True
+
         if error is not None:
-            _fail_case(case, arg_names, describe_error(f"{exercise}(...)", error), outcome, mistakes)
+            _fail_case(case, arg_names, describe_error(f"{exercise}(...)", error), outcome, mistakes, right)
         try:
-            _compare(outcome.value, reference(*case.args, **case.kwargs), outputs, exercise, rtol, atol)
+            _compare(outcome.value, expected, outputs, exercise, rtol, atol)
         except CheckFailed as problem:
             notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
-            _fail_case(case, arg_names, str(problem), outcome, mistakes, notes)
+            _fail_case(case, arg_names, str(problem), outcome, mistakes, right, notes)
         if outcome.mutated:
             problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
-            _fail_case(case, arg_names, problem, outcome, mistakes, same_mutation=True)
+            _fail_case(case, arg_names, problem, outcome, mistakes, right, same_mutation=True)
 
 
 def _fail_case(case: Case, arg_names: Sequence[str], problem: str, outcome: Outcome, mistakes: Sequence[Mistake],
-               notes: Sequence[str] = (), *, same_mutation: bool = False) -> None:
+               right: Callable[[Any], bool], notes: Sequence[str] = (), *, same_mutation: bool = False) -> None:
     message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
-    found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation)
+    found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right)
     if found:
         message += "\n" + name_mistakes(found)
     raise CheckFailed(message) from None

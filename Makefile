@@ -64,6 +64,10 @@ report: setup ## report/index.html: the class report (scores per exercise, named
 student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, README, one-command setup
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 
+.PHONY: gradescope
+gradescope: setup ## dist/gradescope/NN_name.zip: a Gradescope autograder per notebook (HIDDEN_VISIBILITY=after_published)
+	$(BIN)/python -m autograder.pipeline.gradescope build $(ASSIGNMENTS) $(if $(HIDDEN_VISIBILITY),--hidden-visibility $(HIDDEN_VISIBILITY))
+
 bench: setup ## time and memory of attention implementations (bench/results/)
 	$(BIN)/python bench/attention_bench.py
 

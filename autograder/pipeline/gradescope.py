@@ -61,8 +61,8 @@ ROOT_VARIABLE = "AUTOGRADER_GRADESCOPE_ROOT"
 FILES = Path(__file__).with_name("gradescope_files")
 SCRIPTS = ("setup.sh", "run_autograder")
 CONFIG = "gradescope.json"
-#: The packages grading needs, pinned as in pyproject.toml (setup.sh installs them).
-GRADING_PACKAGES = ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader", "psutil")
+#: Pins of pyproject.toml that grading does not need (the developer's tools); setup.sh installs all the others.
+NOT_FOR_GRADING = ("nbval", "pytest", "pytest-xdist", "ruff", "psycopg2-binary", "jupyter-server-mathjax", "playwright")
 #: Gradescope's visibility settings (its specification, "Controlling Test Case Visibility").
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 HIDDEN_VISIBILITY = "after_published"
@@ -87,10 +87,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # -- building the zip ----------------------------------------------------------------------
 
 
+def grading_pins(root: Path = ROOT) -> list[str]:
+    """The exact pins of pyproject.toml that grading needs (``torch==2.13.0``, ...), in its order."""
+    return [pin for name, pin in _pins(root).items() if name not in NOT_FOR_GRADING]
+
+
 def setup_script(root: Path = ROOT) -> str:
-    """``setup.sh`` with the pins of pyproject.toml that grading needs written into its ``pip install``."""
-    pins = _pins(root)
-    return (FILES / "setup.sh").read_text().replace("@PINS@", " ".join(f'"{pins[name]}"' for name in GRADING_PACKAGES))
+    """``setup.sh`` with :func:`grading_pins` written into its ``pip install``."""
+    return (FILES / "setup.sh").read_text().replace("@PINS@", " ".join(f'"{pin}"' for pin in grading_pins(root)))
 
 
 def _course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:

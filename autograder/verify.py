@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .compare import Mismatch, assert_matches, describe
+from .compare import Mismatch, assert_matches, describe, is_close
 from .diagnoses import explain_mutation, explain_number
 from .diagnosis import Mistake, Outcome, catalogue, matching, name_mistakes
 from .errors import CheckFailed, fail
@@ -95,22 +96,82 @@ def verify(
                 return False
             return True
 
+        def others(case: Case = case) -> Iterator[tuple[Case, Outcome]]:
+            for other in cases:
+                if other is not case:
+                    yield other, attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)[0]
+
+        problem, notes, same_mutation = None, [], False
         if error is not None:
-            _fail_case(case, arg_names, describe_error(f"{exercise}(...)", error), outcome, mistakes, right)
-        try:
-            _compare(outcome.value, expected, outputs, exercise, rtol, atol)
-        except CheckFailed as problem:
-            notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
-            _fail_case(case, arg_names, str(problem), outcome, mistakes, right, notes)
-        if outcome.mutated:
+            problem = describe_error(f"{exercise}(...)", error)
+        else:
+            try:
+                _compare(outcome.value, expected, outputs, exercise, rtol, atol)
+            except CheckFailed as failure:
+                problem = str(failure)
+                notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
+        if problem is None and outcome.mutated:
             problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
-            _fail_case(case, arg_names, problem, outcome, mistakes, right, same_mutation=True)
+            same_mutation = True
+        if problem is not None:
+            found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right)
+            message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
+            raise CheckFailed(message + ("\n" + name_mistakes(narrowed(found, others())) if found else "")) from None
 
 
-def _fail_case(case: Case, arg_names: Sequence[str], problem: str, outcome: Outcome, mistakes: Sequence[Mistake],
-               right: Callable[[Any], bool], notes: Sequence[str] = (), *, same_mutation: bool = False) -> None:
-    message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
-    found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right)
-    if found:
-        message += "\n" + name_mistakes(found)
-    raise CheckFailed(message) from None
+def narrowed(found: list[Mistake], others: Iterable[tuple[Case, Outcome]]) -> list[Mistake]:
+    """Of several mistakes that fit one input, those that also fit the student's results on the other inputs.
+
+    Two mistakes can give the same result on one input (4 bytes assumed and two matrices counted,
+    on float16): the student's answers to the other inputs tell them apart. When no mistake fits
+    them all, every one that fit the failing input is kept: each may be the student's.
+    """
+    if len(found) < 2:
+        return found
+    remaining = list(found)
+    try:
+        for other, outcome in others:
+            still = matching(outcome, remaining, other.args, other.kwargs)
+            if not still:
+                return found
+            remaining = still
+            if len(remaining) == 1:
+                break
+    except CheckFailed:  # a forbidden call or an unwritten exercise on another input: keep what fits this one
+        return found
+    return remaining
+
+
+@contextlib.contextmanager
+def naming_mistakes(
+    fn: Callable[..., Any],
+    case: Case,
+    expected: Any,
+    *,
+    exercise: str,
+    notebook: str,
+    forbid: Sequence[Forbidden] = (),
+    rtol: float = 1e-7,
+    atol: float = 1e-9,
+) -> Iterator[None]:
+    """Checks of properties inside: when one fails, name the catalogued mistakes that ``fn``'s result on ``case`` matches.
+
+    A check of a property (a norm kept, a row that sums to one) says what is wrong in
+    general; the student's result on ``case``, whose right answer is ``expected``, says which
+    catalogued mistake it is, when the grader has the catalogue (the bundle does not, and
+    nothing more runs there).
+    """
+    try:
+        yield
+    except CheckFailed as failure:
+        mistakes = catalogue(notebook, exercise)
+        if not mistakes:
+            raise
+        try:
+            outcome, _ = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
+        except CheckFailed:
+            raise failure from None
+        found = matching(outcome, mistakes, case.args, case.kwargs, right=lambda v: is_close(v, expected, rtol, atol))
+        if not found:
+            raise
+        raise CheckFailed(f"{failure}\n{name_mistakes(found)}") from None

@@ -294,8 +294,8 @@ def test_reference_flash_stays_far_below_the_budgets(solution):
     args = tuple(torch.randn(1, 96, 2, generator=gen, dtype=torch.float64) for _ in range(3)) + (8,)
     _, watch = hidden.watched_call(solution.flash_attention, args, {"is_causal": True}, exercise="flash_attention",
                                    rows=96, cols=96, max_elements=96 * 96)
-    assert watch.offender is None
-    assert watch.peak < 96 * 96 * 8 // 4, watch.peak  # under half of the budget (half a matrix)
+    assert watch["offender"] is None
+    assert watch["peak"] < 96 * 96 * 8 // 4, watch["peak"]  # under half of the budget (half a matrix)
 
 
 # --- the reference functions and the notebook's numbers ------------------------------------------

@@ -13,12 +13,16 @@ from typing import Any
 
 import torch
 
-from ..diagnosis import Mistake, Outcome, run
+from ..diagnoses import explain_number
+from ..diagnosis import Mistake, Outcome, catalogue, name_mistakes, run
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
 from ..student import attempt, call_student, describe_error, expect_error
 from ..verify import Case, verify
+
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "complexity"
 
 # --- numbers: a checker for exercises that return an int or a float ------------------------
 
@@ -51,17 +55,23 @@ def verify_number(
     exercise: str,
     arg_names: Sequence[str],
     integer: bool,
-    mistakes: Sequence[Mistake] = (),
+    mistakes: Sequence[Mistake] | None = None,
+    notebook: str | None = None,
     rel_tol: float = 1e-9,
     abs_tol: float = 1e-9,
 ) -> None:
     """Fail on the first ``(case, expected)`` where ``fn`` does not return ``expected``.
 
-    Integers must be equal and of type ``int``; floats equal within the tolerances. When
-    the wrong answer equals what a catalogued mistake returns, the message names it.
+    Integers must be equal and of type ``int``; floats equal within the tolerances. A float
+    that is the expected one rounded is told so. When the wrong answer equals what catalogued
+    mistakes return (``mistakes``, or the catalogue of ``notebook`` when the grader has it),
+    the message names them, all of them when several give that number.
     """
+    if mistakes is None:
+        mistakes = catalogue(notebook, exercise) if notebook else ()
     for case, expected in cases:
         outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise)
+        notes: list[str] = []
         try:
             if error is not None:
                 fail(describe_error(f"{exercise}(...)", error))
@@ -70,29 +80,45 @@ def verify_number(
             if problem:
                 fail(problem)
             if not _same_number(outcome.value, expected, integer, rel_tol, abs_tol):
+                if not integer:
+                    notes = explain_number(float(outcome.value), float(expected))
                 fail(f"{what} should be {expected!r}, but it is {outcome.value!r}.")
         except CheckFailed as failure:
-            message = f"With the input {case.describe(arg_names)}:\n{failure}"
-            mistake = _matching_mistake(outcome, mistakes, case, integer, rel_tol, abs_tol)
-            if mistake is not None:
-                message += "\n" + mistake.message()
+            message = "\n".join([f"With the input {case.describe(arg_names)}:", str(failure), *notes])
+            found = _matching_mistakes(outcome, mistakes, case, expected, integer, rel_tol, abs_tol)
+            if len(found) > 1:  # the student's answers to the other inputs may tell them apart
+                for other, _ in cases:
+                    if other is not case and len(found) > 1:
+                        theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise)
+                        found = _matching_mistakes(theirs, found, other, None, integer, rel_tol, abs_tol) or found
+            if found:
+                message += "\n" + name_mistakes(found)
             raise CheckFailed(message) from None
 
 
-def _matching_mistake(student: Outcome, mistakes: Sequence[Mistake], case: Case, integer: bool,
-                      rel_tol: float, abs_tol: float) -> Mistake | None:
+def _matching_mistakes(student: Outcome, mistakes: Sequence[Mistake], case: Case, expected: Any, integer: bool,
+                       rel_tol: float, abs_tol: float) -> list[Mistake]:
+    """Every mistake (one per name) that returns the student's number, or raises the student's error, on ``case``.
+
+    A mistake that returns the right number (``expected``; None: not known) on this case names nothing.
+    """
+    found: list[Mistake] = []
     for mistake in mistakes:
+        if any(m.name == mistake.name for m in found):
+            continue
         theirs = run(mistake.fn, case.args, case.kwargs)
         if student.error is not None or theirs.error is not None:
             if student.error == theirs.error:
-                return mistake
+                found.append(mistake)
+            continue
+        if expected is not None and _same_number(theirs.value, expected, integer, rel_tol, abs_tol):
             continue
         same_kind = not integer or isinstance(student.value, int) == isinstance(theirs.value, int)
         if same_kind and isinstance(theirs.value, (int, float)) and _same_number(
             student.value, theirs.value, False, rel_tol, abs_tol
         ):
-            return mistake
-    return None
+            found.append(mistake)
+    return found
 
 
 # --- the counting exercises ---------------------------------------------------------------------
@@ -111,7 +137,8 @@ def check_attention_flops(attention_flops) -> None:
         # 2 * 2*3*5*7*11 + 2 * 2*3*5*7*13 = 4620 + 5460
         (Case((2, 3, 5, 7, 11, 13), label="every size different"), 10080),
     ]
-    verify_number(attention_flops, cases, exercise="attention_flops", arg_names=FLOPS_ARGS, integer=True)
+    verify_number(attention_flops, cases, exercise="attention_flops", notebook=NOTEBOOK, arg_names=FLOPS_ARGS,
+                  integer=True)
     print("attention_flops passes the visible checks.")
 
 
@@ -122,8 +149,8 @@ def check_attention_memory_bytes(attention_memory_bytes) -> None:
         (Case((2, 4, 8, 16, torch.float16), label="1024 entries of 2 bytes"), 2048),
         (Case((3, 1, 5, 2, torch.float64), label="30 entries of 8 bytes"), 240),
     ]
-    verify_number(attention_memory_bytes, cases, exercise="attention_memory_bytes", arg_names=MEMORY_ARGS,
-                  integer=True)
+    verify_number(attention_memory_bytes, cases, exercise="attention_memory_bytes", notebook=NOTEBOOK,
+                  arg_names=MEMORY_ARGS, integer=True)
     print("attention_memory_bytes passes the visible checks.")
 
 
@@ -136,8 +163,8 @@ def check_fit_power_law(fit_power_law) -> None:
         (Case((ns, exact), label="cost = 5 n^2 exactly"), 2.0),
         (Case(([1, 2, 4, 8, 16], noisy), label="noisy data"), 1.4743992861060176),
     ]
-    verify_number(fit_power_law, cases, exercise="fit_power_law", arg_names=("ns", "costs"), integer=False,
-                  rel_tol=FIT_RTOL, abs_tol=FIT_ATOL)
+    verify_number(fit_power_law, cases, exercise="fit_power_law", notebook=NOTEBOOK, arg_names=("ns", "costs"),
+                  integer=False, rel_tol=FIT_RTOL, abs_tol=FIT_ATOL)
     expect_error(fit_power_law, [1, 2, 3], [1.0, 2.0], error=ValueError, what="fit_power_law([1, 2, 3], [1.0, 2.0])",
                  why="there are 3 sizes and 2 costs")
     print("fit_power_law passes the visible checks.")
@@ -162,8 +189,8 @@ def _attention_cases() -> list[Case]:
 
 
 def _check_attention(fn, exercise: str, size_name: str, cases: list[Case]) -> None:
-    verify(fn, cases, sdpa_reference, exercise=exercise, arg_names=("Q", "K", "V", size_name), outputs=None,
-           forbid=ATTENTION_BUILTINS, rtol=1e-9, atol=1e-11)
+    verify(fn, cases, sdpa_reference, exercise=exercise, notebook=NOTEBOOK, arg_names=("Q", "K", "V", size_name),
+           outputs=None, forbid=ATTENTION_BUILTINS, rtol=1e-9, atol=1e-11)
     gen = generator(71)
     expect_error(fn, randn(2, 3, 4, gen=gen), randn(2, 5, 3, gen=gen), randn(2, 5, 6, gen=gen), 2,
                  error=ValueError, what=f"{exercise}(Q (2, 3, 4), K (2, 5, 3), V (2, 5, 6), 2)",
@@ -211,7 +238,8 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
         dtype=torch.bool,
     )
     verify(sliding_window_mask, [Case((5, 2), label="each query sees itself and the previous key")],
-           lambda n, window: expected, exercise="sliding_window_mask", arg_names=("n", "window"), outputs=None)
+           lambda n, window: expected, exercise="sliding_window_mask", notebook=NOTEBOOK, arg_names=("n", "window"),
+           outputs=None)
     expect_error(sliding_window_mask, 4, 0, error=ValueError, what="sliding_window_mask(4, 0)",
                  why="a window must hold at least one key")
     print("sliding_window_mask passes the visible checks.")

@@ -14,6 +14,9 @@ from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error
 from ..verify import Case, verify
 
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "masking"
+
 INF = float("inf")
 
 
@@ -41,9 +44,10 @@ def lower_right_pattern(n: int, m: int) -> torch.Tensor:
 
 
 def causal_reference(n, m=None, *, align="top_left", device=None):
-    """The mask SDPA's ``is_causal=True`` (top-left) or ``causal_lower_right`` (bottom-right) uses."""
+    """The mask SDPA's ``is_causal=True`` (top-left) or ``causal_lower_right`` (bottom-right) uses, on ``device``."""
     m = n if m is None else m
-    return sdpa_causal_pattern(n, m) if align == "top_left" else lower_right_pattern(n, m)
+    mask = sdpa_causal_pattern(n, m) if align == "top_left" else lower_right_pattern(n, m)
+    return mask if device is None else mask.to(device)
 
 
 def padding_reference(lengths, max_len):
@@ -104,12 +108,14 @@ def check_to_additive_mask(to_additive_mask) -> None:
         Case((mask, torch.float32), label="float32"),
         Case((mask, torch.float64), label="float64"),
         Case((mask, torch.float16), label="float16: -inf, not a large negative number"),
+        Case((mask.to("meta"), torch.float32), label="a mask on the meta device: the result is on the mask's device"),
     ]
     verify(
         to_additive_mask,
         cases,
-        lambda mask, dtype: expected.to(dtype),
+        lambda mask, dtype: expected.to(device=mask.device, dtype=dtype),
         exercise="to_additive_mask",
+        notebook=NOTEBOOK,
         arg_names=("mask", "dtype"),
         outputs=None,
         rtol=0.0,
@@ -125,9 +131,10 @@ def check_causal_mask(causal_mask) -> None:
         Case((3, 5), {"align": "top_left"}, label="n < m, top-left like is_causal=True"),
         Case((3, 5), {"align": "bottom_right"}, label="n < m, bottom-right like causal_lower_right"),
         Case((5, 3), {"align": "bottom_right"}, label="n > m, bottom-right: the first rows see no key"),
+        Case((2, 3), {"device": "meta"}, label="device='meta': the mask is made on that device"),
     ]
-    verify(causal_mask, cases, causal_reference, exercise="causal_mask", arg_names=("n", "m"), outputs=None,
-           rtol=0.0, atol=0.0)
+    verify(causal_mask, cases, causal_reference, exercise="causal_mask", notebook=NOTEBOOK, arg_names=("n", "m"),
+           outputs=None, rtol=0.0, atol=0.0)
     expect_error(causal_mask, 3, 4, align="centre", error=ValueError, what="causal_mask(3, 4, align='centre')",
                  why="align must be 'top_left' or 'bottom_right'")
     print("causal_mask passes the visible checks.")
@@ -139,8 +146,8 @@ def check_padding_mask(padding_mask) -> None:
         Case((torch.tensor([3, 1, 4]), 4), label="the longest sequence fills max_len"),
         Case((torch.tensor([2, 0]), 5), label="an empty sequence"),
     ]
-    verify(padding_mask, cases, padding_reference, exercise="padding_mask", arg_names=("lengths", "max_len"),
-           outputs=None, rtol=0.0, atol=0.0)
+    verify(padding_mask, cases, padding_reference, exercise="padding_mask", notebook=NOTEBOOK,
+           arg_names=("lengths", "max_len"), outputs=None, rtol=0.0, atol=0.0)
     expect_error(padding_mask, torch.tensor([2, 6]), 5, error=ValueError, what="padding_mask(tensor([2, 6]), 5)",
                  why="a length of 6 does not fit in max_len = 5")
     print("padding_mask passes the visible checks.")
@@ -163,7 +170,7 @@ def check_masked_attention(masked_attention) -> None:
              label="causal and left padding: rows 0 and 1 of batch 0 have no allowed key"),
         Case((randn(3, 4, gen=gen), randn(3, 4, gen=gen), randn(3, 4, gen=gen)), label="no mask"),
     ]
-    verify(masked_attention, cases, masked_attention_reference, exercise="masked_attention",
+    verify(masked_attention, cases, masked_attention_reference, exercise="masked_attention", notebook=NOTEBOOK,
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS)
     result = call_student(masked_attention, *cases[2].args, **cases[2].kwargs, what="masked_attention(...)",
                           forbid=ATTENTION_BUILTINS)

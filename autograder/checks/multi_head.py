@@ -5,11 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..diagnosis import Mistake, catalogue
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
+
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "multi_head"
 
 INF = float("inf")
 
@@ -94,6 +98,11 @@ def gqa_reference(Q, K, V, mask=None):
     )
 
 
+def module_mistakes(notebook: str) -> list[Mistake]:
+    """The catalogued MultiHeadAttention classes (when the grader has them), each run as the student's class is run."""
+    return [Mistake(m.name, m.explanation, m.section, run_module(m.fn)) for m in catalogue(notebook, "MultiHeadAttention")]
+
+
 def count_parameters(module) -> int:
     """How many numbers the module's registered parameters hold."""
     return sum(p.numel() for p in module.parameters())
@@ -147,8 +156,8 @@ def check_split_heads(split_heads) -> None:
         Case((randn(1, 4, 6, gen=gen), 3), label="3 heads of 2 features"),
         Case((randn(2, 6, 5, gen=gen).transpose(1, 2), 3), label="a non-contiguous x (a transposed tensor)"),
     ]
-    verify(split_heads, cases, split_reference, exercise="split_heads", arg_names=("x", "num_heads"),
-           outputs=None, rtol=0, atol=0)
+    verify(split_heads, cases, split_reference, exercise="split_heads", notebook=NOTEBOOK,
+           arg_names=("x", "num_heads"), outputs=None, rtol=0, atol=0)
     expect_error(split_heads, randn(2, 3, 10, gen=gen), 3, error=ValueError,
                  what="split_heads(x (2, 3, 10), num_heads=3)", why="10 features cannot be split into 3 equal heads")
     print("split_heads passes the visible checks.")
@@ -161,8 +170,8 @@ def check_merge_heads(merge_heads) -> None:
         Case((randn(2, 2, 3, 4, gen=gen),), label="2 heads of 4 features"),
         Case((randn(1, 3, 4, 2, gen=gen),), label="3 heads of 2 features"),
     ]
-    verify(merge_heads, cases, merge_reference, exercise="merge_heads", arg_names=("x",), outputs=None,
-           rtol=0, atol=0)
+    verify(merge_heads, cases, merge_reference, exercise="merge_heads", notebook=NOTEBOOK, arg_names=("x",),
+           outputs=None, rtol=0, atol=0)
     x = randn(2, 5, 12, gen=gen)
     merged = call_student(merge_heads, split_reference(x, 3), what="merge_heads(split of x (2, 5, 12) into 3 heads)")
     if not isinstance(merged, torch.Tensor) or merged.shape != x.shape or not torch.equal(merged, x):
@@ -185,7 +194,8 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
              label="self-attention, causal mask: True = may attend"),
     ]
     verify(run_module(MultiHeadAttention), cases, torch_mha_reference, exercise="MultiHeadAttention",
-           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-10)
+           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, mistakes=module_mistakes(NOTEBOOK),
+           rtol=1e-10, atol=1e-10)
     check_parameters(MultiHeadAttention, 8, 2, True)
     expect_error(MultiHeadAttention, 10, 4, error=ValueError, what="MultiHeadAttention(10, 4)",
                  why="d_model = 10 cannot be split into 4 equal heads")
@@ -206,7 +216,7 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
         Case((randn(1, 2, 3, 4, gen=gen), randn(1, 2, 5, 4, gen=gen), randn(1, 2, 5, 4, gen=gen)),
              {"mask": blocked}, label="query 2 may attend to no key: its weights and output are zero"),
     ]
-    verify(grouped_query_attention, cases, gqa_reference, exercise="grouped_query_attention",
+    verify(grouped_query_attention, cases, gqa_reference, exercise="grouped_query_attention", notebook=NOTEBOOK,
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12)
     expect_error(grouped_query_attention, randn(1, 6, 2, 4, gen=gen), randn(1, 4, 3, 4, gen=gen),
                  randn(1, 4, 3, 4, gen=gen), error=ValueError,
@@ -290,7 +300,7 @@ def check_graph_attention(graph_attention) -> None:
         Case((randn(7, 5, gen=gen), random_graph(7, 12, gen, no_in_edge=(6,)), randn(5, 2, gen=gen),
               randn(5, 2, gen=gen), randn(5, 6, gen=gen)), label="a random graph of 7 nodes, d_k = 2, d_v = 6"),
     ]
-    verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention",
+    verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention", notebook=NOTEBOOK,
            arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12)
     expect_error(graph_attention, X, torch.tensor([[0, 5], [1, 2]]), W_Q, W_K, W_V, error=ValueError,
                  what="graph_attention(X (5, 4), edges [[0, 5], [1, 2]], ...)",

@@ -8,6 +8,10 @@ from ..compare import assert_close, assert_dtype, assert_shape, assert_tensor
 from ..errors import fail
 from ..inputs import generator, randn
 from ..student import call_student, expect_error
+from ..verify import Case, naming_mistakes
+
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "positional_encoding"
 
 #: sinusoidal_encoding(6, 4, base=100.0): rows are positions 0..5.
 PE_6_4_BASE_100 = torch.tensor([
@@ -27,6 +31,17 @@ ROPE_X_AT_3_7_BASE_100 = torch.tensor([
 ], dtype=torch.float64)
 
 
+#: relative_shift_matrix(2, 4, base=100.0): blocks turning by 2 * 1 and 2 * 0.1 radians.
+SHIFT_2_4_BASE_100 = torch.tensor([
+    [-0.416146836547, 0.909297426826, 0.000000000000, 0.000000000000],
+    [-0.909297426826, -0.416146836547, 0.000000000000, 0.000000000000],
+    [0.000000000000, 0.000000000000, 0.980066577841, 0.198669330795],
+    [0.000000000000, 0.000000000000, -0.198669330795, 0.980066577841],
+], dtype=torch.float64)
+#: Tolerance of a comparison with these 12-decimal tables.
+TABLE_ATOL = 1e-11
+
+
 def _result(fn, *args, what, **kwargs) -> torch.Tensor:
     value = call_student(fn, *args, what=what, **kwargs)
     assert_tensor(value, f"The result of {what}")
@@ -35,6 +50,14 @@ def _result(fn, *args, what, **kwargs) -> torch.Tensor:
 
 def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
     """Shape and dtype, PE[0], range, sin/cos pairs, the frequency of each pair, reference values."""
+    table = Case((6, 4, 100.0), {"dtype": torch.float64})
+    with naming_mistakes(sinusoidal_encoding, table, PE_6_4_BASE_100, exercise="sinusoidal_encoding",
+                         notebook=NOTEBOOK, rtol=0, atol=TABLE_ATOL):
+        _sinusoidal_properties(sinusoidal_encoding)
+    print("sinusoidal_encoding passes the visible checks.")
+
+
+def _sinusoidal_properties(sinusoidal_encoding) -> None:
     what = "sinusoidal_encoding(100, 32)"
     pe = _result(sinusoidal_encoding, 100, 32, what=what)
     assert_shape(pe, (100, 32), f"The result of {what}")
@@ -60,14 +83,21 @@ def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
                   what="sinusoidal_encoding(6, 4, base=100.0, dtype=torch.float64)")
     assert_dtype(big, torch.float64, "sinusoidal_encoding(6, 4, base=100.0, dtype=torch.float64)")
     assert_close(big, PE_6_4_BASE_100, "sinusoidal_encoding(6, 4, base=100.0, dtype=torch.float64)",
-                 rtol=0, atol=1e-11)
+                 rtol=0, atol=TABLE_ATOL)
     expect_error(sinusoidal_encoding, 10, 7, error=ValueError, what="sinusoidal_encoding(10, 7)",
                  why="d_model = 7 is odd: sin/cos pairs need an even number of columns")
-    print("sinusoidal_encoding passes the visible checks.")
 
 
 def check_relative_shift_matrix(relative_shift_matrix) -> None:
     """Shape, dtype, PE[pos + k] = M @ PE[pos] on a small table, orthogonality, M_0 = I."""
+    table = Case((2, 4, 100.0), {"dtype": torch.float64})
+    with naming_mistakes(relative_shift_matrix, table, SHIFT_2_4_BASE_100, exercise="relative_shift_matrix",
+                         notebook=NOTEBOOK, rtol=0, atol=TABLE_ATOL):
+        _shift_properties(relative_shift_matrix)
+    print("relative_shift_matrix passes the visible checks.")
+
+
+def _shift_properties(relative_shift_matrix) -> None:
     what = "relative_shift_matrix(2, 4, base=100.0)"
     M = _result(relative_shift_matrix, 2, 4, 100.0, what=what)
     assert_shape(M, (4, 4), f"The result of {what}")
@@ -88,11 +118,18 @@ def check_relative_shift_matrix(relative_shift_matrix) -> None:
                  hint="A shift by 0 positions changes nothing: M_0 is the identity.")
     expect_error(relative_shift_matrix, 1, 5, error=ValueError, what="relative_shift_matrix(1, 5)",
                  why="d_model = 5 is odd")
-    print("relative_shift_matrix passes the visible checks.")
 
 
 def check_apply_rope(apply_rope) -> None:
     """Reference values, shape and dtype, norm kept, position 0 unchanged, scores depend on m - n only."""
+    table = Case((ROPE_X, torch.tensor([3, 7]), 100.0))
+    with naming_mistakes(apply_rope, table, ROPE_X_AT_3_7_BASE_100, exercise="apply_rope", notebook=NOTEBOOK,
+                         rtol=0, atol=TABLE_ATOL):
+        _rope_properties(apply_rope)
+    print("apply_rope passes the visible checks.")
+
+
+def _rope_properties(apply_rope) -> None:
     what = "apply_rope(x (2, 4), positions [3, 7], base=100.0)"
     y = _result(apply_rope, ROPE_X, torch.tensor([3, 7]), 100.0, what=what)
     assert_shape(y, (2, 4), f"The result of {what}")
@@ -128,4 +165,3 @@ def check_apply_rope(apply_rope) -> None:
                  what="apply_rope(x (4, 5), positions (4,))", why="the last dimension 5 is odd")
     expect_error(apply_rope, randn(4, 6, gen=gen), torch.arange(3), error=ValueError,
                  what="apply_rope(x (4, 6), positions (3,))", why="x has 4 tokens but positions has 3")
-    print("apply_rope passes the visible checks.")

@@ -15,6 +15,9 @@ from ..inputs import generator, randn
 from ..student import call_student, expect_error
 from ..verify import Case, verify
 
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "scaling"
+
 # --- built-ins the exercises of this notebook may not call ----------------------------------
 # torch.autograd.functional.jacobian, torch.func.jacrev and torch.autograd.grad all reach the
 # torch function ``grad``; torch.func.jacfwd goes through ``_make_dual``; Tensor.backward and
@@ -98,7 +101,7 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
         Case((torch.softmax(randn(4, gen=gen), dim=-1),), label="one row"),
         Case((torch.softmax(randn(2, 3, gen=gen), dim=-1),), label="a batch of two rows"),
     ]
-    verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise="softmax_jacobian",
+    verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise="softmax_jacobian", notebook=NOTEBOOK,
            arg_names=("p",), outputs=None, forbid=JACOBIAN_BUILTINS, rtol=1e-10, atol=1e-12)
     print("softmax_jacobian passes the visible checks.")
 
@@ -109,16 +112,16 @@ def check_attention_entropy(attention_entropy) -> None:
     rows = torch.softmax(randn(2, 3, 5, gen=gen), dim=-1)
     verify(attention_entropy, [Case((rows,), label="random rows, two batch dimensions")],
            lambda w: torch.distributions.Categorical(probs=w, validate_args=False).entropy(),
-           exercise="attention_entropy", arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS,
-           rtol=1e-9, atol=1e-12)
+           exercise="attention_entropy", notebook=NOTEBOOK, arg_names=("weights",), outputs=None,
+           forbid=ENTROPY_BUILTINS, rtol=1e-9, atol=1e-12)
     one_hot = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
     verify(attention_entropy, [Case((one_hot,), label="one-hot rows: the entropy is exactly 0, not NaN")],
-           lambda w: torch.zeros(2, dtype=torch.float64), exercise="attention_entropy", arg_names=("weights",),
-           outputs=None, forbid=ENTROPY_BUILTINS, rtol=0.0, atol=0.0)
+           lambda w: torch.zeros(2, dtype=torch.float64), exercise="attention_entropy", notebook=NOTEBOOK,
+           arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS, rtol=0.0, atol=0.0)
     uniform = torch.full((3, 8), 1 / 8, dtype=torch.float64)
     verify(attention_entropy, [Case((uniform,), label="uniform rows over 8 keys: the entropy is log 8")],
            lambda w: torch.full((3,), math.log(8), dtype=torch.float64), exercise="attention_entropy",
-           arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS, rtol=1e-12, atol=1e-14)
+           notebook=NOTEBOOK, arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS, rtol=1e-12, atol=1e-14)
     print("attention_entropy passes the visible checks.")
 
 

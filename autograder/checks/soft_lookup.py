@@ -12,6 +12,9 @@ from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error
 from ..verify import Case, verify
 
+#: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
+NOTEBOOK = "soft_lookup"
+
 
 def _lookup_example() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     keys = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 1.0, 0.0, 1.0], [2.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
@@ -35,6 +38,7 @@ def check_hard_lookup(hard_lookup) -> None:
         cases,
         lambda q, k, v: v[int(torch.argmax(k @ q))],
         exercise="hard_lookup",
+        notebook=NOTEBOOK,
         arg_names=("query", "keys", "values"),
         outputs=None,
     )
@@ -50,7 +54,8 @@ def check_soft_lookup(soft_lookup) -> None:
         return w @ v, w
 
     cases = [Case((query, keys, values)), Case((query, keys, values), {"temperature": 2.0})]
-    verify(soft_lookup, cases, reference, exercise="soft_lookup", arg_names=("query", "keys", "values"))
+    verify(soft_lookup, cases, reference, exercise="soft_lookup", notebook=NOTEBOOK,
+           arg_names=("query", "keys", "values"))
     cold, _ = call_student(soft_lookup, query, keys, values, temperature=1e-3, what="soft_lookup(..., temperature=1e-3)")
     assert_close(cold, values[int(torch.argmax(keys @ query))], "soft_lookup at temperature 1e-3", atol=1e-6,
                  hint="As the temperature goes to 0 the soft lookup should become the hard one.")
@@ -71,7 +76,7 @@ def check_nadaraya_watson(nadaraya_watson) -> None:
         return w @ yt, w
 
     cases = [Case((x_query, x_train, y_train, 1.0)), Case((x_query, x_train, y_train, 0.3))]
-    verify(nadaraya_watson, cases, reference, exercise="nadaraya_watson",
+    verify(nadaraya_watson, cases, reference, exercise="nadaraya_watson", notebook=NOTEBOOK,
            arg_names=("x_query", "x_train", "y_train", "bandwidth"))
     print("nadaraya_watson passes the visible checks.")
 
@@ -88,7 +93,7 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
         Case((randn(3, 4, gen=gen), randn(3, 4, gen=gen), randn(3, 4, gen=gen)), label="self-attention, no batch"),
         Case((randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 6, gen=gen)), label="n != m and d_v != d_k"),
     ]
-    verify(scaled_dot_product_attention, cases, reference, exercise="scaled_dot_product_attention",
+    verify(scaled_dot_product_attention, cases, reference, exercise="scaled_dot_product_attention", notebook=NOTEBOOK,
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS)
     expect_error(
         scaled_dot_product_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 3, gen=gen), randn(2, 5, 6, gen=gen),

@@ -95,6 +95,11 @@ def bytes_ignoring_dtype(batch, heads, n, m, dtype):
     return batch * heads * n * m * 4
 
 
+def bytes_two_matrices(batch, heads, n, m, dtype):
+    scores = batch * heads * n * m * torch.empty((), dtype=dtype).element_size()
+    return 2 * scores  # the scores and the softmax weights
+
+
 def bytes_in_bits(batch, heads, n, m, dtype):
     return batch * heads * n * m * torch.finfo(dtype).bits
 
@@ -493,6 +498,9 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("bytes that ignore the dtype (4 bytes assumed)", "an element of float16 or bfloat16 takes 2 "
                 "bytes and one of float64 8 bytes: use torch.empty((), dtype=dtype).element_size() (or "
                 "dtype.itemsize).", MEMORY, bytes_ignoring_dtype),
+        Mistake("two matrices counted (the scores and the weights)", "the function returns the bytes of ONE "
+                "(batch, heads, n, m) matrix; the softmax weights are a second matrix of the same size, which the "
+                "notebook counts on its own.", MEMORY, bytes_two_matrices),
         Mistake("bits instead of bytes", "torch.finfo(dtype).bits counts bits; a byte is 8 bits.", MEMORY,
                 bytes_in_bits),
         Mistake("entries counted instead of bytes", "the function returns bytes: multiply the number of entries "
@@ -700,6 +708,9 @@ ATTENTION_SHAPES = [
     ((2, 2), 13, 13, 4, 4, 5, True, "causal, n = m = 13"),
     ((2,), 11, 6, 3, 3, 4, True, "causal, n = 11 > m = 6"),
     ((), 10, 16, 4, 4, 3, True, "causal, no batch dimension"),
+    # Dimensions of size 1 beyond the reduced one: a .squeeze() or an index [0] must not remove them.
+    ((2, 1), 1, 6, 3, 1, 4, False, "one query, a batch dimension of 1, d_v = 1"),
+    ((1,), 1, 5, 2, 2, 2, True, "causal with one query: it sees key 0 only"),
 ]
 
 

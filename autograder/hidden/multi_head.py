@@ -644,6 +644,8 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
         Case((TorchMHA(12, 2, seed=18), randn(2, 4, 12, gen=gen), randn(2, 7, 12, gen=gen),
               randn(2, 7, 12, gen=gen)), {"attn_mask": additive, "key_padding_mask": _padding([7, 5], 7)},
              label="a float attn_mask, added to the scores, and a padding mask"),
+        Case((TorchMHA(8, 2, seed=21), randn(1, 1, 8, gen=gen), *[randn(1, 4, 8, gen=gen)] * 2),
+             label="one sequence, one query: dimensions of size 1 stay"),
     ]
     verify(run_module(MultiHeadAttention), cases, torch_mha_reference, exercise="MultiHeadAttention",
            arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, mistakes=mistakes,
@@ -721,7 +723,11 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
         Case(qkv(3, 6, 2, 4, 6, 4), {"mask": _padding([6, 3, 1], 6)[:, None, None, :]},
              label="padding mask (B, 1, 1, m)"),
         Case(qkv(2, 8, 4, 4, 6, 4), {"mask": additive}, label="float mask (B, h, n, m), added to the scores"),
-        Case(qkv(1, 4, 2, 3, 5, 4), {"mask": blocked}, label="query 1 may attend to no key"),
+        Case(qkv(1, 4, 2, 3, 5, 4), {"mask": blocked}, label="query 0 may attend to no key"),
+        Case(qkv(2, 4, 2, 3, 5, 4), {"mask": torch.zeros(3, 5, dtype=torch.float64).masked_fill(~blocked, -math.inf)},
+             label="a float mask whose row 0 is all -inf: that query gets zero weights and a zero output"),
+        # Dimensions of size 1 beyond the reduced one: a .squeeze() or an index [0] must not remove them.
+        Case(qkv(1, 2, 1, 1, 4, 3, d_v=1), label="one sequence, one query, one key/value head, d_v = 1"),
     ]
     verify(grouped_query_attention, cases, gqa_reference, exercise="grouped_query_attention",
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"],
@@ -957,6 +963,8 @@ def check_graph_attention(graph_attention) -> None:
              scale=20.0),
         case(7, 4, 8, 3, torch.tensor([[0, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 0]]),
              "a directed cycle 0 -> 1 -> ... -> 6 -> 0", self_loops=False),
+        case(5, 3, 2, 1, random_graph(5, 7, gen, no_in_edge=(1,)), "values of one feature (d_v = 1)",
+             self_loops=False),
     ]
     verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention",
            arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,

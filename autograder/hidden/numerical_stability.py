@@ -473,6 +473,9 @@ def _softmax_like_cases(seed: int) -> list[Case]:
         Case((randn(4, 3, gen=gen).half() * 8,), {"dim": 0}, label="float16, dim=0"),
         Case(((randn(3, 6, gen=gen) * 1e30).bfloat16(),), label="bfloat16, entries up to about 1e30"),
         Case((_empty_row_case(gen, (3, 6), [1]).bfloat16(),), label="bfloat16, a row entirely -inf"),
+        # Dimensions of size 1 beyond the reduced one: a .squeeze() or an index [0] must not remove them.
+        Case((randn(4, 1, 3, gen=gen) * 3,), {"dim": 0}, label="dim=0 of a (4, 1, 3) tensor"),
+        Case((randn(1, 5, gen=gen) * 3,), label="a single row of shape (1, 5)"),
     ]
     return cases
 
@@ -564,6 +567,7 @@ def _online_cases(seed: int) -> list[Case]:
     cases += [
         Case((small16, 1), label="float16: one entry 0 then 300 entries -8, block_size 1"),
         Case((small_bf, 1), label="bfloat16: one entry 0 then 300 entries -6, block_size 1"),
+        Case((randn(1, 1, 7, gen=gen) * 3, 3), label="a (1, 1, 7) tensor: dimensions of size 1 stay"),
     ]
     return cases
 

@@ -677,6 +677,7 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
         ((7,), 8.0, "a peaked row"),
         ((4, 2), 1.0, "two keys"),
         ((3, 1), 1.0, "a single key (the Jacobian is [[0]])"),
+        ((1, 5), 1.0, "a batch of one row: the result has shape (1, 5, 5)"),
     ]):
         cases.append(Case((torch.softmax(_softmax_rows(*shape, seed=300 + i, spread=spread), dim=-1),), label=label))
     verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise=exercise, arg_names=("p",), outputs=None,

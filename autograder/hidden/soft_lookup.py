@@ -243,6 +243,7 @@ def check_soft_lookup(soft_lookup) -> None:
     q, k, v = randn(4, gen=gen) * 20, randn(6, 4, gen=gen), randn(6, 3, gen=gen)
     cases.append(Case((q, k, v), {"temperature": 1e-2}, "large scores at a low temperature"))
     cases.append(Case((q.float(), k.float(), v.float()), {"temperature": 2.0}, "float32 inputs"))
+    cases.append(Case((q, k, v[:, :1]), {"temperature": 1.0}, "values of one feature: the output has shape (1,)"))
     verify(soft_lookup, cases, _soft_lookup, exercise="soft_lookup", arg_names=("query", "keys", "values"),
            mistakes=MISTAKES["soft_lookup"], rtol=1e-5, atol=1e-6)
     expect_error(soft_lookup, randn(3, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen), error=ValueError,
@@ -274,6 +275,9 @@ SDPA_SHAPES = [
     ((2, 1, 3), 6, 2, 5, 7),
     ((1,), 1, 1, 1, 1),
     ((4, 2), 3, 3, 16, 16),
+    # Dimensions of size 1 beyond the reduced one: a .squeeze() or an index [0] must not remove them.
+    ((3,), 1, 4, 5, 1),
+    ((1, 2), 4, 1, 3, 2),
 ]
 
 

@@ -665,3 +665,29 @@ def test_the_control_group_caps_processes_and_memory(monkeypatch):
     assert made and made[0] is not None and not any(folder.exists() for folder in made[0].folders)
 
 
+
+
+def test_a_kernel_starts_with_the_limits_only(tmp_path, monkeypatch):
+    """--no-sandbox: the kernel starts and answers, as nobody where nobody can start this Python (a root grader)."""
+    import asyncio
+
+    monkeypatch.setenv("AUTOGRADER_SANDBOX", "off")
+    monkeypatch.chdir(tmp_path)
+
+    async def uid_of_a_kernel() -> str:
+        km = sandbox.SandboxedKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        printed: list[str] = []
+        try:
+            await kc.wait_for_ready(timeout=120)
+            await kc.execute_interactive("import os; print(os.getuid())", timeout=60,
+                                         output_hook=lambda m: printed.append(m["content"].get("text", "")))
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        return "".join(printed).strip()
+
+    owner = sandbox.sandbox_owner()
+    assert asyncio.run(uid_of_a_kernel()) == str(owner if owner is not None else __import__("os").getuid())

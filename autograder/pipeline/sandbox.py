@@ -315,8 +315,11 @@ def sandbox_owner() -> int | None:
 
 @functools.cache
 def _nobody_runs_python() -> bool:
+    # Python as nobody must start this Python again (the kernel is an exec from the limits wrapper): the first
+    # exec, by setpriv, can find a path that nobody alone cannot (a Python under a root-only /root).
     setpriv = shutil.which("setpriv")
-    return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", "pass"])
+    again = "import os, sys; os.execv(sys.executable, [sys.executable, '-c', 'import json'])"
+    return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", again])
 
 
 def _copy_font_cache(home: Path) -> None:

@@ -178,8 +178,9 @@ def test_an_lms_zip_lands_in_submitted(tmp_path):
     assert (submitted / "doejane" / A / f"{A}.ipynb").read_bytes() == notebook
     assert (submitted / "roesmith" / A / f"{A}.ipynb").is_file()
     assert (submitted / "kimlee" / A / "my homework.ipynb").is_file()
+    # exchange/ is made by nbgrader_config.py itself, so that nbgrader's Assignment List finds it
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["nbgrader_config.py", "build", "submissions.zip", "downloaded", "submitted"])
+        ["nbgrader_config.py", "build", "submissions.zip", "downloaded", "submitted", "exchange"])
 
 
 def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):

@@ -142,7 +142,7 @@ def name_mistakes(mistakes: Sequence[Mistake]) -> str:
         return mistakes[0].message()
     if not mistakes:
         return ""
-    return ("More than one known mistake gives exactly this result on this input; yours is one of them:\n"
+    return ("More than one known mistake gives exactly this result on this input:\n"
             + "\n".join(f"- {m.message()}" for m in mistakes))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..diagnosis import catalogue
 from ..errors import CheckFailed, fail
 from ..guard import SOFTMAX_BUILTINS
 from ..inputs import generator, randn
@@ -306,6 +307,16 @@ def streaming_problem(reductions: Sequence[Reduction], length: int, block_size: 
     return None
 
 
+#: The catalogued mistake each broken streaming rule is (when the grader has the catalogue).
+RULE_NAMES = {"whole row": "the whole row reduced at once", "two passes": "two passes over the row"}
+
+
+def named_rule(rule: str, notebook: str) -> str:
+    """The catalogue's paragraph for the mistake that breaks ``rule``, on a new line ("" without the catalogue)."""
+    found = [m for m in catalogue(notebook, "online_softmax") if m.name == RULE_NAMES.get(rule)]
+    return "\n" + found[0].message() if found else ""
+
+
 # --- the checks -----------------------------------------------------------------------------------
 
 
@@ -398,7 +409,7 @@ def check_online_softmax(online_softmax) -> None:
                 notebook=NOTEBOOK, arg_names=("x", "block_size"))
     problem = streaming_problem(record_reductions(online_softmax, x, 3), x.shape[-1], 3)
     if problem:
-        fail(problem[0])
+        fail(problem[0] + named_rule(problem[1], NOTEBOOK))
     expect_error(online_softmax, x, 0, error=ValueError, what="online_softmax(x, block_size=0)",
                  why="a block must hold at least one entry")
     print("online_softmax passes the visible checks.")

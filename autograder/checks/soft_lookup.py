@@ -10,7 +10,7 @@ from ..compare import assert_close
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error
-from ..verify import Case, verify
+from ..verify import Case, naming_mistakes, verify
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "soft_lookup"
@@ -56,12 +56,18 @@ def check_soft_lookup(soft_lookup) -> None:
     cases = [Case((query, keys, values)), Case((query, keys, values), {"temperature": 2.0})]
     verify(soft_lookup, cases, reference, exercise="soft_lookup", notebook=NOTEBOOK,
            arg_names=("query", "keys", "values"))
-    cold, _ = call_student(soft_lookup, query, keys, values, temperature=1e-3, what="soft_lookup(..., temperature=1e-3)")
-    assert_close(cold, values[int(torch.argmax(keys @ query))], "soft_lookup at temperature 1e-3", atol=1e-6,
-                 hint="As the temperature goes to 0 the soft lookup should become the hard one.")
-    hot, _ = call_student(soft_lookup, query, keys, values, temperature=1e6, what="soft_lookup(..., temperature=1e6)")
-    assert_close(hot, values.mean(dim=0), "soft_lookup at temperature 1e6", atol=1e-5,
-                 hint="As the temperature grows the output should tend to the mean of the values.")
+    best = int(torch.argmax(keys @ query))
+    one_hot = torch.zeros(len(keys), dtype=torch.float64).index_fill(0, torch.tensor(best), 1.0)
+    cold_case = Case((query, keys, values), {"temperature": 1e-3})
+    with naming_mistakes(soft_lookup, cold_case, (values[best], one_hot), exercise="soft_lookup", notebook=NOTEBOOK):
+        cold, _ = call_student(soft_lookup, query, keys, values, temperature=1e-3,
+                               what="soft_lookup(..., temperature=1e-3)")
+        assert_close(cold, values[best], "soft_lookup at temperature 1e-3", atol=1e-6,
+                     hint="As the temperature goes to 0 the soft lookup should become the hard one.")
+        hot, _ = call_student(soft_lookup, query, keys, values, temperature=1e6,
+                              what="soft_lookup(..., temperature=1e6)")
+        assert_close(hot, values.mean(dim=0), "soft_lookup at temperature 1e6", atol=1e-5,
+                     hint="As the temperature grows the output should tend to the mean of the values.")
     print("soft_lookup passes the visible checks.")
 
 

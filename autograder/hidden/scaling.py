@@ -20,6 +20,7 @@ import torch
 
 from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS, autograd_softmax_jacobian
 from ..compare import describe
+from ..diagnoses import explain_number
 from ..diagnosis import Mistake
 from ..errors import fail
 from ..inputs import generator, randn
@@ -967,6 +968,8 @@ def _check_answer(value: Any, name: str, simulated: str = "") -> None:
     for wrong in WRONG_ANSWERS[name]:
         if math.isclose(value, wrong.value, rel_tol=ANSWER_RTOL):
             fail(message + "\n" + wrong.message())
+    for note in explain_number(value, exact):
+        message += " " + note
     if simulated and math.isclose(value, exact, rel_tol=0.05):
         message += " " + simulated
     fail(message)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.compare import assert_close, assert_dtype, assert_shape, is_close, max_error
-from autograder.diagnosis import Mistake, Outcome, diagnose
+from autograder.compare import Mismatch, assert_close, assert_dtype, assert_shape, is_close, max_error
+from autograder.diagnosis import Mistake, Outcome, diagnose, matching, run
 from autograder.errors import CheckFailed
 from autograder.student import call_student, expect_error
-from autograder.verify import Case, verify
+from autograder.verify import Case, naming_mistakes, verify
 
 
 def test_assert_close_reports_the_largest_error_and_where():
@@ -94,3 +94,56 @@ def test_expect_error():
     assert isinstance(expect_error(strict, 1, error=ValueError, what="f", why="it is bad"), ValueError)
     with pytest.raises(CheckFailed, match="should raise ValueError because it is bad, but it returned"):
         expect_error(silent, 1, error=ValueError, what="f", why="it is bad")
+
+
+def test_a_mistake_runs_on_copies_and_reports_what_it_changed():
+    def in_place(x, y=None):
+        x.add_(1)
+        return x
+
+    x = torch.zeros(2)
+    outcome = run(in_place, (x,), {"y": torch.ones(1)})
+    assert torch.equal(x, torch.zeros(2)) and outcome.mutated == (0,)
+    assert torch.equal(outcome.value, torch.ones(2))
+
+
+def test_every_fitting_mistake_is_found_once_and_a_right_one_never():
+    x = torch.arange(3.0)
+    mistakes = [Mistake("sign", "...", "1", wrong_sign), Mistake("sign", "...", "1", lambda x: -x),
+                Mistake("times minus one", "...", "1", lambda x: x * -1), Mistake("right", "...", "1", lambda x: x)]
+    assert [m.name for m in matching(Outcome(value=-x), mistakes, (x,))] == ["sign", "times minus one"]
+    assert matching(Outcome(value=x), mistakes, (x,), right=lambda v: torch.equal(v, x)) == []
+
+
+def test_meta_tensors_compare_by_device_shape_and_dtype():
+    meta = torch.empty(2, 3, device="meta")
+    assert is_close(torch.empty(2, 3, device="meta"), meta, 0, 0)
+    assert not is_close(torch.zeros(2, 3), meta, 0, 0)
+    with pytest.raises(CheckFailed, match="should be on the device 'meta', but it is on 'cpu'"):
+        assert_close(torch.zeros(2, 3), meta, "The mask")
+    assert "on the device 'meta'" in Case((meta,)).describe(("x",))
+
+
+def test_a_mismatch_keeps_the_problem_and_the_notes_apart():
+    with pytest.raises(Mismatch) as info:
+        assert_close(2 * torch.arange(1.0, 4.0), torch.arange(1.0, 4.0), "y")
+    assert info.value.problem.startswith("y is not what it should be")
+    assert info.value.notes == ("Your result is the expected one multiplied by 2, everywhere: the computation is "
+                                "right but for a constant factor (a scale applied twice, missing, or the wrong one?).",)
+    assert str(info.value) == info.value.problem + "\n" + info.value.notes[0]
+
+
+def test_naming_mistakes_adds_the_catalogue_to_a_failed_property(monkeypatch):
+    import autograder.verify as verify_module
+
+    mistakes = (Mistake("wrong sign", "the sign is flipped.", "1. Intro", wrong_sign),)
+    monkeypatch.setattr(verify_module, "catalogue", lambda notebook, exercise: mistakes)
+    x = torch.arange(1.0, 4.0)
+    with pytest.raises(CheckFailed) as info:
+        with naming_mistakes(wrong_sign, Case((x,)), x, exercise="f", notebook="nb"):
+            raise CheckFailed("the norm is kept but the sum is not")
+    assert str(info.value) == "the norm is kept but the sum is not\n" + mistakes[0].message()
+    monkeypatch.setattr(verify_module, "catalogue", lambda notebook, exercise: ())
+    with pytest.raises(CheckFailed, match=r"^the sum is not$"):
+        with naming_mistakes(wrong_sign, Case((x,)), x, exercise="f", notebook="nb"):
+            raise CheckFailed("the sum is not")

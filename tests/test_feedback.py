@@ -19,7 +19,7 @@ from nbgrader.api import Gradebook
 
 from autograder import __main__ as cli
 from autograder.pipeline import feedback, grade
-from autograder.pipeline.integrity import Note, write_notes
+from autograder.pipeline.notes import Note, write_notes
 
 from .course_copy import make_course, released
 

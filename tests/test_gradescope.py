@@ -30,7 +30,8 @@ import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_output
 
-from autograder.pipeline import bundle, gradescope, integrity, sandbox
+from autograder.pipeline import bundle, gradescope, sandbox
+from autograder.pipeline import notes as grading_notes
 from autograder.pipeline.course import module_name
 
 from .course_copy import fill, mistake_source, reference_answers
@@ -351,7 +352,7 @@ def test_untouched_scores_zero_and_the_renamed_notebook_is_noted(graded):
     root, _, results = graded["untouched"]
     assert results["score"] == 0
     assert all(t["status"] == "failed" and "NotImplementedError" in t["output"] for t in results["tests"])
-    notes = integrity.read_notes(root / "grading" / "autograded" / gradescope.STUDENT / ASSIGNMENT)
+    notes = grading_notes.read_notes(root / "grading" / "autograded" / gradescope.STUDENT / ASSIGNMENT)
     assert any(n.kind == "renamed" for n in notes)
     for note in notes:
         assert note.message in results["output"]

@@ -24,7 +24,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import cgroup, feedback, grade, sandbox
-from autograder.pipeline.integrity import NOTES_FILE
+from autograder.pipeline.notes import NOTES_FILE
 
 from .course_copy import fill, make_course, reference_answers, released, submit
 from .notebook_code import ROOT, nbgrader_meta

@@ -10,7 +10,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import grade, report
-from autograder.pipeline.integrity import Note, write_notes
+from autograder.pipeline.notes import Note, write_notes
 
 from .course_copy import make_course, released
 

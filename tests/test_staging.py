@@ -6,7 +6,8 @@ import re
 
 import nbformat
 
-from autograder.pipeline.integrity import normalize, safe_tree, stage
+from autograder.pipeline.notes import safe_tree
+from autograder.pipeline.staging import normalize, stage
 
 from .course_copy import fill, reference_answers
 from .notebook_code import ROOT, nbgrader_meta, source_notebook

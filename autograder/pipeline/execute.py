@@ -39,7 +39,6 @@ import asyncio
 import base64
 import copy
 import json
-import signal
 from queue import Empty
 from time import monotonic
 
@@ -52,35 +51,16 @@ from traitlets import Bool, Integer
 
 from .. import remote
 from . import judge, source_check
-from .integrity import safe_tree
 from .judge import error_output
+from .notes import KERNEL_DIED, NOT_RUN, TIMEOUT, describe_exit, output_cut, safe_tree
 
 #: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
 HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
-#: The ``ename`` of the error outputs this preprocessor adds.
-TIMEOUT, KERNEL_DIED, NOT_RUN = "CellTimeoutError", "KernelDied", "NotRun"
 
 
 def is_test_cell(cell) -> bool:
     """A locked cell that nbgrader scores: the instructor's checks."""
     return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
-
-
-def describe_exit(code: int | None) -> str:
-    """How a kernel process ended, in words (negative codes and 128+n are signals)."""
-    if code is None:
-        return "it stopped responding"
-    number = -code if code < 0 else code - 128 if code > 128 else 0
-    if number:
-        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
-        why = {
-            "SIGSEGV": "a crash in native code, for example through ctypes",
-            "SIGKILL": "killed, usually for going over the memory limit",
-            "SIGXCPU": "it used up its CPU-time limit",
-            "SIGABRT": "an abort in native code",
-        }.get(name, "a signal")
-        return f"it was stopped by {name} ({why})"
-    return f"it exited with code {code} (os._exit, exit() or quit(), or sys.exit outside a cell)"
 
 
 class ResilientExecute(Execute):
@@ -236,7 +216,7 @@ class ResilientExecute(Execute):
         return used <= self.max_output_bytes
 
     def _cut_note(self, stream: str) -> str:
-        return f"\n[output cut: this cell wrote more than {self.max_output_bytes} bytes to {stream}]\n"
+        return output_cut(self.max_output_bytes, stream)
 
     def request(self, message: bytes) -> bytes:
         """One request to the student's kernel (:class:`autograder.remote.Channel`)."""

@@ -38,7 +38,7 @@ from nbconvert.exporters.html import contextfilter
 from nbconvert.preprocessors.sanitize import SanitizeHTML
 from traitlets import default
 
-from . import integrity
+from . import notes as grading_notes
 from .course import ROOT, assignments
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
@@ -235,10 +235,10 @@ def make_exporter(root: Path, db_url: str) -> HTMLExporter:
 
 def _notes_block(folder: Path) -> str:
     try:
-        notes = integrity.read_notes(folder)
+        notes = grading_notes.read_notes(folder)
     except Exception as error:  # noqa: BLE001 - a damaged notes file is itself worth a note
-        notes = [integrity.Note("failed", f"The grading notes of this submission could not be read ({error}).")]
-    return integrity.notes_html(notes) if notes else ""
+        notes = [grading_notes.Note("failed", f"The grading notes of this submission could not be read ({error}).")]
+    return grading_notes.notes_html(notes) if notes else ""
 
 
 def _with_notes(page: str, block: str) -> str:

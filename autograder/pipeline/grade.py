@@ -4,7 +4,7 @@ Each submission is graded by its own ``nbgrader autograde ASSIGNMENT --student I
 several at a time (a thread pool of ``workers``, default: the number of cores), so one
 submission can never take another down. For each submission (:func:`grade_one`):
 
-1. :func:`autograder.pipeline.integrity.stage` copies it to a private folder that nbgrader
+1. :func:`autograder.pipeline.staging.stage` copies it to a private folder that nbgrader
    reads instead of ``submitted/``: regular files only, a renamed notebook recognised, the
    locked test cells and their metadata restored, every string made valid UTF-8;
 2. nbgrader grades that copy (its process forked from a server that has imported nbgrader,
@@ -40,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import integrity, sandbox
+from . import notes, sandbox
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
-from .integrity import Note, safe_text
+from .notes import Note, safe_text
 
 #: Seconds a SQLite writer waits for another one before giving up.
 SQLITE_BUSY_TIMEOUT = 300
@@ -228,7 +228,7 @@ def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
     for name in staged:
         path = folder / f"{name}.ipynb"
         if path.is_file():
-            outcome.notes += integrity.runtime_notes(nbformat.read(path, as_version=4))
+            outcome.notes += notes.runtime_notes(nbformat.read(path, as_version=4))
 
 
 def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
@@ -239,7 +239,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     outcome = Outcome(assignment, student)
     staging = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
-        staged = integrity.stage(root, assignment, student, staging)
+        staged = staging.stage(root, assignment, student, staging)
         outcome.notes += staged.notes
         if staged.notebooks:
             limit = options.notebook_timeout * len(staged.notebooks) + NBGRADER_MARGIN
@@ -256,7 +256,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
         outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error}). That is not "
                                             "your doing: it will be graded again."))
     try:
-        integrity.write_notes(root / "autograded" / student / assignment, outcome.notes)
+        notes.write_notes(root / "autograded" / student / assignment, outcome.notes)
     except OSError as error:
         outcome.error = outcome.error or f"could not keep the grading notes: {error}"
     outcome.seconds = time.monotonic() - started

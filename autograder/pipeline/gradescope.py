@@ -50,7 +50,8 @@ from pathlib import Path
 
 import nbformat
 
-from . import grade, integrity, sandbox
+from . import grade, sandbox
+from . import notes as grading_notes
 from .bundle import _pins
 from .course import ROOT, assignments, nbgrader
 
@@ -247,7 +248,7 @@ def cell_output(cell: nbformat.NotebookNode) -> str:
     text = _ANSI.sub("", "".join(parts)).strip()
     if len(text) > MAX_OUTPUT:
         text = text[:MAX_OUTPUT] + f"\n[output cut: longer than {MAX_OUTPUT} characters]"
-    return integrity.safe_text(text)
+    return grading_notes.safe_text(text)
 
 
 def results(course: Path, config: dict, seconds: float, protection: str, extra: list[str] | None = None) -> dict:
@@ -287,7 +288,7 @@ def results(course: Path, config: dict, seconds: float, protection: str, extra: 
                     "extra_data": {"grade_id": cell.grade_id, "notebook": name},
                 })
     total, possible = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
-    notes = [n.message for n in integrity.read_notes(folder)] + list(extra or [])
+    notes = [n.message for n in grading_notes.read_notes(folder)] + list(extra or [])
     lines = [f"{assignment}: {total:g} / {possible:g} points."]
     if any(t["visibility"] != "visible" for t in tests):
         lines.append(WHEN_SHOWN[visibility])
@@ -297,7 +298,7 @@ def results(course: Path, config: dict, seconds: float, protection: str, extra: 
     return {
         "score": total,
         "execution_time": round(seconds),
-        "output": integrity.safe_text("\n".join(lines)),
+        "output": grading_notes.safe_text("\n".join(lines)),
         "output_format": "text",
         "test_output_format": "text",
         "test_name_format": "text",

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import integrity
+from . import notes as grading_notes
 from .course import ROOT, assignments
 from .feedback import write_text
 
@@ -132,9 +132,9 @@ def collect(names: list[str] | None = None, root: Path = ROOT, db_url: str | Non
             assignment = Assignment(name)
             for student in graded:
                 folder = root / "autograded" / student / name
-                notes = integrity.read_notes(folder)
+                notes = grading_notes.read_notes(folder)
                 report.ungraded += [(name, student, n.message) for n in notes if n.kind == "failed"]
-                notes_file = folder / integrity.NOTES_FILE
+                notes_file = folder / grading_notes.NOTES_FILE
                 if notes_file.is_file():
                     report.finished.append(notes_file.stat().st_mtime)
                 notebooks = sorted(p for p in folder.glob("*.ipynb") if p.is_file() and not p.is_symlink())

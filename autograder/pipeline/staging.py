@@ -1,4 +1,4 @@
-"""Before and after nbgrader: what a submission did to its notebook, and whether to trust its scores.
+"""Before nbgrader: a submission copied into the shape nbgrader grades, whatever was done to it.
 
 Before grading, :func:`stage` copies a submission into a private folder that nbgrader reads
 instead of ``submitted/`` (the student's files are never changed):
@@ -17,60 +17,28 @@ grader's process (:mod:`autograder.pipeline.judge`), never in the student's kern
 from a submission (cell sources, outputs, file names) is made valid UTF-8 here, so that no
 later step (the gradebook, the feedback, the summary) can fail on it.
 
-Every finding is a :class:`Note`, shown to the student in the feedback and to the instructor
-in the summary of ``make autograde``.
+Every finding is a :class:`~autograder.pipeline.notes.Note`, shown to the student in the
+feedback and to the instructor in the summary of ``make autograde``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import nbformat
 from nbformat import NotebookNode
 
+from .notes import Note, safe_tree, unique
+
 #: Largest single file and whole submission copied for grading.
 MAX_FILE_BYTES = 50 * 2**20
 MAX_SUBMISSION_BYTES = 200 * 2**20
-#: The ename of the error outputs the grader adds for what stopped a cell (execute.py).
-RUNTIME_ERRORS = {"KernelDied", "CellTimeoutError", "NotRun"}
 #: Cell metadata a student's cell keeps (the rest is dropped: it could be megabytes).
 KEPT_METADATA = {"nbgrader", "tags", "collapsed", "scrolled", "jupyter", "editable", "deletable"}
-#: Where the notes of a graded submission are kept, in its ``autograded/`` folder.
-NOTES_FILE = ".grading-notes.json"
-
-
-def safe_text(text: Any) -> str:
-    """``text`` as a string that encodes to UTF-8 whatever it held (lone surrogates become ``\\udXXX``)."""
-    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def safe_tree(value: Any) -> Any:
-    """Every string in a JSON-like tree (a notebook) made :func:`safe_text`."""
-    if isinstance(value, str):
-        return safe_text(value)
-    if isinstance(value, dict):
-        return type(value)((safe_text(k), safe_tree(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return [safe_tree(v) for v in value]
-    return value
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something the student (and the instructor) should know about how a submission was graded."""
-
-    kind: str
-    message: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", safe_text(self.kind))
-        object.__setattr__(self, "message", safe_text(self.message))
 
 
 # -- notebooks of the release --------------------------------------------------------------
@@ -254,7 +222,7 @@ def normalize(submitted: NotebookNode, release: NotebookNode) -> tuple[NotebookN
     notebook.nbformat, notebook.nbformat_minor = release.nbformat, release.nbformat_minor
     notebook.cells = [_clean(c, i, release.nbformat_minor) for i, c in enumerate(result)]
     notebook.metadata = copy.deepcopy(release.metadata)
-    return notebook, _unique(notes)
+    return notebook, unique(notes)
 
 
 def _exercise_before(sequence: list[str], gid: str, by_id: dict[str, NotebookNode]) -> str | None:
@@ -291,58 +259,3 @@ def _clean(cell: NotebookNode, index: int, minor: int) -> NotebookNode:
     if minor >= 5:
         cell["id"] = f"cell-{index:04d}"
     return cell
-
-
-def _unique(notes: list[Note]) -> list[Note]:
-    seen, out = set(), []
-    for note in notes:
-        if note not in seen:
-            seen.add(note)
-            out.append(note)
-    return out
-
-
-# -- notes on disk and in the feedback -----------------------------------------------------
-
-
-def runtime_notes(notebook: NotebookNode) -> list[Note]:
-    """Notes for the cells that crashed, hung, were skipped or flooded their output."""
-    notes = []
-    for index, cell in enumerate(notebook.cells):
-        where = _meta(cell).get("grade_id") or f"cell {index + 1}"
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error" and out.get("ename") in RUNTIME_ERRORS:
-                notes.append(Note(out["ename"], f"{where}: {out['evalue']}"))
-            elif out.get("output_type") == "stream" and "[output cut:" in out.get("text", ""):
-                notes.append(Note("output", f"{where}: its output was cut (too long)."))
-    return _unique(notes)
-
-
-def write_notes(folder: Path, notes: list[Note]) -> None:
-    """Keep ``notes`` with the graded submission (never following a link planted there)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / NOTES_FILE
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump([asdict(n) for n in notes], handle, indent=1)
-
-
-def read_notes(folder: Path) -> list[Note]:
-    """The notes kept by :func:`write_notes` (none when there are none)."""
-    path = folder / NOTES_FILE
-    if not path.is_file() or path.is_symlink():
-        return []
-    return [Note(str(n.get("kind", "")), str(n.get("message", ""))) for n in json.loads(path.read_text(encoding="utf-8"))]
-
-
-def notes_html(notes: list[Note]) -> str:
-    """The notes as an HTML block for the top of the feedback."""
-    import html
-
-    items = "".join(f"<li>{html.escape(n.message)}</li>" for n in notes)
-    return (
-        '<div class="grading-notes" style="border:2px solid #c60;padding:0.5em 1em;margin:1em;">'
-        f"<h2>How this submission was graded</h2><ul>{items}</ul></div>"
-    )

@@ -77,7 +77,7 @@ def sdpa_gradients(Q, K, V, dO, is_causal=False) -> tuple[torch.Tensor, torch.Te
 
 def scaled_logsumexp(Q: torch.Tensor, K: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """torch.logsumexp of each row of the scaled scores Q K^T / sqrt(d), masked keys left out."""
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    scores = torch.matmul(Q, K.mT) * Q.shape[-1] ** -0.5
     if is_causal:
         scores = scores.masked_fill(~causal_top_left(Q.shape[-2], K.shape[-2], Q.device), -math.inf)
     return torch.logsumexp(scores, dim=-1)

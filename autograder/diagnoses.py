@@ -391,8 +391,8 @@ def explain_number(value: float, exact: float) -> list[str]:
         return []
     for digits in range(1, 7):
         if value == _rounded(exact, digits) or math.isclose(value, _rounded(exact, digits), rel_tol=1e-12):
-            return [f"{value!r} is the exact value rounded to {digits} significant figure(s): give the exact value "
-                    "(computed, for example with math.sqrt or from the formula), not a rounding."]
+            return [f"{value!r} is the exact value rounded to {digits} significant figure(s): give the value as "
+                    "computed (from the formula, with math.sqrt(...) or float(...)), not a rounding of it."]
     for decimals in range(0, 7):
         if math.isclose(value, round(exact, decimals), rel_tol=1e-12):
             return [f"{value!r} is the exact value rounded to {decimals} decimal place(s): give the exact value, "

@@ -14,6 +14,7 @@ mistakes at grading time, while in the bundle only the generic diagnoses of
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from .compare import is_close
+from .guard import Forbidden, Guard
 
 
 @dataclass(frozen=True)
@@ -62,18 +64,28 @@ def _changed(before: Any, after: Any) -> bool:
     return not bool(((before == after) | ((before != before) & (after != after))).all())
 
 
-def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None) -> Outcome:
+#: The error type of a mistake that called a built-in its exercise forbids.
+FORBIDDEN = "ForbiddenCallError"
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None,
+        forbid: Sequence[Forbidden] = ()) -> Outcome:
     """Call ``fn`` on copies of the tensor arguments; record its result or its error and what it changed in place.
 
     Never raises, and never changes ``args``: a mistake that works in place must not change
-    the inputs the next mistake, or the next case, is run on.
+    the inputs the next mistake, or the next case, is run on. Under ``forbid``, a call of a
+    forbidden built-in is recorded as the error :data:`FORBIDDEN`.
     """
     kwargs = kwargs or {}
     copies, kw_copies = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
+    guard = Guard(tuple(forbid), "a catalogued mistake")
     try:
-        value = fn(*copies, **kw_copies)
+        with guard if forbid else contextlib.nullcontext():
+            value = fn(*copies, **kw_copies)
     except Exception as error:  # noqa: BLE001 - a mistake may fail, that is its signature
-        return Outcome(error=(type(error).__name__, str(error)))
+        return Outcome(error=(FORBIDDEN if guard.violations else type(error).__name__, str(error)))
+    if guard.violations:
+        return Outcome(error=(FORBIDDEN, guard.violations[0]))
     mutated = (tuple(i for i, (a, b) in enumerate(zip(args, copies)) if _changed(a, b))
                + tuple(k for k in kwargs if _changed(kwargs[k], kw_copies[k])))
     return Outcome(value=value, mutated=mutated)
@@ -89,19 +101,24 @@ def matching(
     atol: float = 1e-8,
     same_mutation: bool = False,
     right: Callable[[Any], bool] | None = None,
+    forbid: Sequence[Forbidden] = (),
 ) -> list[Mistake]:
     """Every mistake whose outcome on ``args`` equals the student's, one per name, in catalogue order.
 
     With ``same_mutation``, a mistake must also change the same inputs in place (for an answer
     whose only fault is that it changed them). ``right(value)`` says whether a value passes the
     check: a mistake that happens to give a right answer on this input names nothing (an
-    imprecise answer must not be told it scaled by sqrt(d_v) on an input where d_v = d_k).
+    imprecise answer must not be told it scaled by sqrt(d_v) on an input where d_v = d_k). A mistake
+    that calls a built-in of ``forbid`` is named by the guard, never by its result: the student's
+    code could not have called it.
     """
     found: list[Mistake] = []
     for mistake in mistakes:
         if any(m.name == mistake.name for m in found):
             continue
-        theirs = run(mistake.fn, args, kwargs)
+        theirs = run(mistake.fn, args, kwargs, forbid)
+        if theirs.error is not None and theirs.error[0] == FORBIDDEN:
+            continue
         if student.error is not None or theirs.error is not None:
             if student.error == theirs.error:
                 found.append(mistake)

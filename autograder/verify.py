@@ -114,7 +114,8 @@ def verify(
             problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
             same_mutation = True
         if problem is not None:
-            found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right)
+            found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right,
+                             forbid=forbid)
             message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
             raise CheckFailed(message + ("\n" + name_mistakes(narrowed(found, others())) if found else "")) from None
 
@@ -171,7 +172,8 @@ def naming_mistakes(
             outcome, _ = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
         except CheckFailed:
             raise failure from None
-        found = matching(outcome, mistakes, case.args, case.kwargs, right=lambda v: is_close(v, expected, rtol, atol))
+        found = matching(outcome, mistakes, case.args, case.kwargs, right=lambda v: is_close(v, expected, rtol, atol),
+                         forbid=forbid)
         if not found:
             raise
         raise CheckFailed(f"{failure}\n{name_mistakes(found)}") from None

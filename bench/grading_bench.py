@@ -139,6 +139,9 @@ def main() -> None:
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
     n = len(jobs)
+    if failed:
+        raise SystemExit(f"{failed} gradings of the class failed: the figures would mean nothing (run make autograde on "
+                         "a copy of the class to see why)")
     results = {
         "submissions": n,
         "notebooks": names,

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import notes, sandbox
+from . import notes, sandbox, staging
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
 from .notes import Note, safe_text
@@ -158,11 +158,11 @@ def _reason(output: str, code: int) -> str:
     return chosen[:300]
 
 
-def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, options: Options, limit: float,
+def _run_nbgrader(assignment: str, student: str, root: Path, staged: Path, options: Options, limit: float,
                   server: ForkServer | None) -> str | None:
     """``nbgrader autograde`` on the staged copy; None on success, else what went wrong."""
     args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
-            f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staging}",
+            f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
             f"--ResilientExecute.notebook_timeout={options.notebook_timeout}"]
     if options.cell_timeout:
         args.append(f"--Execute.timeout={options.cell_timeout}")
@@ -173,7 +173,7 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staging: Path, opti
         env["AUTOGRADER_SANDBOX"] = "off"
     try:
         if server is not None and server.process.poll() is None:
-            code, out, err = server.run(args[3:], root, env, limit, staging)
+            code, out, err = server.run(args[3:], root, env, limit, staged)
         else:
             proc = subprocess.Popen(args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -237,13 +237,13 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     options = options or Options()
     started = time.monotonic()
     outcome = Outcome(assignment, student)
-    staging = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
+    private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
-        staged = staging.stage(root, assignment, student, staging)
+        staged = staging.stage(root, assignment, student, private)
         outcome.notes += staged.notes
         if staged.notebooks:
             limit = options.notebook_timeout * len(staged.notebooks) + NBGRADER_MARGIN
-            outcome.error = _run_nbgrader(assignment, student, root, staging, options, limit, server)
+            outcome.error = _run_nbgrader(assignment, student, root, private, options, limit, server)
             if outcome.error is None:
                 _runtime_notes(outcome, root, staged.notebooks)
         else:
@@ -251,7 +251,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     except Exception as error:  # noqa: BLE001 - one submission must never stop the class
         outcome.error = safe_text(f"{type(error).__name__}: {error}")[:300]
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
     if outcome.error is not None:
         outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error}). That is not "
                                             "your doing: it will be graded again."))

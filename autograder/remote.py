@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from . import wire
+from . import INSTRUCTOR_ONLY, wire
 from .errors import CheckFailed, fail
 from .guard import ACTIVE_RULES, Forbidden
 
@@ -222,7 +222,7 @@ def _error_info(error: BaseException) -> dict:
 def _examiner(name: str) -> Callable[..., Any]:
     module, _, qualname = name.partition(":")
     parts = module.split(".")
-    if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in ("hidden", "pipeline")):
+    if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in INSTRUCTOR_ONLY):
         raise ValueError(f"{name} is not a probe of the public checks")
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):

@@ -21,10 +21,9 @@ import json
 import zipfile
 from pathlib import Path
 
+from .. import INSTRUCTOR_ONLY
 from .course import ROOT, assignments
 
-#: Parts of the package that never leave the instructor's machine.
-PRIVATE = ("hidden", "pipeline", "__main__.py")
 TOP = "attention-course"
 #: What students need from the pinned dependencies (the rest are the instructor's tools).
 STUDENT_PACKAGES = ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")
@@ -242,7 +241,7 @@ def bundle_files(root: Path = ROOT) -> dict[str, Path]:
     package = root / "autograder"
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package)
-        if relative.parts[0] in PRIVATE:
+        if relative.parts[0] in INSTRUCTOR_ONLY:
             continue
         # Beside the notebooks, so `import autograder` works from the notebooks' folder.
         files[f"{TOP}/autograder/{relative.as_posix()}"] = path

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 
+from .. import INSTRUCTOR_ONLY
 from . import cgroup
 
 #: The user the sandboxed code runs as when the grader is root.
@@ -183,11 +184,15 @@ def _python_binds() -> list[str]:
 
 
 def _package_binds() -> list[str]:
-    """The autograder package read-only, without ``hidden`` and ``pipeline`` (instructor-only)."""
+    """The autograder package read-only, without its instructor-only parts (an empty folder or file in their place)."""
     pkg = str(PACKAGE)
     args = ["--ro-bind", pkg, pkg]
-    for private in ("hidden", "pipeline"):
-        args += ["--tmpfs", f"{pkg}/{private}", "--remount-ro", f"{pkg}/{private}"]
+    for private in INSTRUCTOR_ONLY:
+        path = f"{pkg}/{private}"
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
     return args
 
 

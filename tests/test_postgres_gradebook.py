@@ -115,7 +115,9 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     assert notebook["mistake"][f"test_{exercise}_hidden"] == 0.0
     assert {k: v for k, v in notebook["mistake"].items() if exercise not in k} == {
         k: v for k, v in maximum.items() if exercise not in k}
-    assert set(notebook["patched"].values()) == {0.0}
+    # torch.allclose replaced in the kernel changes nothing: the checks compare in the grader, so the
+    # wrong hard_lookup scores 0 and the honest answers keep their points
+    assert notebook["patched"] == {k: 0.0 if "hard_lookup" in k else v for k, v in maximum.items()}
 
     nbgrader("export", "--to", str(course / "grades.csv"), f"--db={postgres_url}", "--log-level=WARN", root=course)
     rows = (course / "grades.csv").read_text().strip().splitlines()

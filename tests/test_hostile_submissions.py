@@ -530,8 +530,9 @@ def test_a_hostile_class(tmp_path):
     full = float(sum(POINTS.values()))
     check(totals["reference"] == (full, full), f"reference: {totals['reference']}")
     check(all(maximum == full for _, maximum in totals.values()), f"max scores: {totals}")
-    notes = (course / "autograded" / "reference" / A / NOTES_FILE).read_text()
-    check(not notes.strip("[]\n "), f"reference has notes: {notes}")
+    notes = json.loads((course / "autograded" / "reference" / A / NOTES_FILE).read_text())
+    check([n["kind"] for n in notes] == ["protection"], f"reference has notes: {notes}")
+    check("bubblewrap sandbox" in feedback_text(course, "reference"), "the feedback does not say the protection")
 
     # what a submission may not do to the grading of others, or to the grader
     def printed(student: str) -> str:

@@ -116,7 +116,7 @@ class Summary:
             lines += [f"  {a} / {s}: {why}" for a, s, why in self.failed]
         for (a, s), outcome in sorted(self.outcomes.items()):
             for note in outcome.notes:
-                if note.kind != "failed":
+                if note.kind not in ("failed", "protection"):  # said once, above
                     lines.append(f"  {a} / {s}: {note.message}")
         return safe_text("\n".join(lines))
 
@@ -236,7 +236,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
     options = options or Options()
     started = time.monotonic()
-    outcome = Outcome(assignment, student)
+    outcome = Outcome(assignment, student, notes=[Note("protection", f"How your code ran: {protection(options)}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
         staged = staging.stage(root, assignment, student, private)

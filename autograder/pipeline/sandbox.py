@@ -208,6 +208,9 @@ def environment(limits: Limits, home: str, token: str) -> dict[str, str]:
         MPLCONFIGDIR=f"{home}/.matplotlib",
         PYTHONDONTWRITEBYTECODE="1",
         PYDEVD_DISABLE_FILE_VALIDATION="1",
+        # the package grading imported (a worktree's, a cluster worker's unpacked course), not whichever one
+        # the environment has installed: only this one is in the sandbox
+        PYTHONPATH=str(PACKAGE.parent),
         OMP_NUM_THREADS=str(limits.threads),
         MKL_NUM_THREADS=str(limits.threads),
         OPENBLAS_NUM_THREADS=str(limits.threads),

@@ -237,7 +237,8 @@ def _notes_block(folder: Path) -> str:
     try:
         notes = grading_notes.read_notes(folder)
     except Exception as error:  # noqa: BLE001 - a damaged notes file is itself worth a note
-        notes = [grading_notes.Note("failed", f"The grading notes of this submission could not be read ({error}).")]
+        notes = [grading_notes.Note(grading_notes.NoteKind.FAILED,
+                                    f"The grading notes of this submission could not be read ({error}).")]
     return grading_notes.notes_html(notes) if notes else ""
 
 

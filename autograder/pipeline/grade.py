@@ -43,7 +43,7 @@ from pathlib import Path
 from . import notes, sandbox, staging
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
-from .notes import Note, safe_text
+from .notes import Note, NoteKind, safe_text
 
 #: Seconds a SQLite writer waits for another one before giving up.
 SQLITE_BUSY_TIMEOUT = 300
@@ -116,7 +116,7 @@ class Summary:
             lines += [f"  {a} / {s}: {why}" for a, s, why in self.failed]
         for (a, s), outcome in sorted(self.outcomes.items()):
             for note in outcome.notes:
-                if note.kind not in ("failed", "protection"):  # said once, above
+                if note.kind not in (NoteKind.FAILED, NoteKind.PROTECTION):  # said once, above
                     lines.append(f"  {a} / {s}: {note.message}")
         return safe_text("\n".join(lines))
 
@@ -236,7 +236,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
     options = options or Options()
     started = time.monotonic()
-    outcome = Outcome(assignment, student, notes=[Note("protection", f"How your code ran: {protection(options)}.")])
+    outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION, f"How your code ran: {protection(options)}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
         staged = staging.stage(root, assignment, student, private)
@@ -253,7 +253,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if outcome.error is not None:
-        outcome.notes.append(Note("failed", f"This submission could not be graded ({outcome.error}). That is not "
+        outcome.notes.append(Note(NoteKind.FAILED, f"This submission could not be graded ({outcome.error}). That is not "
                                             "your doing: it will be graded again."))
     try:
         notes.write_notes(root / "autograded" / student / assignment, outcome.notes)

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from nbformat import NotebookNode
 NOTES_FILE = ".grading-notes.json"
 #: The ``ename`` of the error outputs the grader gives a cell (autograder/pipeline/execute.py).
 TIMEOUT, KERNEL_DIED, NOT_RUN = "CellTimeoutError", "KernelDied", "NotRun"
-RUNTIME_ERRORS = {TIMEOUT, KERNEL_DIED, NOT_RUN}
+RUNTIME_ERRORS = {TIMEOUT, KERNEL_DIED, NOT_RUN}  # each is also a NoteKind
 #: How a cut output begins (the rest says how many bytes and which stream).
 OUTPUT_CUT = "[output cut:"
 
@@ -50,15 +51,37 @@ def safe_tree(value: Any) -> Any:
     return value
 
 
+class NoteKind(StrEnum):
+    """What a note is about. The values are what ``.grading-notes.json`` holds (do not change them)."""
+
+    PROTECTION = "protection"  # how the student's code ran (sandbox or limits only)
+    FAILED = "failed"  # the submission could not be graded: no score was recorded
+    MISSING = "missing"  # no notebook of that name: scores 0
+    RENAMED = "renamed"  # a notebook under another name was graded
+    IGNORED = "ignored"  # a notebook that is not part of the assignment
+    UNREADABLE = "unreadable"  # a file that is not a notebook
+    LINK = "link"  # a symbolic link or special file, not used
+    SIZE = "size"  # a file too large, not used
+    ADDED = "added"  # a cell the student added that claims to be graded
+    METADATA = "metadata"  # a locked cell's grading metadata was changed, then restored
+    EDITED = "edited"  # a locked cell was edited; the original ran
+    DELETED = "deleted"  # a test cell was missing; it was put back
+    MOVED = "moved"  # a test cell was moved; it was put back
+    OUTPUT = "output"  # a cell's output was cut
+    TIMEOUT = "CellTimeoutError"  # a cell ran out of time
+    KERNEL_DIED = "KernelDied"  # a cell killed its kernel
+    NOT_RUN = "NotRun"  # a cell was not run (the notebook's time ran out)
+
+
 @dataclass(frozen=True)
 class Note:
     """Something the student (and the instructor) should know about how a submission was graded."""
 
-    kind: str
+    kind: NoteKind
     message: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", safe_text(self.kind))
+        object.__setattr__(self, "kind", NoteKind(self.kind))  # an unknown kind is a ValueError
         object.__setattr__(self, "message", safe_text(self.message))
 
 
@@ -100,7 +123,7 @@ def runtime_notes(notebook: NotebookNode) -> list[Note]:
             if out.get("output_type") == "error" and out.get("ename") in RUNTIME_ERRORS:
                 notes.append(Note(out["ename"], f"{where}: {out['evalue']}"))
             elif out.get("output_type") == "stream" and OUTPUT_CUT in out.get("text", ""):
-                notes.append(Note("output", f"{where}: its output was cut (too long)."))
+                notes.append(Note(NoteKind.OUTPUT, f"{where}: its output was cut (too long)."))
     return unique(notes)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-from .notes import Note, safe_tree, unique
+from .notes import Note, NoteKind, safe_tree, unique
 
 #: Largest single file and whole submission copied for grading.
 MAX_FILE_BYTES = 50 * 2**20
@@ -91,19 +91,19 @@ def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
         rel = Path(dirpath).relative_to(source)
         for name in sorted(dirnames):
             if os.path.islink(os.path.join(dirpath, name)):
-                notes.append(Note("link", f"{rel / name} is a symbolic link; it was not used."))
+                notes.append(Note(NoteKind.LINK, f"{rel / name} is a symbolic link; it was not used."))
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
                              and d not in (".ipynb_checkpoints", "__pycache__"))
         for name in sorted(filenames):
             path = Path(dirpath) / name
             shown = rel / name
             if path.is_symlink() or not path.is_file():
-                notes.append(Note("link", f"{shown} is a symbolic link or not a regular file; it was not used."))
+                notes.append(Note(NoteKind.LINK, f"{shown} is a symbolic link or not a regular file; it was not used."))
                 continue
             size = path.stat().st_size
             total += size
             if size > MAX_FILE_BYTES or total > MAX_SUBMISSION_BYTES:
-                notes.append(Note("size", f"{shown} is too large ({size} bytes); it was not used."))
+                notes.append(Note(NoteKind.SIZE, f"{shown} is too large ({size} bytes); it was not used."))
                 continue
             if name.endswith(".ipynb") and rel == Path("."):
                 found_notebooks[path.stem] = path
@@ -117,7 +117,7 @@ def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
         try:
             readable[name] = nbformat.read(path, as_version=4)
         except Exception as error:  # noqa: BLE001 - any unreadable file is reported, not fatal
-            notes.append(Note("unreadable", f"{path.name} could not be read as a notebook ({type(error).__name__}); "
+            notes.append(Note(NoteKind.UNREADABLE, f"{path.name} could not be read as a notebook ({type(error).__name__}); "
                                             "it was not graded."))
     graded = []
     unclaimed = {n: nb for n, nb in readable.items() if n not in releases}
@@ -126,17 +126,17 @@ def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
         if notebook is None:
             notebook, other = _pick_renamed(unclaimed, release)
             if notebook is None:
-                notes.append(Note("missing", f"{name}.ipynb was not in your submission, so it scores 0."))
+                notes.append(Note(NoteKind.MISSING, f"{name}.ipynb was not in your submission, so it scores 0."))
                 continue
             unclaimed.pop(other)
-            notes.append(Note("renamed", f"Your notebook was named {other}.ipynb instead of {name}.ipynb; "
+            notes.append(Note(NoteKind.RENAMED, f"Your notebook was named {other}.ipynb instead of {name}.ipynb; "
                                          f"it was graded as {name}.ipynb."))
         normalized, cell_notes = normalize(safe_tree(notebook), release)
         notes += cell_notes
         nbformat.write(normalized, target / f"{name}.ipynb")
         graded.append(name)
     for other in unclaimed:
-        notes.append(Note("ignored", f"{other}.ipynb is not part of this assignment; it was not graded."))
+        notes.append(Note(NoteKind.IGNORED, f"{other}.ipynb is not part of this assignment; it was not graded."))
     return Staged(graded, notes)
 
 
@@ -173,22 +173,22 @@ def normalize(submitted: NotebookNode, release: NotebookNode) -> tuple[NotebookN
             twin = next((g for g in locked_sources.get(cell.source.strip(), []) if g not in matched), None)
             if twin is None:
                 if meta.get("grade") or meta.get("points"):
-                    notes.append(Note("added", f"A cell you added claims to be graded ({meta.get('grade_id') or 'no id'}, "
+                    notes.append(Note(NoteKind.ADDED, f"A cell you added claims to be graded ({meta.get('grade_id') or 'no id'}, "
                                                f"{meta.get('points', 0)} points); it was run as an ordinary cell."))
                 cell.metadata.pop("nbgrader", None)
                 cells.append(cell)
                 continue
             gid = twin
-            notes.append(Note("metadata", f"The test cell {twin} had lost or changed its grading metadata; "
+            notes.append(Note(NoteKind.METADATA, f"The test cell {twin} had lost or changed its grading metadata; "
                                           "it was restored."))
         reference = by_id[gid]
         changed = [k for k in ("points", "grade", "solution", "locked") if meta.get(k) != _meta(reference).get(k)]
         if changed and meta.get("grade_id") == gid:
-            notes.append(Note("metadata", f"The metadata of cell {gid} was changed ({', '.join(changed)}); "
+            notes.append(Note(NoteKind.METADATA, f"The metadata of cell {gid} was changed ({', '.join(changed)}); "
                                           "the original was restored."))
         if _locked(reference):
             if cell.source.strip() != reference.source.strip():
-                notes.append(Note("edited", f"The locked cell {gid} was edited; the original was run instead."))
+                notes.append(Note(NoteKind.EDITED, f"The locked cell {gid} was edited; the original was run instead."))
             cell = copy.deepcopy(reference)
             restored.add(id(cell))
         else:
@@ -213,9 +213,9 @@ def normalize(submitted: NotebookNode, release: NotebookNode) -> tuple[NotebookN
                 anchor = next(i for i, c in enumerate(result) if c is matched[gid])
             continue
         if gid not in matched:
-            notes.append(Note("deleted", f"The test cell {gid} was missing from your notebook; it was put back and run."))
+            notes.append(Note(NoteKind.DELETED, f"The test cell {gid} was missing from your notebook; it was put back and run."))
         elif gid in moved:
-            notes.append(Note("moved", f"The test cell {gid} had been moved; it was put back after its exercise."))
+            notes.append(Note(NoteKind.MOVED, f"The test cell {gid} had been moved; it was put back after its exercise."))
         anchor = min(anchor + 1, len(result))
         result.insert(anchor, copy.deepcopy(reference))
     notebook = copy.deepcopy(submitted)

@@ -48,6 +48,10 @@ release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS
 autograde: setup ## grade every submission in submitted/ (WORKERS=n; NO_SANDBOX=1 where bwrap is missing)
 	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(NO_SANDBOX),--no-sandbox)
 
+.PHONY: settings
+settings: setup ## print every setting (name, value in this course, where to set it) as README's table
+	$(BIN)/python -m autograder settings
+
 .PHONY: collect-zip
 collect-zip: setup ## put an LMS zip of submissions into submitted/ (ZIP=file.zip ASSIGNMENTS=01_soft_lookup)
 	$(BIN)/python -m autograder collect-zip $(ASSIGNMENTS) $(ZIP)

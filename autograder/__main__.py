@@ -15,11 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     auto = commands.add_parser("autograde", help="grade every submission in submitted/, in parallel")
     auto.add_argument("assignments", nargs="*", help="assignment names (default: all)")
-    auto.add_argument("--workers", type=int, default=None, help="processes at once (default: number of cores)")
+    auto.add_argument("--workers", type=int, default=None,
+                      help="submissions at once (default: Grading.workers of nbgrader_config.py, else the cores)")
     auto.add_argument("--cell-timeout", type=int, default=None,
                       help="seconds per cell (default: Execute.timeout of nbgrader_config.py)")
-    auto.add_argument("--notebook-timeout", type=int, default=grade.NOTEBOOK_TIMEOUT,
-                      help="seconds per notebook, restarts included (default: %(default)s)")
+    auto.add_argument("--notebook-timeout", type=int, default=None,
+                      help="seconds per notebook, restarts included (default: ResilientExecute.notebook_timeout)")
     auto.add_argument("--no-sandbox", action="store_true",
                       help="grade even where no sandbox can be made: students' code then runs with your rights")
     collect = commands.add_parser("collect-zip", help="put an LMS zip of submissions into submitted/ (nbgrader zip_collect)")
@@ -29,13 +30,14 @@ def main(argv: list[str] | None = None) -> int:
                          help="regular expression naming student_id and file_id in each file's path (default: Canvas)")
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    commands.add_parser("settings", help="print every setting of the course as a Markdown table")
     bundle = commands.add_parser("bundle", help="zip the student bundle")
     bundle.add_argument("output", help="path of the zip to write")
     args = parser.parse_args(argv)
     if args.command == "release":
         release.release(args.assignments)
     elif args.command == "autograde":
-        options = grade.Options(args.cell_timeout, args.notebook_timeout, sandbox=not args.no_sandbox)
+        options = grade.Options(args.cell_timeout, args.notebook_timeout, sandbox=False if args.no_sandbox else None)
         try:
             summary = grade.autograde(args.assignments, args.workers, options=options)
         except (grade.SandboxUnavailable, FileNotFoundError, RuntimeError) as error:
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         run = feedback.feedback(args.assignments)
         print(run)
         return 1 if run.broken else 0
+    elif args.command == "settings":
+        from .pipeline import settings
+
+        print(settings.table(), end="")
     elif args.command == "bundle":
         from .pipeline import bundle as bundle_module
 

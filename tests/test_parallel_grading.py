@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade
+from autograder.pipeline import grade, settings
 from autograder.pipeline.course import module_name, nbgrader
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
@@ -67,10 +67,13 @@ def test_parallel_equals_serial_and_repeats(tmp_path):
 
 
 def test_sqlite_gradebook_waits_instead_of_failing(tmp_path):
-    engine = sqlalchemy.create_engine(grade.db_url(tmp_path))
-    with engine.connect() as connection:
-        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == grade.SQLITE_BUSY_TIMEOUT * 1000
-    engine.dispose()
+    for busy in (settings.Grading().sqlite_busy_timeout, 7):  # the default, then the course's own setting
+        if busy == 7:
+            (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.Grading.sqlite_busy_timeout = 7\n")
+        engine = sqlalchemy.create_engine(grade.db_url(tmp_path))
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == busy * 1000
+        engine.dispose()
 
 
 def _write_submission(args) -> str:

@@ -74,7 +74,8 @@ class ResilientExecute(Execute):
                             "kernel (autograder.pipeline.judge); False runs them in the kernel, as nbgrader does."
                             ).tag(config=True)
     # A kernel that never goes idle must not lose the cells already executed.
-    raise_on_iopub_timeout = Bool(False).tag(config=True)
+    raise_on_iopub_timeout = Bool(False, help="Raise when a cell's output stops before the kernel is idle; False "
+                                  "keeps the cells already executed.").tag(config=True)
 
     def __init__(self, *args, **kwargs):
         from .sandbox import SandboxedKernelManager

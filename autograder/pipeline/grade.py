@@ -40,17 +40,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import notes, sandbox, staging
+from . import notes, sandbox, settings, staging
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
 from .notes import Note, NoteKind, safe_text
 
-#: Seconds a SQLite writer waits for another one before giving up.
-SQLITE_BUSY_TIMEOUT = 300
-#: Default time limit of one notebook (restarts included); ``ResilientExecute.notebook_timeout``.
-NOTEBOOK_TIMEOUT = 600
-#: Seconds added to the notebook limits before the whole nbgrader process is killed.
-NBGRADER_MARGIN = 120
 RUN_VARIABLE = sandbox.RUN_VARIABLE
 
 
@@ -60,21 +54,33 @@ class SandboxUnavailable(RuntimeError):
 
 def db_url(root: Path = ROOT) -> str:
     """The gradebook URL: ``NBGRADER_DB_URL`` if set, else SQLite in the course with a busy timeout."""
-    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{root / 'gradebook.db'}?timeout={SQLITE_BUSY_TIMEOUT}"
+    busy = settings.grading(root).sqlite_busy_timeout
+    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{root / 'gradebook.db'}?timeout={busy}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """How to grade: time limits, and whether student code may run without the sandbox."""
+    """What one grading run sets differently from the course's ``nbgrader_config.py`` (None: as it says)."""
 
-    cell_timeout: int | None = None  # seconds per cell (None: nbgrader_config.py's Execute.timeout)
-    notebook_timeout: int = NOTEBOOK_TIMEOUT
-    sandbox: bool = True  # False: run student code with the resource limits only (--no-sandbox)
+    cell_timeout: int | None = None  # seconds per cell (Execute.timeout)
+    notebook_timeout: int | None = None  # seconds per notebook, restarts included (ResilientExecute.notebook_timeout)
+    sandbox: bool | None = None  # False: run student code with the resource limits only (Grading.sandbox)
+
+    def resolved(self, root: Path = ROOT) -> Options:
+        """These options with every None replaced by the course's setting."""
+        from .execute import ResilientExecute
+
+        config = settings.course_config(root)
+        return Options(
+            cell_timeout=self.cell_timeout or settings.configured(config, ResilientExecute, "timeout"),
+            notebook_timeout=self.notebook_timeout or settings.configured(config, ResilientExecute, "notebook_timeout"),
+            sandbox=settings.configured(config, settings.Grading, "sandbox") if self.sandbox is None else self.sandbox,
+        )
 
 
 def protection(options: Options | None = None) -> str:
     """Which protection grading runs student code under, in words (for the summary and the feedback)."""
-    options = options or Options()
+    options = (options or Options()).resolved()
     where = ("test cells run in the grader's process; the student's code, in a bubblewrap sandbox"
              if options.sandbox and sandbox.mode() != "limits only" else
              "test cells run in the grader's process; the student's code WITHOUT a sandbox (resource limits only)")
@@ -163,9 +169,7 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staged: Path, optio
     """``nbgrader autograde`` on the staged copy; None on success, else what went wrong."""
     args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
             f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
-            f"--ResilientExecute.notebook_timeout={options.notebook_timeout}"]
-    if options.cell_timeout:
-        args.append(f"--Execute.timeout={options.cell_timeout}")
+            f"--ResilientExecute.notebook_timeout={options.notebook_timeout}", f"--Execute.timeout={options.cell_timeout}"]
     token = uuid.uuid4().hex
     env = tool_env()
     env[RUN_VARIABLE] = token
@@ -234,15 +238,16 @@ def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
 def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
               server: ForkServer | None = None) -> Outcome:
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
-    options = options or Options()
+    options = (options or Options()).resolved(root)
+    course = settings.grading(root)
     started = time.monotonic()
     outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION, f"How your code ran: {protection(options)}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
-        staged = staging.stage(root, assignment, student, private)
+        staged = staging.stage(root, assignment, student, private, course)
         outcome.notes += staged.notes
         if staged.notebooks:
-            limit = options.notebook_timeout * len(staged.notebooks) + NBGRADER_MARGIN
+            limit = options.notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
             outcome.error = _run_nbgrader(assignment, student, root, private, options, limit, server)
             if outcome.error is None:
                 _runtime_notes(outcome, root, staged.notebooks)
@@ -302,7 +307,8 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
 
     Raises :class:`SandboxUnavailable` where no sandbox can be made and ``options.sandbox`` is True.
     """
-    options = options or Options()
+    options = (options or Options()).resolved(root)
+    course = settings.grading(root)
     if options.sandbox and sandbox.mode() == "limits only":
         raise SandboxUnavailable(
             "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
@@ -310,11 +316,11 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
             "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
             f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
-    workers = workers or os.cpu_count() or 1
+    workers = workers or course.workers or os.cpu_count() or 1
     summary = Summary(protection=protection(options))
     start = time.monotonic()
     server = None
-    if jobs and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
+    if jobs and course.forkserver and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
         try:
             server = ForkServer()  # first, so that its imports overlap with preparing the gradebook
         except OSError:

@@ -33,10 +33,8 @@ import nbformat
 from nbformat import NotebookNode
 
 from .notes import Note, NoteKind, safe_tree, unique
+from .settings import Grading
 
-#: Largest single file and whole submission copied for grading.
-MAX_FILE_BYTES = 50 * 2**20
-MAX_SUBMISSION_BYTES = 200 * 2**20
 #: Cell metadata a student's cell keeps (the rest is dropped: it could be megabytes).
 KEPT_METADATA = {"nbgrader", "tags", "collapsed", "scrolled", "jupyter", "editable", "deletable"}
 
@@ -79,8 +77,13 @@ class Staged:
     notes: list[Note]
 
 
-def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
-    """Copy ``submitted/<student>/<assignment>`` to ``staging/<student>/<assignment>``, cleaned up."""
+def stage(root: Path, assignment: str, student: str, staging: Path, settings: Grading | None = None) -> Staged:
+    """Copy ``submitted/<student>/<assignment>`` to ``staging/<student>/<assignment>``, cleaned up.
+
+    A file larger than ``settings.max_file_mb``, or past ``settings.max_submission_mb`` in all, is left out.
+    """
+    settings = settings or Grading()
+    max_file, max_total = settings.max_file_mb * 2**20, settings.max_submission_mb * 2**20
     source = root / "submitted" / student / assignment
     target = staging / student / assignment
     target.mkdir(parents=True, exist_ok=True)
@@ -102,7 +105,7 @@ def stage(root: Path, assignment: str, student: str, staging: Path) -> Staged:
                 continue
             size = path.stat().st_size
             total += size
-            if size > MAX_FILE_BYTES or total > MAX_SUBMISSION_BYTES:
+            if size > max_file or total > max_total:
                 notes.append(Note(NoteKind.SIZE, f"{shown} is too large ({size} bytes); it was not used."))
                 continue
             if name.endswith(".ipynb") and rel == Path("."):

@@ -207,8 +207,6 @@ def environment(limits: Limits, home: str, token: str) -> dict[str, str]:
         IPYTHONDIR=f"{home}/.ipython",
         MPLCONFIGDIR=f"{home}/.matplotlib",
         PYTHONDONTWRITEBYTECODE="1",
-        # the kernel imports the very package the grader runs (an editable install, a checkout elsewhere)
-        PYTHONPATH=str(PACKAGE.parent),
         PYDEVD_DISABLE_FILE_VALIDATION="1",
         # the package grading imported (a worktree's, a cluster worker's unpacked course), not whichever one
         # the environment has installed: only this one is in the sandbox

@@ -23,17 +23,24 @@ from typing import Any
 import torch
 
 from .compare import is_close
-from .guard import Forbidden, Guard
+from .errors import CheckFailed
+from .guard import Forbidden, ForbiddenCall, Guard
 
 
 @dataclass(frozen=True)
 class Mistake:
-    """A known wrong way to solve an exercise."""
+    """A known wrong way to solve an exercise.
+
+    ``id`` names it for the grading pipeline, never for the student: stable when its words
+    change, unique in the course (``<notebook>/<exercise>/<slug>``), the same for several
+    implementations of one mistake.
+    """
 
     name: str
     explanation: str
     section: str
     fn: Callable[..., Any]
+    id: str = ""
 
     def message(self) -> str:
         """The paragraph a student reads when their answer makes this mistake."""
@@ -52,11 +59,25 @@ class Outcome:
     mutated: tuple[int | str, ...] = ()  # positions (and keyword names) of the tensor arguments it changed
 
 
-def _copy(value: Any) -> Any:
+class MistakeFound(CheckFailed):
+    """A failure whose answer is what catalogued mistakes give: the message names them.
+
+    The grader records their ids (:mod:`autograder.pipeline.judge`), so that the class report
+    counts mistakes by id, never by the words of a message.
+    """
+
+    def __init__(self, problem: str, mistakes: Sequence[Mistake]) -> None:
+        self.mistakes = tuple(mistakes)
+        super().__init__(f"{problem}\n{name_mistakes(self.mistakes)}" if self.mistakes else problem)
+
+
+def copy_argument(value: Any) -> Any:
+    """A copy of a tensor argument (other values as they are), for a call that may change it in place."""
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _changed(before: Any, after: Any) -> bool:
+    """Whether a tensor argument was changed in place (NaN equals NaN; meta tensors hold nothing to change)."""
     if not isinstance(before, torch.Tensor) or before.device.type == "meta":
         return False
     if before.shape != after.shape or before.dtype != after.dtype:
@@ -64,8 +85,14 @@ def _changed(before: Any, after: Any) -> bool:
     return not bool(((before == after) | ((before != before) & (after != after))).all())
 
 
+def mutated_arguments(originals: Sequence[Any], kw_originals: dict, args: Sequence[Any], kwargs: dict) -> tuple:
+    """The positions and keyword names of the tensor arguments that differ from their originals."""
+    return (tuple(i for i, (a, b) in enumerate(zip(originals, args)) if _changed(a, b))
+            + tuple(k for k in kw_originals if _changed(kw_originals[k], kwargs.get(k))))
+
+
 #: The error type of a mistake that called a built-in its exercise forbids.
-FORBIDDEN = "ForbiddenCallError"
+FORBIDDEN = ForbiddenCall.__name__
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None,
@@ -77,7 +104,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None,
     forbidden built-in is recorded as the error :data:`FORBIDDEN`.
     """
     kwargs = kwargs or {}
-    copies, kw_copies = [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
+    copies, kw_copies = [copy_argument(a) for a in args], {k: copy_argument(v) for k, v in kwargs.items()}
     guard = Guard(tuple(forbid), "a catalogued mistake")
     try:
         with guard if forbid else contextlib.nullcontext():
@@ -86,9 +113,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None,
         return Outcome(error=(FORBIDDEN if guard.violations else type(error).__name__, str(error)))
     if guard.violations:
         return Outcome(error=(FORBIDDEN, guard.violations[0]))
-    mutated = (tuple(i for i, (a, b) in enumerate(zip(args, copies)) if _changed(a, b))
-               + tuple(k for k in kwargs if _changed(kwargs[k], kw_copies[k])))
-    return Outcome(value=value, mutated=mutated)
+    return Outcome(value=value, mutated=mutated_arguments(args, kwargs, copies, kw_copies))
 
 
 def matching(
@@ -102,19 +127,22 @@ def matching(
     same_mutation: bool = False,
     right: Callable[[Any], bool] | None = None,
     forbid: Sequence[Forbidden] = (),
+    same: Callable[[Any, Any], bool] | None = None,
 ) -> list[Mistake]:
-    """Every mistake whose outcome on ``args`` equals the student's, one per name, in catalogue order.
+    """Every mistake whose outcome on ``args`` equals the student's, one per mistake, in catalogue order.
 
     With ``same_mutation``, a mistake must also change the same inputs in place (for an answer
     whose only fault is that it changed them). ``right(value)`` says whether a value passes the
     check: a mistake that happens to give a right answer on this input names nothing (an
     imprecise answer must not be told it scaled by sqrt(d_v) on an input where d_v = d_k). A mistake
     that calls a built-in of ``forbid`` is named by the guard, never by its result: the student's
-    code could not have called it.
+    code could not have called it. ``same(student's value, mistake's value)`` says when two values are
+    the same answer (default: tensors equal within ``rtol`` and ``atol``).
     """
+    same = same or (lambda a, b: is_close(a, b, rtol, atol))
     found: list[Mistake] = []
     for mistake in mistakes:
-        if any(m.name == mistake.name for m in found):
+        if any(_same_mistake(m, mistake) for m in found):
             continue
         theirs = run(mistake.fn, args, kwargs, forbid)
         if theirs.error is not None and theirs.error[0] == FORBIDDEN:
@@ -127,9 +155,14 @@ def matching(
             continue
         if not same_mutation and right is not None and _is_right(right, theirs.value):
             continue
-        if is_close(student.value, theirs.value, rtol, atol):
+        if same(student.value, theirs.value):
             found.append(mistake)
     return found
+
+
+def _same_mistake(a: Mistake, b: Mistake) -> bool:
+    """Two implementations of one mistake (one id; without ids, one name)."""
+    return a.id == b.id if a.id and b.id else a.name == b.name
 
 
 def _is_right(right: Callable[[Any], bool], value: Any) -> bool:

@@ -14,9 +14,25 @@ from dataclasses import dataclass, field
 
 from torch.overrides import TorchFunctionMode
 
+from .errors import CheckFailed
 
-class ForbiddenCallError(RuntimeError):
-    """Raised inside the student's function when it calls a forbidden built-in."""
+
+class ForbiddenCall(CheckFailed):
+    """A student's code called (or its source uses) a built-in its exercise forbids.
+
+    Raised inside the student's function by the guard, and by the checks when the guard saw a call
+    the function caught; checks recognise it by its type. ``builtin`` is the forbidden built-in as
+    the student knows it (None: the code got round the guard, which forbids every built-in).
+    """
+
+    def __init__(self, message: str, builtin: str | None = None) -> None:
+        super().__init__(message)
+        self.builtin = builtin
+
+
+def forbidden_call(shown_as: str, exercise: str) -> ForbiddenCall:
+    """The failure of ``exercise`` calling the forbidden ``shown_as``."""
+    return ForbiddenCall(message_for(shown_as, exercise), shown_as)
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ SOFTMAX_BUILTINS = (SOFTMAX, LOG_SOFTMAX, LOGSUMEXP)
 
 @dataclass
 class Guard(TorchFunctionMode):
-    """A torch function mode that raises :class:`ForbiddenCallError` on a forbidden call.
+    """A torch function mode that raises :class:`ForbiddenCall` on a forbidden call.
 
     ``violations`` keeps every forbidden call seen, so a student function that catches
     the error and carries on is still caught afterwards.
@@ -75,7 +91,7 @@ class Guard(TorchFunctionMode):
         for rule in self.rules:
             if name in rule.names:
                 self.violations.append(rule.shown_as)
-                raise ForbiddenCallError(message_for(rule.shown_as, self.exercise))
+                raise forbidden_call(rule.shown_as, self.exercise)
         return func(*args, **(kwargs or {}))
 
 

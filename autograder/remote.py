@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from . import INSTRUCTOR_ONLY, wire
 from .errors import CheckFailed, fail
-from .guard import ACTIVE_RULES, Forbidden
+from .guard import ACTIVE_RULES, Forbidden, ForbiddenCall
 
 
 class Interrupted(BaseException):
@@ -113,10 +113,16 @@ class Remote:
         return lambda number, kind, is_callable: Remote(self._channel, number, kind, is_callable, self._root)
 
     def _checked(self, forbid: Sequence[Forbidden], exercise: str) -> None:
-        if forbid:
-            problem = self._channel.forbidden_use(self._root, forbid, exercise)
-            if problem:
-                fail(problem)
+        if not forbid:
+            return
+        problem = self._channel.forbidden_use(self._root, forbid, exercise)
+        if problem:
+            # Which built-in: the rule that alone finds the same use; none when the code gets round the guard
+            # (found with no rule at all).
+            rules = [] if self._channel.forbidden_use(self._root, (), exercise) == problem else forbid
+            builtin = next((r.shown_as for r in rules
+                            if self._channel.forbidden_use(self._root, (r,), exercise) == problem), None)
+            raise ForbiddenCall(problem, builtin)
 
     def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden]) -> dict:
         self._checked(forbid, exercise)
@@ -124,6 +130,9 @@ class Remote:
                        forbid=[[r.shown_as, sorted(r.names)] for r in forbid])
         reply = self._ask(request)
         if "failed" in reply:
+            if "forbidden" in reply:  # the guard stopped a call in the kernel
+                builtin = reply["forbidden"]
+                raise ForbiddenCall(str(reply["failed"]), builtin if type(builtin) is str else None)
             raise CheckFailed(str(reply["failed"]))
         return reply
 
@@ -250,6 +259,8 @@ def _called(request: dict) -> dict:
     threads, children = threading.active_count(), _running_children()
     try:
         outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
+    except ForbiddenCall as failure:
+        return {"failed": str(failure), "forbidden": failure.builtin}
     except CheckFailed as failure:
         return {"failed": str(failure)}
     if threading.active_count() > threads or _running_children() > children:

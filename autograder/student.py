@@ -7,11 +7,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .diagnosis import Outcome
+from .diagnosis import Outcome, copy_argument, mutated_arguments
 from .errors import CheckFailed, fail
-from .guard import ACTIVE_RULES, Forbidden, ForbiddenCallError, Guard, message_for
+from .guard import ACTIVE_RULES, Forbidden, Guard, forbidden_call
 from .remote import Remote
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
@@ -40,25 +38,6 @@ def not_written(exercise: str) -> str:
     )
 
 
-def _copy(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-def _changed(before: Any, after: Any) -> bool:
-    """Whether a tensor argument was changed in place (NaN equals NaN; meta tensors hold nothing to change)."""
-    if not isinstance(before, torch.Tensor) or before.device.type == "meta":
-        return False
-    if before.shape != after.shape or before.dtype != after.dtype:
-        return True
-    return not bool(((before == after) | ((before != before) & (after != after))).all())
-
-
-def mutated_arguments(originals: Sequence[Any], kw_originals: dict, args: Sequence[Any], kwargs: dict) -> tuple:
-    """The positions and keyword names of the tensor arguments that differ from their originals."""
-    return (tuple(i for i, (a, b) in enumerate(zip(originals, args)) if _changed(a, b))
-            + tuple(k for k in kw_originals if _changed(kw_originals[k], kwargs.get(k))))
-
-
 def attempt(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -78,26 +57,24 @@ def attempt(
     # The student's function gets copies: changing its inputs in place must not change
     # the inputs the reference is computed from (and the copies show whether it did).
     originals, kw_originals = tuple(args), dict(kwargs or {})
-    args = tuple(_copy(a) for a in originals)
-    kwargs = {k: _copy(v) for k, v in kw_originals.items()}
+    args = tuple(copy_argument(a) for a in originals)
+    kwargs = {k: copy_argument(v) for k, v in kw_originals.items()}
     active = ACTIVE_RULES.set((tuple(forbid), exercise))
     try:
         with guard:
             value = fn(*args, **kwargs)
-    except CheckFailed:
+    except CheckFailed:  # a forbidden call (ForbiddenCall) among them
         raise
-    except ForbiddenCallError as error:
-        fail(str(error))
     except NotImplementedError:
         fail(not_written(exercise))
     except Exception as error:  # noqa: BLE001 - every student error becomes a message
         if guard.violations:
-            fail(message_for(guard.violations[0], exercise))
+            raise forbidden_call(guard.violations[0], exercise) from None
         return Outcome(error=(type(error).__name__, str(error))), error
     finally:
         ACTIVE_RULES.reset(active)
     if guard.violations:
-        fail(message_for(guard.violations[0], exercise))
+        raise forbidden_call(guard.violations[0], exercise)
     return Outcome(value=value, mutated=mutated_arguments(originals, kw_originals, args, kwargs)), None
 
 

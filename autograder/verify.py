@@ -1,8 +1,14 @@
-"""Compare a student's function with a reference on many inputs, say how it differs, and name the mistake."""
+"""Compare a student's function with a reference on many inputs, say how it differs, and name the mistake.
+
+:func:`verify` compares tensors (or tuples of them) with a reference's, :func:`verify_each` does so
+with a tolerance per input, :func:`verify_number` compares plain numbers with expected ones, and
+:func:`naming_mistakes` names the mistake behind a failing check of a property.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +17,7 @@ import torch
 
 from .compare import Mismatch, assert_matches, describe, is_close
 from .diagnoses import explain_mutation, explain_number
-from .diagnosis import Mistake, Outcome, catalogue, matching, name_mistakes
+from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching
 from .errors import CheckFailed, fail
 from .guard import Forbidden
 from .student import attempt, describe_error
@@ -117,7 +123,7 @@ def verify(
             found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right,
                              forbid=forbid)
             message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
-            raise CheckFailed(message + ("\n" + name_mistakes(narrowed(found, others())) if found else "")) from None
+            raise MistakeFound(message, narrowed(found, others()) if found else ()) from None
 
 
 def narrowed(found: list[Mistake], others: Iterable[tuple[Case, Outcome]]) -> list[Mistake]:
@@ -176,4 +182,105 @@ def naming_mistakes(
                          forbid=forbid)
         if not found:
             raise
-        raise CheckFailed(f"{failure}\n{name_mistakes(found)}") from None
+        raise MistakeFound(str(failure), found) from None
+
+
+def verify_each(
+    fn: Callable[..., Any],
+    cases: Sequence[Case],
+    reference: Callable[..., Any],
+    tolerance: Callable[[Any, Any], tuple[float, float]],
+    *,
+    exercise: str,
+    arg_names: Sequence[str],
+    forbid: Sequence[Forbidden] = (),
+    mistakes: Sequence[Mistake] | None = None,
+    notebook: str | None = None,
+) -> None:
+    """:func:`verify` case by case (one result each), each case with the tolerance of its dtype and scale.
+
+    ``tolerance(first argument, expected)`` gives the case's ``(rtol, atol)``. ``verify`` names
+    only the mistakes that are wrong on a case, so an answer that is merely imprecise is never told
+    it made a mistake whose output happens to be right there.
+    """
+    for case in cases:
+        expected = reference(*case.args, **case.kwargs)
+        rtol, atol = tolerance(case.args[0], expected)
+        verify(fn, [case], reference, exercise=exercise, notebook=notebook, arg_names=arg_names, outputs=None,
+               forbid=forbid, mistakes=mistakes, rtol=rtol, atol=atol)
+
+
+def _same_number(actual: Any, expected: Any, integer: bool, rel_tol: float, abs_tol: float) -> bool:
+    if isinstance(actual, bool) or not isinstance(actual, (int, float)):
+        return False
+    if integer:
+        return isinstance(actual, int) and actual == expected
+    return math.isclose(actual, expected, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def _type_problem(value: Any, integer: bool, what: str) -> str | None:
+    """A message when ``value`` is not a plain Python number of the right kind."""
+    wanted = "an int" if integer else "a float"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        hint = " Convert it with .item() or float(...)." if isinstance(value, torch.Tensor) else ""
+        return f"{what} should be {wanted} (a plain Python number), but it is {kind}.{hint}"
+    if integer and not isinstance(value, int):
+        return (f"{what} should be an int, but it is the float {value!r}. Sizes and counts are whole numbers: "
+                "multiply ints, and use // rather than / if you divide.")
+    return None
+
+
+def verify_number(
+    fn: Callable[..., Any],
+    cases: Sequence[tuple[Case, Any]],
+    *,
+    exercise: str,
+    arg_names: Sequence[str],
+    integer: bool,
+    mistakes: Sequence[Mistake] | None = None,
+    notebook: str | None = None,
+    rel_tol: float = 1e-9,
+    abs_tol: float = 1e-9,
+) -> None:
+    """Fail on the first ``(case, expected)`` where ``fn`` does not return ``expected``.
+
+    Integers must be equal and of type ``int``; floats equal within the tolerances. A float
+    that is the expected one rounded is told so. When the wrong answer equals what catalogued
+    mistakes return (``mistakes``, or the catalogue of ``notebook`` when the grader has it),
+    the message names them, all of them when several give that number.
+    """
+    if mistakes is None:
+        mistakes = catalogue(notebook, exercise) if notebook else ()
+
+    def same(student: Any, theirs: Any) -> bool:
+        same_kind = not integer or isinstance(student, int) == isinstance(theirs, int)
+        return same_kind and isinstance(theirs, (int, float)) and _same_number(student, theirs, False, rel_tol, abs_tol)
+
+    def fitting(outcome: Outcome, among: Sequence[Mistake], case: Case, expected: Any = None) -> list[Mistake]:
+        right = None if expected is None else (lambda v: _same_number(v, expected, integer, rel_tol, abs_tol))
+        return matching(outcome, among, case.args, case.kwargs, right=right, same=same)
+
+    for case, expected in cases:
+        outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise)
+        notes: list[str] = []
+        try:
+            if error is not None:
+                fail(describe_error(f"{exercise}(...)", error))
+            what = f"The result of {exercise}"
+            problem = _type_problem(outcome.value, integer, what)
+            if problem:
+                fail(problem)
+            if not _same_number(outcome.value, expected, integer, rel_tol, abs_tol):
+                if not integer:
+                    notes = explain_number(float(outcome.value), float(expected))
+                fail(f"{what} should be {expected!r}, but it is {outcome.value!r}.")
+        except CheckFailed as failure:
+            message = "\n".join([f"With the input {case.describe(arg_names)}:", str(failure), *notes])
+            found = fitting(outcome, mistakes, case, expected)
+            if len(found) > 1:  # the student's answers to the other inputs may tell them apart
+                for other, _ in cases:
+                    if other is not case and len(found) > 1:
+                        theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise)
+                        found = fitting(theirs, found, other) or found
+            raise MistakeFound(message, found) from None

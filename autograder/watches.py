@@ -1,6 +1,7 @@
 """Watches on what a student's function does inside PyTorch, run where the student's code runs.
 
-Each watch is a PyTorch mode that records while the student's function runs; the probes here
+Each watch is a PyTorch mode that records while the student's function runs (the tensors it
+allocates, its conversions to NumPy, the reductions it makes and over how many entries); the probes here
 (:func:`autograder.student.probe`) return what was recorded as plain data, so that the checks,
 in the grader's process, can judge it. A student's code can fool a watch in its own process
 (as it can fool the guard); the checks judge the values it returns in any case.
@@ -8,8 +9,10 @@ in the grader's process, can judge it. A student's code can fool a watch in its 
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -91,3 +94,89 @@ def watch_allocations(fn: Callable[..., Any], args: tuple, kwargs: dict, rows: i
         value = fn(*args, **kwargs)
     offender = None if tensors.offender is None else (tensors.offender[0], list(tensors.offender[1]))
     return value, {"offender": offender, "peak": tensors.peak, "numpy": arrays.used}
+
+
+#: Reductions whose size the streaming check records: "max" ones and "sum" ones.
+MAX_REDUCTIONS = frozenset({"max", "amax", "min", "amin", "aminmax", "argmax", "argmin", "cummax", "cummin",
+                            "sort", "topk", "kthvalue", "median", "nanmedian", "mode"})
+SUM_REDUCTIONS = frozenset({"sum", "nansum", "mean", "nanmean", "prod", "cumsum", "cumprod", "logcumsumexp",
+                            "logsumexp", "norm", "std", "var", "count_nonzero"})
+MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "vdot"})
+#: Contractions whose size is not read off their arguments (recorded as sums of unknown size).
+CONTRACTIONS = frozenset({"einsum", "tensordot"})
+
+
+@dataclass
+class Reduction:
+    """One reduction the student's code made: its kind ("max" or "sum"), name and size."""
+
+    kind: str
+    name: str
+    size: int | None
+
+
+def _size_of(t: torch.Tensor, dim: Any) -> int:
+    if t.dim() == 0:
+        return 1
+    if dim is None:
+        return t.numel()
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    return math.prod(int(t.shape[d]) for d in dims)
+
+
+def _reduction(name: str, args: tuple, kwargs: dict) -> Reduction | None:
+    if name in CONTRACTIONS:
+        return Reduction("sum", name, None)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name in MATMULS:
+        if len(tensors) < 2:
+            return None
+        a = tensors[0] if name != "__rmatmul__" else tensors[1]
+        return Reduction("sum", name, int(a.shape[-1]) if a.dim() else 1)
+    kind = "max" if name in MAX_REDUCTIONS else "sum" if name in SUM_REDUCTIONS else None
+    if kind is None:
+        return None
+    t = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
+    if not isinstance(t, torch.Tensor):
+        return None
+    if name in ("topk", "kthvalue"):
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+    elif name == "norm":
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+    elif name in ("sort", "cummax", "cummin", "cumsum", "cumprod", "logcumsumexp"):
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
+    else:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if isinstance(dim, torch.Tensor):  # torch.max(a, b): an elementwise maximum, not a reduction
+        return None
+    if isinstance(dim, bool) or not (dim is None or isinstance(dim, (int, tuple, list))):
+        return None
+    return Reduction(kind, name, _size_of(t, dim))
+
+
+@dataclass
+class ReductionRecorder(TorchFunctionMode):
+    """A torch function mode that records every max-like and sum-like reduction, in order."""
+
+    reductions: list[Reduction] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            found = _reduction(getattr(func, "__name__", ""), tuple(args), kwargs)
+        except Exception:  # noqa: BLE001 - recording must never change what the student's code does
+            found = None
+        if found is not None:
+            self.reductions.append(found)
+        return func(*args, **kwargs)
+
+
+def reductions_of(fn: Callable[..., Any], *args: Any) -> list[tuple]:
+    """A probe: ``fn(*args)`` run under a :class:`ReductionRecorder`; its reductions as (kind, name, size) tuples."""
+    recorder = ReductionRecorder()
+    with recorder:
+        fn(*args)
+    return [(r.kind, r.name, r.size) for r in recorder.reductions]

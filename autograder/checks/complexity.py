@@ -7,119 +7,16 @@ of the notebook; the attention exercises against ``F.scaled_dot_product_attentio
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import torch
 
-from ..diagnoses import explain_number
-from ..diagnosis import Mistake, Outcome, catalogue, name_mistakes, run
-from ..errors import CheckFailed, fail
+from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
-from ..student import attempt, call_student, describe_error, expect_error
-from ..verify import Case, verify
+from ..student import call_student, expect_error
+from ..verify import Case, verify, verify_number
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "complexity"
-
-# --- numbers: a checker for exercises that return an int or a float ------------------------
-
-
-def _same_number(actual: Any, expected: Any, integer: bool, rel_tol: float, abs_tol: float) -> bool:
-    if isinstance(actual, bool) or not isinstance(actual, (int, float)):
-        return False
-    if integer:
-        return isinstance(actual, int) and actual == expected
-    return math.isclose(actual, expected, rel_tol=rel_tol, abs_tol=abs_tol)
-
-
-def _type_problem(value: Any, integer: bool, what: str) -> str | None:
-    """A message when ``value`` is not a plain Python number of the right kind."""
-    wanted = "an int" if integer else "a float"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        hint = " Convert it with .item() or float(...)." if isinstance(value, torch.Tensor) else ""
-        return f"{what} should be {wanted} (a plain Python number), but it is {kind}.{hint}"
-    if integer and not isinstance(value, int):
-        return (f"{what} should be an int, but it is the float {value!r}. Sizes and counts are whole numbers: "
-                "multiply ints, and use // rather than / if you divide.")
-    return None
-
-
-def verify_number(
-    fn: Callable[..., Any],
-    cases: Sequence[tuple[Case, Any]],
-    *,
-    exercise: str,
-    arg_names: Sequence[str],
-    integer: bool,
-    mistakes: Sequence[Mistake] | None = None,
-    notebook: str | None = None,
-    rel_tol: float = 1e-9,
-    abs_tol: float = 1e-9,
-) -> None:
-    """Fail on the first ``(case, expected)`` where ``fn`` does not return ``expected``.
-
-    Integers must be equal and of type ``int``; floats equal within the tolerances. A float
-    that is the expected one rounded is told so. When the wrong answer equals what catalogued
-    mistakes return (``mistakes``, or the catalogue of ``notebook`` when the grader has it),
-    the message names them, all of them when several give that number.
-    """
-    if mistakes is None:
-        mistakes = catalogue(notebook, exercise) if notebook else ()
-    for case, expected in cases:
-        outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise)
-        notes: list[str] = []
-        try:
-            if error is not None:
-                fail(describe_error(f"{exercise}(...)", error))
-            what = f"The result of {exercise}"
-            problem = _type_problem(outcome.value, integer, what)
-            if problem:
-                fail(problem)
-            if not _same_number(outcome.value, expected, integer, rel_tol, abs_tol):
-                if not integer:
-                    notes = explain_number(float(outcome.value), float(expected))
-                fail(f"{what} should be {expected!r}, but it is {outcome.value!r}.")
-        except CheckFailed as failure:
-            message = "\n".join([f"With the input {case.describe(arg_names)}:", str(failure), *notes])
-            found = _matching_mistakes(outcome, mistakes, case, expected, integer, rel_tol, abs_tol)
-            if len(found) > 1:  # the student's answers to the other inputs may tell them apart
-                for other, _ in cases:
-                    if other is not case and len(found) > 1:
-                        theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise)
-                        found = _matching_mistakes(theirs, found, other, None, integer, rel_tol, abs_tol) or found
-            if found:
-                message += "\n" + name_mistakes(found)
-            raise CheckFailed(message) from None
-
-
-def _matching_mistakes(student: Outcome, mistakes: Sequence[Mistake], case: Case, expected: Any, integer: bool,
-                       rel_tol: float, abs_tol: float) -> list[Mistake]:
-    """Every mistake (one per name) that returns the student's number, or raises the student's error, on ``case``.
-
-    A mistake that returns the right number (``expected``; None: not known) on this case names nothing.
-    """
-    found: list[Mistake] = []
-    for mistake in mistakes:
-        if any(m.name == mistake.name for m in found):
-            continue
-        theirs = run(mistake.fn, case.args, case.kwargs)
-        if student.error is not None or theirs.error is not None:
-            if student.error == theirs.error:
-                found.append(mistake)
-            continue
-        if expected is not None and _same_number(theirs.value, expected, integer, rel_tol, abs_tol):
-            continue
-        same_kind = not integer or isinstance(student.value, int) == isinstance(theirs.value, int)
-        if same_kind and isinstance(theirs.value, (int, float)) and _same_number(
-            student.value, theirs.value, False, rel_tol, abs_tol
-        ):
-            found.append(mistake)
-    return found
-
 
 # --- the counting exercises ---------------------------------------------------------------------
 

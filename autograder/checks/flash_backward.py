@@ -22,7 +22,7 @@ import torch
 from ..compare import assert_close, describe, is_close
 from ..diagnosis import Mistake
 from ..errors import CheckFailed, fail
-from ..guard import ATTENTION_BUILTINS, ForbiddenCallError, Guard, forbidden, message_for
+from ..guard import ATTENTION_BUILTINS, ForbiddenCall, Guard, forbidden, forbidden_call
 from ..inputs import generator, math_sdpa, randn
 from ..student import expect_error, probe
 from ..verify import Case, verify
@@ -271,12 +271,12 @@ def backward_under_guard(function, Q, K, V, dO, block_size: int, is_causal: bool
     try:
         with guard:
             out.grad_fn.apply(dO.to(out.dtype))
-    except ForbiddenCallError:
+    except ForbiddenCall:
         raise
     except Exception:  # noqa: BLE001 - errors are reported by function_record
         pass
     if guard.violations:
-        raise ForbiddenCallError(message_for(guard.violations[0], "FlashAttention.backward"))
+        raise forbidden_call(guard.violations[0], "FlashAttention.backward")
 
 
 def gradcheck_record(function, Q, K, V, block_size: int, is_causal: bool) -> str | None:

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from ..diagnosis import catalogue
 from ..errors import CheckFailed, fail
 from ..guard import SOFTMAX_BUILTINS
 from ..inputs import generator, randn
 from ..student import expect_error, probe
-from ..verify import Case, verify
+from ..verify import Case, verify_each
+from ..watches import Reduction, reductions_of
+from ..watches import ReductionRecorder as ReductionRecorder  # imported from here by the tests
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "numerical_stability"
@@ -88,31 +88,8 @@ def log_tolerance(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float
     return 0.0, 8 * torch.finfo(x.dtype).eps * scale
 
 
-def verify_each(
-    fn: Callable[..., Any],
-    cases: Sequence[Case],
-    reference: Callable[..., Any],
-    tolerance: Callable[[torch.Tensor, torch.Tensor], tuple[float, float]],
-    *,
-    exercise: str,
-    arg_names: Sequence[str],
-    mistakes: Sequence | None = None,
-    notebook: str | None = None,
-) -> None:
-    """``verify`` case by case, each case with the tolerance of its dtype and scale.
-
-    ``verify`` names only the mistakes that are wrong on a case, so an answer that is merely
-    imprecise is never told it made a mistake whose output happens to be right there.
-    """
-    for case in cases:
-        expected = reference(*case.args, **case.kwargs)
-        rtol, atol = tolerance(case.args[0], expected)
-        verify(fn, [case], reference, exercise=exercise, notebook=notebook, arg_names=arg_names, outputs=None,
-               forbid=SOFTMAX_BUILTINS, mistakes=mistakes, rtol=rtol, atol=atol)
-
-
 def softmax_tolerance_of(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
-    """The tolerance function ``verify_each`` takes for probabilities."""
+    """The tolerance function :func:`~autograder.verify.verify_each` takes for probabilities."""
     return softmax_tolerance(x)
 
 
@@ -185,91 +162,6 @@ def gradcheck_problem(fn: Callable[..., Any], x: torch.Tensor, exercise: str, **
 
 # --- what online_softmax reduces over -------------------------------------------------------------
 
-#: Reductions whose size the streaming check records: "max" ones and "sum" ones.
-MAX_REDUCTIONS = frozenset({"max", "amax", "min", "amin", "aminmax", "argmax", "argmin", "cummax", "cummin",
-                            "sort", "topk", "kthvalue", "median", "nanmedian", "mode"})
-SUM_REDUCTIONS = frozenset({"sum", "nansum", "mean", "nanmean", "prod", "cumsum", "cumprod", "logcumsumexp",
-                            "logsumexp", "norm", "std", "var", "count_nonzero"})
-MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "vdot"})
-#: Contractions whose size is not read off their arguments (recorded as sums of unknown size).
-CONTRACTIONS = frozenset({"einsum", "tensordot"})
-
-
-@dataclass
-class Reduction:
-    """One reduction the student's code made: its kind ("max" or "sum"), name and size."""
-
-    kind: str
-    name: str
-    size: int | None
-
-
-def _size_of(t: torch.Tensor, dim: Any) -> int:
-    if t.dim() == 0:
-        return 1
-    if dim is None:
-        return t.numel()
-    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-    return math.prod(int(t.shape[d]) for d in dims)
-
-
-def _reduction(name: str, args: tuple, kwargs: dict) -> Reduction | None:
-    if name in CONTRACTIONS:
-        return Reduction("sum", name, None)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if name in MATMULS:
-        if len(tensors) < 2:
-            return None
-        a = tensors[0] if name != "__rmatmul__" else tensors[1]
-        return Reduction("sum", name, int(a.shape[-1]) if a.dim() else 1)
-    kind = "max" if name in MAX_REDUCTIONS else "sum" if name in SUM_REDUCTIONS else None
-    if kind is None:
-        return None
-    t = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
-    if not isinstance(t, torch.Tensor):
-        return None
-    if name in ("topk", "kthvalue"):
-        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-    elif name == "norm":
-        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
-    elif name in ("sort", "cummax", "cummin", "cumsum", "cumprod", "logcumsumexp"):
-        dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
-    else:
-        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    if isinstance(dim, torch.Tensor):  # torch.max(a, b): an elementwise maximum, not a reduction
-        return None
-    if isinstance(dim, bool) or not (dim is None or isinstance(dim, (int, tuple, list))):
-        return None
-    return Reduction(kind, name, _size_of(t, dim))
-
-
-@dataclass
-class ReductionRecorder(TorchFunctionMode):
-    """A torch function mode that records every max-like and sum-like reduction, in order."""
-
-    reductions: list[Reduction] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        super().__init__()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        try:
-            found = _reduction(getattr(func, "__name__", ""), tuple(args), kwargs)
-        except Exception:  # noqa: BLE001 - recording must never change what the student's code does
-            found = None
-        if found is not None:
-            self.reductions.append(found)
-        return func(*args, **kwargs)
-
-
-def reductions_of(online_softmax: Callable[..., Any], x: torch.Tensor, block_size: int) -> list[tuple]:
-    """A probe: ``online_softmax(x, block_size)`` run under a :class:`ReductionRecorder`; its reductions as tuples."""
-    recorder = ReductionRecorder()
-    with recorder:
-        online_softmax(x, block_size)
-    return [(r.kind, r.name, r.size) for r in recorder.reductions]
-
 
 def record_reductions(online_softmax: Callable[..., Any], x: torch.Tensor, block_size: int) -> list[Reduction]:
     """Run ``online_softmax(x, block_size)`` under the guard and return the reductions it made."""
@@ -338,7 +230,7 @@ def _softmax_cases() -> list[Case]:
 def check_stable_softmax(stable_softmax) -> None:
     """Against torch.softmax on large, -inf and batched inputs, dims, float32 and float16; gradcheck."""
     verify_each(stable_softmax, _softmax_cases(), softmax_reference, softmax_tolerance_of,
-                exercise="stable_softmax", notebook=NOTEBOOK, arg_names=("x",))
+                forbid=SOFTMAX_BUILTINS, exercise="stable_softmax", notebook=NOTEBOOK, arg_names=("x",))
     gen = generator(41)
     if not leaves_input_untouched(stable_softmax, randn(3, 4, gen=gen), "stable_softmax"):
         fail(input_changed_message("stable_softmax"))
@@ -362,8 +254,8 @@ def check_logsumexp(logsumexp) -> None:
         Case((randn(4, 3, gen=gen),), {"dim": 0}, label="over dim 0"),
         Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
     ]
-    verify_each(logsumexp, cases, logsumexp_reference, log_tolerance, exercise="logsumexp", notebook=NOTEBOOK,
-                arg_names=("x",))
+    verify_each(logsumexp, cases, logsumexp_reference, log_tolerance, forbid=SOFTMAX_BUILTINS, exercise="logsumexp",
+                notebook=NOTEBOOK, arg_names=("x",))
     expect_error(logsumexp, randn(3, 4, gen=gen), dim=-3, error=ValueError,
                  what="logsumexp(x of shape (3, 4), dim=-3)", why="x has no dimension -3")
     print("logsumexp passes the visible checks.")
@@ -383,8 +275,8 @@ def check_log_softmax(log_softmax) -> None:
         Case((randn(4, 3, gen=gen),), {"dim": 0}, label="over dim 0"),
         Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
     ]
-    verify_each(log_softmax, cases, log_softmax_reference, log_tolerance, exercise="log_softmax", notebook=NOTEBOOK,
-                arg_names=("x",))
+    verify_each(log_softmax, cases, log_softmax_reference, log_tolerance, forbid=SOFTMAX_BUILTINS, exercise="log_softmax",
+                notebook=NOTEBOOK, arg_names=("x",))
     problem = gradcheck_problem(log_softmax, randn(3, 4, gen=gen), "log_softmax", dim=-1)
     if problem:
         fail(problem)
@@ -405,7 +297,7 @@ def check_online_softmax(online_softmax) -> None:
         Case((torch.cat([torch.zeros(1), torch.full((300,), -8.0)]).half()[None], 1),
              label="float16: one entry 0, then 300 entries -8 (a float16 running sum would stay at 1)"),
     ]
-    verify_each(online_softmax, cases, online_reference, softmax_tolerance_of, exercise="online_softmax",
+    verify_each(online_softmax, cases, online_reference, softmax_tolerance_of, forbid=SOFTMAX_BUILTINS, exercise="online_softmax",
                 notebook=NOTEBOOK, arg_names=("x", "block_size"))
     problem = streaming_problem(record_reductions(online_softmax, x, 3), x.shape[-1], 3)
     if problem:

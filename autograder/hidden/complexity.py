@@ -20,7 +20,6 @@ from ..checks.complexity import (
     MEMORY_ARGS,
     assert_bool_mask,
     sdpa_reference,
-    verify_number,
 )
 from ..compare import assert_close
 from ..diagnosis import Mistake
@@ -28,7 +27,7 @@ from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..student import expect_error, probe
-from ..verify import Case, verify
+from ..verify import Case, verify, verify_number
 from ..watches import watch_allocations
 from . import hidden
 

@@ -34,8 +34,9 @@ from ..checks.flash_backward import (
     qkv,
     softmax_rows,
 )
-from ..diagnosis import Mistake
-from ..errors import CheckFailed, fail
+from ..diagnosis import Mistake, MistakeFound
+from ..errors import fail
+from ..guard import ForbiddenCall
 from ..inputs import generator, randn
 from ..student import expect_error, probe
 from ..verify import Case, verify
@@ -861,9 +862,8 @@ _GUARD_MISTAKES = {
 }
 
 
-#: How the guard (when the function is called) and the reading of the student's source (before that,
-#: when a notebook is graded) say that automatic differentiation was used.
-_AUTOGRAD_USED = tuple(f"{verb} {shown}" for verb in ("called", "uses") for shown in ("torch.autograd.grad", "Tensor.backward"))
+#: The forbidden built-ins that are automatic differentiation.
+_AUTOGRAD_USED = ("torch.autograd.grad", "Tensor.backward")
 
 
 @contextlib.contextmanager
@@ -871,12 +871,11 @@ def _autograd_named(exercise: str) -> Iterator[None]:
     """When the guard or the source reading stopped automatic differentiation, add the catalogue's explanation."""
     try:
         yield
-    except CheckFailed as error:
-        text = str(error)
-        if any(words in text for words in _AUTOGRAD_USED):
-            mistake = next(m for m in MISTAKES[exercise] if m.name == _GUARD_MISTAKES[exercise])
-            raise CheckFailed(f"{text}\n{mistake.message()}") from None
-        raise
+    except ForbiddenCall as error:
+        if error.builtin not in _AUTOGRAD_USED:
+            raise
+        mistake = next(m for m in MISTAKES[exercise] if m.name == _GUARD_MISTAKES[exercise])
+        raise MistakeFound(str(error), [mistake]) from None
 
 
 # --- hidden checks ------------------------------------------------------------------------------

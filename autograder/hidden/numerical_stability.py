@@ -21,15 +21,14 @@ from ..checks.numerical_stability import (
     softmax_reference,
     softmax_tolerance_of,
     streaming_problem,
-    verify_each,
     with_minus_inf,
 )
-from ..diagnosis import Mistake
-from ..errors import CheckFailed, fail
-from ..guard import SOFTMAX_BUILTINS
+from ..diagnosis import Mistake, MistakeFound
+from ..errors import fail
+from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
 from ..inputs import generator, randn
 from ..student import attempt, expect_error
-from ..verify import Case
+from ..verify import Case, verify_each
 from . import hidden
 
 INF = math.inf
@@ -417,12 +416,11 @@ def _builtins_named(exercise: str) -> Iterator[None]:
     """Add the catalogue's explanation to the guard's message when a built-in was called."""
     try:
         yield
-    except CheckFailed as error:
-        text = str(error)
-        if "which this exercise asks you to write yourself" in text:
-            builtin = next(m for m in MISTAKES[exercise] if m.name in _BUILTIN_NAMES)
-            raise CheckFailed(f"{text}\n{builtin.message()}") from None
-        raise
+    except ForbiddenCall as error:
+        if error.builtin is None:  # the code got round the guard: no built-in to explain
+            raise
+        builtin = next(m for m in MISTAKES[exercise] if m.name in _BUILTIN_NAMES)
+        raise MistakeFound(str(error), [builtin]) from None
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -497,7 +495,7 @@ def check_stable_softmax(stable_softmax) -> None:
         if not leaves_input_untouched(stable_softmax, randn(3, 5, gen=gen), "stable_softmax"):
             _named("stable_softmax", "the input modified in place", input_changed_message("stable_softmax"))
         verify_each(stable_softmax, _softmax_like_cases(402), softmax_reference, softmax_tolerance_of,
-                    exercise="stable_softmax", arg_names=("x",), mistakes=_by_output("stable_softmax"))
+                    forbid=SOFTMAX_BUILTINS, exercise="stable_softmax", arg_names=("x",), mistakes=_by_output("stable_softmax"))
         for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1),
                        (randn(4, 3, gen=gen) * 3, 0)]:
             problem = gradcheck_problem(stable_softmax, x, "stable_softmax", dim=dim)
@@ -518,7 +516,7 @@ def check_logsumexp(logsumexp) -> None:
     gen = generator(403)
     with _builtins_named("logsumexp"):
         verify_each(logsumexp, _softmax_like_cases(404), logsumexp_reference, log_tolerance,
-                    exercise="logsumexp", arg_names=("x",), mistakes=_by_output("logsumexp"))
+                    forbid=SOFTMAX_BUILTINS, exercise="logsumexp", arg_names=("x",), mistakes=_by_output("logsumexp"))
         _bad_dims(logsumexp, "logsumexp", gen)
     print("logsumexp passes the hidden checks.")
 
@@ -531,7 +529,7 @@ def check_log_softmax(log_softmax) -> None:
         if not leaves_input_untouched(log_softmax, randn(3, 5, gen=gen), "log_softmax"):
             fail(input_changed_message("log_softmax"))
         verify_each(log_softmax, _softmax_like_cases(406), log_softmax_reference, log_tolerance,
-                    exercise="log_softmax", arg_names=("x",), mistakes=_by_output("log_softmax"))
+                    forbid=SOFTMAX_BUILTINS, exercise="log_softmax", arg_names=("x",), mistakes=_by_output("log_softmax"))
         for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1)]:
             problem = gradcheck_problem(log_softmax, x, "log_softmax", dim=dim)
             if problem:
@@ -579,7 +577,7 @@ def check_online_softmax(online_softmax) -> None:
     exercise = "online_softmax"
     with _builtins_named(exercise):
         verify_each(online_softmax, _online_cases(408), online_reference, softmax_tolerance_of,
-                    exercise=exercise, arg_names=("x", "block_size"), mistakes=_by_output(exercise))
+                    forbid=SOFTMAX_BUILTINS, exercise=exercise, arg_names=("x", "block_size"), mistakes=_by_output(exercise))
         for shape, block in [((2, 3, 20), 3), ((4, 30), 7)]:
             x = randn(*shape, gen=gen) * 3
             problem = streaming_problem(record_reductions(online_softmax, x, block), shape[-1], block)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +158,14 @@ def matching(
         if same(student.value, theirs.value):
             found.append(mistake)
     return found
+
+
+def by_id(mistakes: Iterable[Mistake], ident: str) -> Mistake:
+    """The mistake of ``mistakes`` whose id is ``ident`` (a catalogue's own checks name mistakes by id)."""
+    for mistake in mistakes:
+        if mistake.id == ident:
+            return mistake
+    raise KeyError(f"no mistake {ident!r} in the catalogue")
 
 
 def _same_mistake(a: Mistake, b: Mistake) -> bool:

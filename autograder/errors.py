@@ -3,7 +3,9 @@
 A check's message is written for the student. In a notebook it is shown without a
 Python traceback: a traceback would point into the autograder's source (which, for
 hidden checks, must stay hidden) and would bury the message under frames that do not
-help. The cell still ends in an error, so nbgrader still gives it zero points.
+help. The cell still ends in an error, so nbgrader still gives it zero points. Its subclasses
+(a mismatch, a forbidden call, a named mistake) carry data for the checks and the grader; the
+student reads every one as a ``CheckFailed``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ class CheckFailed(AssertionError):
     """A check found something wrong; ``str(error)`` is the message for the student."""
 
 
+def shown_name(error: BaseException) -> str:
+    """The error's name as a notebook shows it: ``CheckFailed`` for every failed check, else its type's name."""
+    return CheckFailed.__name__ if isinstance(error, CheckFailed) else type(error).__name__
+
+
 def fail(message: str) -> NoReturn:
     """Stop the check with ``message``, shown to the student as it is."""
     raise CheckFailed(message)
@@ -23,7 +30,7 @@ def fail(message: str) -> NoReturn:
 def _show_without_traceback(shell, etype, value, tb, tb_offset=None):
     # ``_showtraceback`` is how ipykernel publishes an error output; giving it a
     # one-entry traceback keeps the message and drops every frame.
-    shell._showtraceback(etype, value, [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"])
+    shell._showtraceback(CheckFailed, value, [f"\x1b[0;31m{shown_name(value)}\x1b[0m: {value}"])
 
 
 def install_notebook_display() -> None:

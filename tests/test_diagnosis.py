@@ -548,8 +548,8 @@ def test_the_visible_tables_are_the_reference():
                           rtol=0, atol=visible06.TABLE_ATOL)
     assert torch.allclose(ref.sinusoidal_encoding(6, 4, 100.0, dtype=torch.float64), visible06.PE_6_4_BASE_100,
                           rtol=0, atol=visible06.TABLE_ATOL)
-    named = {m.name for m in hidden04.MISTAKES["online_softmax"]}
-    assert set(visible04.RULE_NAMES.values()) <= named
+    ids = {m.id for m in hidden04.MISTAKES["online_softmax"]}
+    assert set(visible04.RULE_MISTAKES.values()) <= ids
 
 
 # --- correct answers in other styles: none may lose a point ------------------------------------------------

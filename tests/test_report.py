@@ -1,4 +1,4 @@
-"""``make report``: scores per exercise, named mistakes with their section, other failures by message, ungraded."""
+"""``make report``: scores per exercise, named mistakes (by id) with their section, other failures by message, ungraded."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
+from autograder.diagnosis import by_id
+from autograder.hidden.soft_lookup import MISTAKES
 from autograder.pipeline import grade, report
+from autograder.pipeline.judge import mistakes_record
 from autograder.pipeline.notes import Note, write_notes
 
 from .course_copy import make_course, released
@@ -18,22 +21,27 @@ pytestmark = pytest.mark.slow  # releases a course copy with nbgrader
 
 ASSIGNMENT = "01_soft_lookup"
 EXERCISE = "scaled_dot_product_attention"
-NAMED = ("With the input Q = <shape (2, 5, 8)>:\nThe output is not what it should be.\nThis looks like the mistake "
-         "'no scaling': the scores must be divided by sqrt(d_k). Section '6. Scaled dot-product attention' of this "
-         "notebook explains it.")
+NO_SCALING = by_id(MISTAKES[EXERCISE], "soft_lookup/scaled_dot_product_attention/no-scaling")
+WRONG_AXIS = by_id(MISTAKES[EXERCISE], "soft_lookup/scaled_dot_product_attention/softmax-over-the-wrong-axis")
+NAMED = f"With the input Q = <shape (2, 5, 8)>:\nThe output is not what it should be.\n{NO_SCALING.message()}"
 
 
 def error(message: str):
     return nbformat.v4.new_output("error", ename="CheckFailed", evalue=message, traceback=[f"CheckFailed: {message}"])
 
 
-def graded(course, student: str, failing: dict[str, str]) -> None:
-    """A graded notebook whose test cells ``failing`` (grade id -> message) failed and score 0; the rest pass."""
+def graded(course, student: str, failing: dict[str, str | tuple]) -> None:
+    """A graded notebook whose test cells ``failing`` failed and score 0; the rest pass.
+
+    ``failing`` maps a grade id to the cell's message, or to ``(message, mistakes)`` for a failure whose
+    check named mistakes (the grader's record of them comes first, as the judge writes it).
+    """
     notebook = released(course, ASSIGNMENT)
     for cell in notebook.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in failing:
-            cell.outputs = [error(failing[grade_id])]
+            message, mistakes = failing[grade_id] if isinstance(failing[grade_id], tuple) else (failing[grade_id], ())
+            cell.outputs = ([mistakes_record(mistakes)] if mistakes else []) + [error(message)]
     folder = course / "autograded" / student / ASSIGNMENT
     folder.mkdir(parents=True)
     (folder / f"{ASSIGNMENT}.ipynb").write_text(json.dumps(notebook))
@@ -50,12 +58,14 @@ def graded(course, student: str, failing: dict[str, str]) -> None:
 def test_class_report(tmp_path):
     course = make_course(tmp_path, [ASSIGNMENT])
     visible = "With the input Q = <shape (3, 4)>: the largest error is {} at index [{}, 1]."
-    graded(course, "ann", {f"test_{EXERCISE}": visible.format("0.133", 0), f"test_{EXERCISE}_hidden": NAMED})
-    graded(course, "ben", {f"test_{EXERCISE}": visible.format("0.244", 2), f"test_{EXERCISE}_hidden": NAMED})
-    two = NAMED + (" This looks like the mistake 'softmax over the wrong axis': rows must sum to one. Section "
-                   "'2. Making the lookup soft' of this notebook explains it.")
-    graded(course, "gus", {f"test_{EXERCISE}_hidden": two})
+    named = (NAMED, [NO_SCALING])
+    graded(course, "ann", {f"test_{EXERCISE}": visible.format("0.133", 0), f"test_{EXERCISE}_hidden": named})
+    graded(course, "ben", {f"test_{EXERCISE}": visible.format("0.244", 2), f"test_{EXERCISE}_hidden": named})
+    graded(course, "gus", {f"test_{EXERCISE}_hidden": (f"{NAMED}\n{WRONG_AXIS.message()}", [NO_SCALING, WRONG_AXIS])})
     graded(course, "fay", {f"test_{EXERCISE}": visible.format("0.5", 3)})  # a failure no mistake explains
+    # A mistake's words in a message (a student's code can print them) without the grader's record of it.
+    forged = NAMED.replace("(2, 5, 8)", "(1, 1)")
+    graded(course, "hal", {f"test_{EXERCISE}": forged})
     graded(course, "cat", {"test_hard_lookup": "<script>alert('x')</script> hard_lookup is not written yet"})
     failed = course / "autograded" / "dan" / ASSIGNMENT
     failed.mkdir(parents=True)
@@ -67,19 +77,21 @@ def test_class_report(tmp_path):
 
     result = report.write_report([ASSIGNMENT], root=course)
 
-    assert str(result) == ("report: report/index.html: 5 graded submissions of 1 assignments; "
-                           "4 named mistakes, 2 other failures, 2 could not be graded")
+    assert str(result) == ("report: report/index.html: 6 graded submissions of 1 assignments; "
+                           "4 named mistakes, 3 other failures, 2 could not be graded")
     (assignment,) = result.assignments
     sdpa = assignment.exercises[EXERCISE]
     assert sdpa.max_points == sdpa_max
     assert sdpa.points == {"ann": 0.0, "ben": 0.0, "cat": sdpa_max, "fay": sdpa_max - cells[f"test_{EXERCISE}"],
-                           "gus": sdpa_max - cells[f"test_{EXERCISE}_hidden"]}
-    assert dict(sdpa.mistakes) == {"no scaling": {"ann", "ben", "gus"}, "softmax over the wrong axis": {"gus"}}
-    assert sdpa.sections == {"no scaling": "6. Scaled dot-product attention",
-                             "softmax over the wrong axis": "2. Making the lookup soft"}
+                           "gus": sdpa_max - cells[f"test_{EXERCISE}_hidden"], "hal": sdpa_max - cells[f"test_{EXERCISE}"]}
+    assert dict(sdpa.mistakes) == {NO_SCALING.id: {"ann", "ben", "gus"}, WRONG_AXIS.id: {"gus"}}
+    assert sdpa.names == {NO_SCALING.id: "no scaling", WRONG_AXIS.id: "softmax over the wrong axis"}
+    assert sdpa.sections == {NO_SCALING.id: "6. Scaled dot-product attention", WRONG_AXIS.id: "6. Scaled dot-product attention"}
     # The same failure on other numbers is one message; ann's and ben's are symptoms of their named mistake.
+    # hal's message has a mistake's words but no record of the grader's: not a named mistake.
     assert dict(sdpa.failures) == {
-        "CheckFailed: With the input Q = <shape (#, #)>: the largest error is # at index [#, #].": {"fay"}}
+        "CheckFailed: With the input Q = <shape (#, #)>: the largest error is # at index [#, #].": {"fay"},
+        report.uncatalogued(f"CheckFailed: {forged}"): {"hal"}}
     assert list(assignment.exercises)[:2] == ["hard_lookup", "soft_lookup"]
     assert result.ungraded == [(ASSIGNMENT, "dan", "This submission could not be graded (the kernel died)."),
                                (ASSIGNMENT, "eve", "submitted, but no graded copy in autograded/ (run make autograde)")]
@@ -87,7 +99,7 @@ def test_class_report(tmp_path):
     page = (course / "report" / "index.html").read_text(encoding="utf-8")
     assert re.search(r"<td>no scaling</td><td>3</td><td>6\. Scaled dot-product attention</td>", page)
     assert "<script>" not in page and "&lt;script&gt;" in page
-    assert f"1 of 5 students have full marks ({sdpa_max:g} points)" in page
+    assert f"1 of 6 students have full marks ({sdpa_max:g} points)" in page
     png = course / "report" / f"{ASSIGNMENT}-scores.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"src='{ASSIGNMENT}-scores.png'" in page

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..compare import assert_close, assert_shape, assert_tensor, describe
-from ..diagnosis import Mistake, Outcome, diagnose
+from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
@@ -200,7 +201,7 @@ def allocation_problem(allocated: int, batch, kv_heads, d_head, dtype) -> str | 
 def check_cache_cases(KVCache, cases: Sequence[Case], mistakes: Sequence[Mistake] = ()) -> None:  # noqa: N803
     """Run :func:`cache_scenario` on every case and compare with the concatenation of the chunks."""
     names = ("batch", "kv_heads", "max_len", "d_head")
-    diagnosable = [Mistake(m.name, m.explanation, m.section, _scenario_of(m.fn)) for m in mistakes]
+    diagnosable = [replace(m, fn=_scenario_of(m.fn)) for m in mistakes]
     for case in cases:
         batch, kv_heads, max_len, d_head, chunks = case.args
         shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head}, dtype={case.kwargs.get('dtype', torch.float32)})"
@@ -212,9 +213,7 @@ def check_cache_cases(KVCache, cases: Sequence[Case], mistakes: Sequence[Mistake
         context = ", ".join(f"{n} = {v}" for n, v in zip(names, case.args))
         message = f"With a cache {shape} ({context}) and appends of {sizes} tokens ({case.label}):\n{problem}"
         mistake = diagnose(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
-        if mistake is not None:
-            message += "\n" + mistake.message()
-        fail(message)
+        raise MistakeFound(message, [mistake] if mistake else [])
 
 
 def _scenario_of(cache_class):

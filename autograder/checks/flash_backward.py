@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..compare import assert_close, describe, is_close
-from ..diagnosis import Mistake
+from ..diagnosis import Mistake, MistakeFound
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS, ForbiddenCall, Guard, forbidden, forbidden_call
 from ..inputs import generator, math_sdpa, randn
@@ -390,8 +390,7 @@ def check_function_cases(FlashAttention, cases: Sequence[Case], mistakes: Sequen
             theirs = function_problem(probe(function_record, mistake.fn, Q, K, V, dO, block_size, causal,
                                             what=what), case)
             if theirs is not None and theirs[0] == kind and same_evidence(theirs[1], evidence):
-                message += "\n" + mistake.message()
-                break
+                raise MistakeFound(message, [mistake])
         fail(message)
 
 

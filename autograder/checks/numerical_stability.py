@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..diagnosis import catalogue
+from ..diagnosis import Mistake, MistakeFound, catalogue
 from ..errors import CheckFailed, fail
 from ..guard import SOFTMAX_BUILTINS
 from ..inputs import generator, randn
@@ -199,14 +199,14 @@ def streaming_problem(reductions: Sequence[Reduction], length: int, block_size: 
     return None
 
 
-#: The catalogued mistake each broken streaming rule is (when the grader has the catalogue).
-RULE_NAMES = {"whole row": "the whole row reduced at once", "two passes": "two passes over the row"}
+#: The id of the catalogued mistake each broken streaming rule is (when the grader has the catalogue).
+RULE_MISTAKES = {"whole row": "numerical_stability/online_softmax/the-whole-row-reduced-at-once",
+                 "two passes": "numerical_stability/online_softmax/two-passes-over-the-row"}
 
 
-def named_rule(rule: str, notebook: str) -> str:
-    """The catalogue's paragraph for the mistake that breaks ``rule``, on a new line ("" without the catalogue)."""
-    found = [m for m in catalogue(notebook, "online_softmax") if m.name == RULE_NAMES.get(rule)]
-    return "\n" + found[0].message() if found else ""
+def rule_mistakes(rule: str, notebook: str) -> list[Mistake]:
+    """The catalogued mistake that breaks ``rule`` (none without the catalogue)."""
+    return [m for m in catalogue(notebook, "online_softmax") if m.id == RULE_MISTAKES.get(rule)]
 
 
 # --- the checks -----------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def check_online_softmax(online_softmax) -> None:
                 notebook=NOTEBOOK, arg_names=("x", "block_size"))
     problem = streaming_problem(record_reductions(online_softmax, x, 3), x.shape[-1], 3)
     if problem:
-        fail(problem[0] + named_rule(problem[1], NOTEBOOK))
+        raise MistakeFound(problem[0], rule_mistakes(problem[1], NOTEBOOK))
     expect_error(online_softmax, x, 0, error=ValueError, what="online_softmax(x, block_size=0)",
                  why="a block must hold at least one entry")
     print("online_softmax passes the visible checks.")

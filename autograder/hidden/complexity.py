@@ -481,93 +481,120 @@ BOTTOM_RIGHT = (
 MISTAKES: dict[str, list[Mistake]] = {
     "attention_flops": [
         Mistake("FLOPs without the factor 2", "a multiply-add counts as 2 FLOPs, so a (p x r)(r x q) product costs "
-                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, flops_without_factor_2),
+                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, flops_without_factor_2,
+                id="complexity/attention_flops/flops-without-the-factor-2"),
         Mistake("only Q K^T counted", "attention has two matrix products: the scores Q K^T (2 b h n m d_k) and "
-                "the output A V (2 b h n m d_v).", FLOPS, flops_scores_only),
+                "the output A V (2 b h n m d_v).", FLOPS, flops_scores_only,
+                id="complexity/attention_flops/only-q-k-t-counted"),
         Mistake("d_k used for both products", "the output product A V is (n x m)(m x d_v): its length is d_v, "
-                "not d_k.", FLOPS, flops_d_k_twice),
+                "not d_k.", FLOPS, flops_d_k_twice, id="complexity/attention_flops/d-k-used-for-both-products"),
         Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", FLOPS, flops_n_squared),
+                "n = m only for self-attention.", FLOPS, flops_n_squared,
+                id="complexity/attention_flops/n-squared-instead-of-n-times-m"),
         Mistake("heads forgotten", "every head computes its own attention: multiply by the number of heads.",
-                FLOPS, flops_without_heads),
+                FLOPS, flops_without_heads, id="complexity/attention_flops/heads-forgotten"),
         Mistake("batch forgotten", "every sequence of the batch computes its own attention: multiply by the "
-                "batch size.", FLOPS, flops_without_batch),
+                "batch size.", FLOPS, flops_without_batch, id="complexity/attention_flops/batch-forgotten"),
     ],
     "attention_memory_bytes": [
         Mistake("bytes that ignore the dtype (4 bytes assumed)", "an element of float16 or bfloat16 takes 2 "
                 "bytes and one of float64 8 bytes: use torch.empty((), dtype=dtype).element_size() (or "
-                "dtype.itemsize).", MEMORY, bytes_ignoring_dtype),
+                "dtype.itemsize).", MEMORY, bytes_ignoring_dtype,
+                id="complexity/attention_memory_bytes/bytes-that-ignore-the-dtype-4-bytes-assumed"),
         Mistake("two matrices counted (the scores and the weights)", "the function returns the bytes of ONE "
                 "(batch, heads, n, m) matrix; the softmax weights are a second matrix of the same size, which the "
-                "notebook counts on its own.", MEMORY, bytes_two_matrices),
+                "notebook counts on its own.", MEMORY, bytes_two_matrices,
+                id="complexity/attention_memory_bytes/two-matrices-counted-the-scores-and-the-weights"),
         Mistake("bits instead of bytes", "torch.finfo(dtype).bits counts bits; a byte is 8 bits.", MEMORY,
-                bytes_in_bits),
+                bytes_in_bits, id="complexity/attention_memory_bytes/bits-instead-of-bytes"),
         Mistake("entries counted instead of bytes", "the function returns bytes: multiply the number of entries "
-                "by the size of one element of the dtype.", MEMORY, bytes_counting_entries),
+                "by the size of one element of the dtype.", MEMORY, bytes_counting_entries,
+                id="complexity/attention_memory_bytes/entries-counted-instead-of-bytes"),
         Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", MEMORY, bytes_n_squared),
+                "n = m only for self-attention.", MEMORY, bytes_n_squared,
+                id="complexity/attention_memory_bytes/n-squared-instead-of-n-times-m"),
         Mistake("heads forgotten", "every head has its own score matrix: multiply by the number of heads.",
-                MEMORY, bytes_without_heads),
+                MEMORY, bytes_without_heads, id="complexity/attention_memory_bytes/heads-forgotten"),
     ],
     "fit_power_law": [
         Mistake("line forced through the origin", "fitting log(cost) = p log(n) without an intercept assumes "
                 "the constant c is 1; fit log(cost) = log(c) + p log(n) with both unknowns (centre x and y).",
-                POWER_LAW, fit_through_origin),
+                POWER_LAW, fit_through_origin, id="complexity/fit_power_law/line-forced-through-the-origin"),
         Mistake("slope of the two end points", "the slope between the first and the last point ignores every "
                 "other measurement; with noisy data the least-squares slope over all points differs.",
-                POWER_LAW, fit_end_points),
+                POWER_LAW, fit_end_points, id="complexity/fit_power_law/slope-of-the-two-end-points"),
         Mistake("log n regressed on log cost", "the exponent is the slope of log(cost) against log(n): divide "
-                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW, fit_axes_swapped),
+                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW, fit_axes_swapped,
+                id="complexity/fit_power_law/log-n-regressed-on-log-cost"),
         Mistake("semi-log fit (n not logged)", "a power law is a straight line when both n and the cost are on "
-                "a log scale: take the logarithm of the sizes too.", POWER_LAW, fit_semilog),
+                "a log scale: take the logarithm of the sizes too.", POWER_LAW, fit_semilog,
+                id="complexity/fit_power_law/semi-log-fit-n-not-logged"),
         Mistake("straight line fitted without logarithms", "the exponent is the slope on a log-log plot: take "
-                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW, fit_without_logs),
+                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW, fit_without_logs,
+                id="complexity/fit_power_law/straight-line-fitted-without-logarithms"),
     ],
     "chunked_attention": [
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped),
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped_into_zeros),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, chunked_bottom_right),
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped,
+                id="complexity/chunked_attention/last-chunk-dropped"),
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped_into_zeros,
+                id="complexity/chunked_attention/last-chunk-dropped"),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, chunked_bottom_right,
+                id="complexity/chunked_attention/bottom-right-causal-alignment"),
         Mistake("causal mask not shifted to the chunk's rows", "row r of the chunk that starts at query s is "
                 "query s + r: the causal mask of the chunk must compare the keys with the global query index.",
-                CHUNKS, chunked_mask_not_shifted),
+                CHUNKS, chunked_mask_not_shifted,
+                id="complexity/chunked_attention/causal-mask-not-shifted-to-the-chunk-s-rows"),
         Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k), in every chunk.", CHUNKS,
-                chunked_no_scaling),
+                chunked_no_scaling, id="complexity/chunked_attention/no-scaling-by-sqrt-d-k"),
         Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
-                "the last axis (dim=-1).", CHUNKS, chunked_softmax_over_queries),
+                "the last axis (dim=-1).", CHUNKS, chunked_softmax_over_queries,
+                id="complexity/chunked_attention/softmax-over-the-queries"),
     ],
     "flash_attention": [
         Mistake("output accumulator not rescaled", "when a block raises the running max from m_old to m_new, "
                 "the accumulated output was computed with exp(s - m_old): multiply it by exp(m_old - m_new), "
-                "like the running sum, before adding the new block.", FLASH, flash_accumulator_not_rescaled),
+                "like the running sum, before adding the new block.", FLASH, flash_accumulator_not_rescaled,
+                id="complexity/flash_attention/output-accumulator-not-rescaled"),
         Mistake("running sum not rescaled", "when a block raises the running max from m_old to m_new, the "
                 "running sum must be multiplied by exp(m_old - m_new) before adding the new block's sum.",
-                FLASH, flash_sum_not_rescaled),
+                FLASH, flash_sum_not_rescaled, id="complexity/flash_attention/running-sum-not-rescaled"),
         Mistake("no running max (exp overflows)", "exp of a raw score overflows to inf for large scores and "
-                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, flash_no_max),
+                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, flash_no_max,
+                id="complexity/flash_attention/no-running-max-exp-overflows"),
         Mistake("no final division by the running sum", "the accumulator holds sum_j exp(s_j - m) v_j; the "
-                "output is the accumulator divided by the running sum.", FLASH, flash_no_final_division),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_last_key_block_dropped),
-        Mistake("last query block dropped", LAST_BLOCK, FLASH, flash_last_query_block_dropped),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_bottom_right),
+                "output is the accumulator divided by the running sum.", FLASH, flash_no_final_division,
+                id="complexity/flash_attention/no-final-division-by-the-running-sum"),
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_last_key_block_dropped,
+                id="complexity/flash_attention/last-key-block-dropped"),
+        Mistake("last query block dropped", LAST_BLOCK, FLASH, flash_last_query_block_dropped,
+                id="complexity/flash_attention/last-query-block-dropped"),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_bottom_right,
+                id="complexity/flash_attention/bottom-right-causal-alignment"),
         Mistake("causal mask with indices inside the block", "inside the block of queries starting at q0 and "
                 "keys starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare "
-                "global indices, not positions inside the blocks.", FLASH, flash_block_local_causal),
+                "global indices, not positions inside the blocks.", FLASH, flash_block_local_causal,
+                id="complexity/flash_attention/causal-mask-with-indices-inside-the-block"),
         Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k); scale the queries (or every "
-                "block of scores).", FLASH, flash_no_scaling),
+                "block of scores).", FLASH, flash_no_scaling, id="complexity/flash_attention/no-scaling-by-sqrt-d-k"),
     ],
     "sliding_window_mask": [
         Mistake("window off by one (w + 1 keys)", "query i sees the w keys i - w + 1, ..., i: the condition is "
-                "0 <= i - j < w, with a strict <.", WINDOW, window_one_too_many),
+                "0 <= i - j < w, with a strict <.", WINDOW, window_one_too_many,
+                id="complexity/sliding_window_mask/window-one-key-too-many"),
         Mistake("window off by one (w - 1 keys)", "query i sees the w keys i - w + 1, ..., i, itself included: "
-                "the condition is 0 <= i - j < w.", WINDOW, window_one_too_few),
+                "the condition is 0 <= i - j < w.", WINDOW, window_one_too_few,
+                id="complexity/sliding_window_mask/window-one-key-too-few"),
         Mistake("future keys allowed", "the window is causal: keys after the query (i - j < 0) are not allowed, "
-                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, window_future_allowed),
+                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, window_future_allowed,
+                id="complexity/sliding_window_mask/future-keys-allowed"),
         Mistake("window looking ahead", "the window holds the w most recent keys, j <= i; the mask is "
-                "transposed (it allows 0 <= j - i < w).", WINDOW, window_looks_ahead),
+                "transposed (it allows 0 <= j - i < w).", WINDOW, window_looks_ahead,
+                id="complexity/sliding_window_mask/window-looking-ahead"),
         Mistake("symmetric window", "|i - j| < w also allows future keys: the sliding window is causal, "
-                "0 <= i - j < w.", WINDOW, window_symmetric),
+                "0 <= i - j < w.", WINDOW, window_symmetric, id="complexity/sliding_window_mask/symmetric-window"),
         Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention), so the allowed "
-                "pairs 0 <= i - j < w are the True entries.", WINDOW, window_inverted),
+                "pairs 0 <= i - j < w are the True entries.", WINDOW, window_inverted,
+                id="complexity/sliding_window_mask/inverted-boolean-convention"),
     ],
 }
 

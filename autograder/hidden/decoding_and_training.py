@@ -8,6 +8,7 @@ reference classes of this module stand in for the student's ``KVCache`` and ``Ti
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,7 @@ from ..checks.decoding_and_training import (
 )
 from ..checks.masking import lower_right_pattern
 from ..compare import assert_close, assert_shape, assert_tensor, is_close
-from ..diagnosis import Mistake, Outcome, diagnose
+from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
@@ -664,97 +665,113 @@ ROTATE_ONCE = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "KVCache": [
-        Mistake("the cache grown by concatenating a new tensor at every step", QUADRATIC, CACHE, CacheConcatenated),
+        Mistake("the cache grown by concatenating a new tensor at every step", QUADRATIC, CACHE, CacheConcatenated,
+                id="decoding_and_training/KVCache/the-cache-grown-by-concatenating-a-new-tensor"),
         Mistake("the whole storage returned instead of the first len(cache) positions", "append returns "
                 "storage[:, :, :len(cache)] for keys and values: the positions beyond len(cache) hold no token yet, "
-                "and attention over them would attend to zeros or garbage.", CACHE, CacheWholeStorage),
+                "and attention over them would attend to zeros or garbage.", CACHE, CacheWholeStorage,
+                id="decoding_and_training/KVCache/the-whole-storage-returned-instead-of-the-first"),
         Mistake("the caller's tensors kept instead of copied", "a decoder reuses its buffers, so the k and v passed "
                 "to append may change afterwards: copy them into the cache's own storage (storage[..., a:b, :] = k), "
-                "do not keep references to them.", CACHE, CacheKeepsCallerTensors),
+                "do not keep references to them.", CACHE, CacheKeepsCallerTensors,
+                id="decoding_and_training/KVCache/the-caller-s-tensors-kept-instead-of-copied"),
         Mistake("no check that the cache has room", "before writing, compare len(cache) + t with max_len and raise a "
                 "ValueError naming both; otherwise the copy into a too-short slice fails with PyTorch's "
-                "RuntimeError about sizes, which does not say the cache is full.", CACHE, CacheWithoutRoomCheck),
+                "RuntimeError about sizes, which does not say the cache is full.", CACHE, CacheWithoutRoomCheck,
+                id="decoding_and_training/KVCache/no-check-that-the-cache-has-room"),
         Mistake("len(cache) counting appends instead of tokens", "len(cache) is the number of tokens held (the "
                 "position of the next token), and one append may bring several tokens (a prompt).", CACHE,
-                CacheCountingAppends),
+                CacheCountingAppends, id="decoding_and_training/KVCache/len-cache-counting-appends-instead-of-tokens"),
     ],
     "decode_step": [
         Mistake("top-left causal alignment when decoding", "the t new queries are the last t positions of the "
                 "sequence: query i of t sits at position len(cache) + i and sees the keys j <= len(cache) + i "
                 "(bottom-right). With the top-left mask every new token sees nothing past the first keys.",
-                ALIGN, decode_top_left),
-        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, decode_rope_from_zero),
+                ALIGN, decode_top_left, id="decoding_and_training/decode_step/top-left-causal-alignment-when-decoding"),
+        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, decode_rope_from_zero,
+                id="decoding_and_training/decode_step/rope-restarting-at-position-0-for-each-new-token"),
         Mistake("keys cached before the rotation but used after it", ROTATE_ONCE, ROPE,
-                decode_keys_cached_unrotated),
-        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE, decode_keys_rotated_twice),
+                decode_keys_cached_unrotated,
+                id="decoding_and_training/decode_step/keys-cached-before-the-rotation-but-used-after"),
+        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE, decode_keys_rotated_twice,
+                id="decoding_and_training/decode_step/keys-rotated-before-caching-and-again-after"),
         Mistake("key/value heads tiled with repeat instead of repeat_interleave", "query head i uses key/value head "
                 "i // (h / g): consecutive query heads share one. repeat tiles the whole group (0, 1, ..., g-1, 0, "
-                "1, ...); repeat_interleave repeats each head in place.", GROUPS, decode_heads_tiled),
+                "1, ...); repeat_interleave repeats each head in place.", GROUPS, decode_heads_tiled,
+                id="decoding_and_training/decode_step/key-value-heads-tiled-with-repeat-instead-of"),
     ],
     "alibi_slopes": [
         Mistake("slopes of the next power of two without the interleave", "for h not a power of two the paper does "
                 "not use 2^(-8i/p) of the next power of two p (its first h slopes are too close to each other and "
                 "miss the gentle ones): it takes the h' slopes of the largest power of two h' < h, then every other "
                 "slope of 2h' (2^(-8i/2h') for i = 1, 3, 5, ...) until there are h.", ALIBI,
-                slopes_next_power_of_two),
+                slopes_next_power_of_two, id="decoding_and_training/alibi_slopes/slopes-of-the-next-power-of-two-without-the"),
         Mistake("the power-of-two formula used for every head count", "2^(-8i/h) is the paper's rule for h a power "
                 "of two only; for other h it takes the slopes of the largest power of two below h, then every "
-                "other slope of twice that power.", ALIBI, slopes_formula_for_any_count),
+                "other slope of twice that power.", ALIBI, slopes_formula_for_any_count,
+                id="decoding_and_training/alibi_slopes/the-power-of-two-formula-used-for-every-head"),
         Mistake("heads counted from 0", "the slopes are 2^(-8i/h) for i = 1, ..., h: the first slope is 2^(-8/h), "
-                "not 2^0 = 1.", ALIBI, slopes_from_zero),
+                "not 2^0 = 1.", ALIBI, slopes_from_zero, id="decoding_and_training/alibi_slopes/heads-counted-from-0"),
         Mistake("the interleave starting at the second slope", "the extra slopes are 2^(-8i/2h') for i = 1, 3, 5, "
                 "...: slopes[0::2] of the 2h' slopes, not slopes[1::2] (those are the slopes of h' again).", ALIBI,
-                slopes_odd_ones_of_the_double),
+                slopes_odd_ones_of_the_double,
+                id="decoding_and_training/alibi_slopes/the-interleave-starting-at-the-second-slope"),
     ],
     "alibi_bias": [
         Mistake("ALiBi bias with the wrong sign", "the bias is -slope * distance: the further back a key, the lower "
-                "its score. With +slope * distance old tokens win.", ALIBI, bias_wrong_sign),
+                "its score. With +slope * distance old tokens win.", ALIBI, bias_wrong_sign,
+                id="decoding_and_training/alibi_bias/alibi-bias-with-the-wrong-sign"),
         Mistake("top-left alignment of the bias", "query i of n sits at position i + m - n (the new tokens are the "
                 "last ones): its distance to key j is i + m - n - j, and it may see every key j <= i + m - n.",
-                ALIBI, bias_top_left),
+                ALIBI, bias_top_left, id="decoding_and_training/alibi_bias/top-left-alignment-of-the-bias"),
         Mistake("future keys left unmasked", "the bias is a complete causal mask: -inf where the distance is "
-                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI, bias_future_not_masked),
+                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI, bias_future_not_masked,
+                id="decoding_and_training/alibi_bias/future-keys-left-unmasked"),
         Mistake("the absolute value of the distance", "ALiBi is causal: keys after the query get -inf, not the "
-                "penalty of their distance.", ALIBI, bias_absolute_distance),
+                "penalty of their distance.", ALIBI, bias_absolute_distance,
+                id="decoding_and_training/alibi_bias/the-absolute-value-of-the-distance"),
     ],
     "DecoderBlock": [
         Mistake("a decoder block with post-norm where pre-norm was asked", "pre-norm normalises the input of each "
                 "sublayer and adds the result to the untouched stream: x + attn(norm1(x)), then "
                 "+ mlp(norm2(.)). Post-norm (norm1(x + attn(x))) is the original Transformer's order; it trains "
-                "less stably in deep stacks.", BLOCK, BlockPostNorm),
+                "less stably in deep stacks.", BLOCK, BlockPostNorm,
+                id="decoding_and_training/DecoderBlock/a-decoder-block-with-post-norm-where-pre-norm"),
         Mistake("GELU with the tanh approximation", "the block uses the exact GELU, x * Phi(x) (F.gelu with its "
                 "default approximate='none'); the tanh approximation differs by up to about 1e-3.", BLOCK,
-                BlockTanhGelu),
+                BlockTanhGelu, id="decoding_and_training/DecoderBlock/gelu-with-the-tanh-approximation"),
         Mistake("the MLP fed without norm2", "pre-norm normalises the input of both sublayers: the MLP reads "
-                "norm2(x), not x.", BLOCK, BlockMlpWithoutNorm),
-        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, BlockPositionsRestart),
+                "norm2(x), not x.", BLOCK, BlockMlpWithoutNorm,
+                id="decoding_and_training/DecoderBlock/the-mlp-fed-without-norm2"),
+        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, BlockPositionsRestart,
+                id="decoding_and_training/DecoderBlock/rope-positions-restarting-with-a-cache"),
         Mistake("RoPE applied to the values", "RoPE rotates queries and keys only, so that scores depend on "
-                "distances; the values are mixed as they are.", ROPE, BlockRotatedValues),
+                "distances; the values are mixed as they are.", ROPE, BlockRotatedValues,
+                id="decoding_and_training/DecoderBlock/rope-applied-to-the-values"),
     ],
     "generate": [
         Mistake("generate that feeds the whole sequence at every step when use_cache=True", "with a cache each "
                 "step feeds only the token just chosen: the keys and values of all the others are in the cache. "
                 "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache is "
-                "there to avoid.", GENERATE, generate_whole_sequence_each_step),
+                "there to avoid.", GENERATE, generate_whole_sequence_each_step,
+                id="decoding_and_training/generate/generate-that-feeds-the-whole-sequence-at-every"),
         Mistake("use_cache ignored", "with use_cache=True, make caches with model.new_caches(batch, prompt length "
                 "+ steps), feed the prompt once with them, then one token per step.", GENERATE,
-                generate_cache_ignored),
+                generate_cache_ignored, id="decoding_and_training/generate/use-cache-ignored"),
         Mistake("the prompt returned with the new tokens", "generate returns the (B, steps) new tokens only, not "
-                "the prompt in front of them.", DECODING, generate_with_prompt),
+                "the prompt in front of them.", DECODING, generate_with_prompt,
+                id="decoding_and_training/generate/the-prompt-returned-with-the-new-tokens"),
         Mistake("logits of the first position instead of the last", "the next token is predicted by the logits "
                 "of the last position, logits[:, -1]; logits[:, 0] predict the token after the first one.",
-                DECODING, generate_first_position),
+                DECODING, generate_first_position,
+                id="decoding_and_training/generate/logits-of-the-first-position-instead-of-the-last"),
     ],
 }
 
 
-def _named(exercise: str, name: str) -> Mistake:
-    return next(m for m in MISTAKES[exercise] if m.name == name)
-
-
 def _mistakes_through(harness, exercise: str, *parts) -> list[Mistake]:
     """The catalogue of ``exercise`` run the way the student's answer is run (``harness(mistake, *parts)``)."""
-    return [Mistake(m.name, m.explanation, m.section, harness(m.fn, *parts)) for m in MISTAKES[exercise]]
+    return [replace(m, fn=harness(m.fn, *parts)) for m in MISTAKES[exercise]]
 
 
 # --- hidden checks -----------------------------------------------------------------------------------------------
@@ -794,21 +811,19 @@ def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class 
                               what=f"KVCache(2, 2, {COPY_STEPS}, 4) and {COPY_STEPS} appends of one token")
     problem = allocation_problem(allocated, 2, 2, 4, torch.float32)
     if problem:
-        concatenated = _named("KVCache", "the cache grown by concatenating a new tensor at every step")
+        concatenated = by_id(MISTAKES["KVCache"], "decoding_and_training/KVCache/the-cache-grown-by-concatenating-a-new-tensor")
         theirs, theirs_by_cat = cache_allocations(concatenated.fn, 2, 2, COPY_STEPS, 4, COPY_STEPS)
         # The same bytes, allocated by torch.cat as the mistake's are: that is the mistake.
-        if abs(allocated - theirs) <= 0.25 * theirs and abs(by_cat - theirs_by_cat) <= 0.25 * theirs_by_cat:
-            problem += "\n" + concatenated.message()
-        fail(problem)
+        same = abs(allocated - theirs) <= 0.25 * theirs and abs(by_cat - theirs_by_cat) <= 0.25 * theirs_by_cat
+        raise MistakeFound(problem, [concatenated] if same else [])
 
     try:
         check_full_cache(KVCache, 1, 2, 5, 4, 4, 3)
         check_full_cache(KVCache, 1, 2, 7, 4, 7, 1)
     except CheckFailed as failure:
         student, _ = attempt(_full_cache_scenario(KVCache), (5, 4, 3), exercise="KVCache")
-        local = [Mistake(m.name, m.explanation, m.section, _full_cache_scenario(m.fn)) for m in MISTAKES["KVCache"]]
-        mistake = diagnose(student, local, (5, 4, 3))
-        raise CheckFailed(str(failure) + ("\n" + mistake.message() if mistake else "")) from None
+        mistake = diagnose(student, _mistakes_through(_full_cache_scenario, "KVCache"), (5, 4, 3))
+        raise MistakeFound(str(failure), [mistake] if mistake else []) from None
 
     cache = call_student(KVCache, 2, 3, 6, 4, what="KVCache(2, 3, 6, 4)")
     for shape_k, shape_v, why in [((2, 2, 1, 4), (2, 2, 1, 4), "the cache has 3 key/value heads, not 2"),
@@ -969,9 +984,8 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
     problem = calls_problem(fed, cached, 3, steps)
     if problem:
         student = Outcome(value=(fed, cached))
-        local = [Mistake(m.name, m.explanation, m.section, _calls_of(m.fn, weights)) for m in MISTAKES["generate"]]
-        mistake = diagnose(student, local, (prompt, steps), rtol=0, atol=0)
-        fail(problem + ("\n" + mistake.message() if mistake else ""))
+        mistake = diagnose(student, _mistakes_through(_calls_of, "generate", weights), (prompt, steps), rtol=0, atol=0)
+        raise MistakeFound(problem, [mistake] if mistake else [])
     if not is_close(tokens, greedy_reference(weights, prompt, steps), 0, 0):
         fail(f"generate(model, prompt (2, 3), {steps}, use_cache=True) returned {tokens.tolist()}, not the greedy "
              f"tokens {greedy_reference(weights, prompt, steps).tolist()}.")

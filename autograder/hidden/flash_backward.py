@@ -34,7 +34,7 @@ from ..checks.flash_backward import (
     qkv,
     softmax_rows,
 )
-from ..diagnosis import Mistake, MistakeFound
+from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..guard import ForbiddenCall
 from ..inputs import generator, randn
@@ -757,108 +757,140 @@ LAST_BLOCK = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "softmax_backward": [
-        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, softmax_backward_no_rowsum),
+        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, softmax_backward_no_rowsum,
+                id="flash_backward/softmax_backward/softmax-backward-without-the-rowsum-term"),
         Mistake("only the diagonal of the Jacobian (p (1 - p) grad_p)", "d p_i / d s_i = p_i (1 - p_i) is only "
                 "the diagonal of the Jacobian; every other score of the row contributes -p_i p_j too, which sums "
-                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, softmax_backward_diagonal_only),
+                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, softmax_backward_diagonal_only,
+                id="flash_backward/softmax_backward/only-the-diagonal-of-the-jacobian-p-1-p-grad-p"),
         Mistake("the rowsum of grad_p without the weights p", UNWEIGHTED, SOFTMAX,
-                softmax_backward_unweighted_rowsum),
+                softmax_backward_unweighted_rowsum,
+                id="flash_backward/softmax_backward/the-rowsum-of-grad-p-without-the-weights-p"),
         Mistake("the rowsum term with the wrong sign", "d p_i / d s_j = p_i (delta_ij - p_j): the off-diagonal "
                 "terms are negative, so the rowsum is subtracted: p * (grad_p - rowsum(grad_p * p)).", SOFTMAX,
-                softmax_backward_wrong_sign),
+                softmax_backward_wrong_sign, id="flash_backward/softmax_backward/the-rowsum-term-with-the-wrong-sign"),
         Mistake("dim ignored (rowsum over the last axis)", "the rows of the softmax run along dim: take the "
                 "rowsum with .sum(dim=dim, keepdim=True), not over the last axis.", SOFTMAX,
-                softmax_backward_last_axis),
+                softmax_backward_last_axis, id="flash_backward/softmax_backward/dim-ignored-rowsum-over-the-last-axis"),
         Mistake("the rowsum without keepdim", "(grad_p * p).sum(dim) drops the axis, and broadcasting then lines "
                 "the sums up with the wrong axis (or fails): keep it with keepdim=True.", SOFTMAX,
-                softmax_backward_no_keepdim),
+                softmax_backward_no_keepdim, id="flash_backward/softmax_backward/the-rowsum-without-keepdim"),
         Mistake("the gradient by autograd", "the exercise is to write the formula: calling torch.autograd.grad "
                 "(or .backward()) on a softmax computes the answer instead of deriving it.", SOFTMAX,
-                softmax_backward_by_autograd),
+                softmax_backward_by_autograd, id="flash_backward/softmax_backward/the-gradient-by-autograd"),
     ],
     "attention_backward": [
         Mistake("softmax backward without the rowsum term", NO_ROWSUM + " Here: dS = P * (dP - rowsum(dP * P)).",
-                SOFTMAX, attention_backward_no_rowsum),
+                SOFTMAX, attention_backward_no_rowsum,
+                id="flash_backward/attention_backward/softmax-backward-without-the-rowsum-term"),
         Mistake("the rowsum of dP without the weights P", UNWEIGHTED + " Here: rowsum(dP * P).", SOFTMAX,
-                attention_backward_unweighted_rowsum),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, attention_backward_dq_unscaled),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, attention_backward_dk_unscaled),
-        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, attention_backward_ds_not_transposed),
+                attention_backward_unweighted_rowsum,
+                id="flash_backward/attention_backward/the-rowsum-of-dp-without-the-weights-p"),
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, attention_backward_dq_unscaled,
+                id="flash_backward/attention_backward/dq-without-the-1-sqrt-d-factor"),
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, attention_backward_dk_unscaled,
+                id="flash_backward/attention_backward/dk-without-the-1-sqrt-d-factor"),
+        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, attention_backward_ds_not_transposed,
+                id="flash_backward/attention_backward/ds-transposed-when-forming-dk"),
         Mistake("dV = P dO (P not transposed)", "dV_j = sum_i P_ij dO_i: the sum runs over the queries, the rows "
-                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, attention_backward_p_not_transposed),
+                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, attention_backward_p_not_transposed,
+                id="flash_backward/attention_backward/dv-p-do-p-not-transposed"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, BACKWARD,
-                attention_backward_mask_not_reapplied),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, attention_backward_bottom_right),
+                attention_backward_mask_not_reapplied,
+                id="flash_backward/attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, attention_backward_bottom_right,
+                id="flash_backward/attention_backward/bottom-right-causal-alignment"),
         Mistake("the gradients by autograd", "the exercise is to write the backward pass from the formulas: "
                 "torch.autograd.grad through the forward formula computes the answer instead of deriving it.",
-                BACKWARD, attention_backward_by_autograd),
+                BACKWARD, attention_backward_by_autograd, id="flash_backward/attention_backward/the-gradients-by-autograd"),
     ],
     "flash_attention_forward": [
         Mistake("the logsumexp of unscaled scores", "the weights are softmax(Q K^T / sqrt(d)), so the backward pass "
                 "recomputes them as exp(s - lse) with the scaled scores s: lse must be the logsumexp of the scaled "
-                "scores, m + log(l) of the online softmax run on them.", LSE, flash_forward_lse_unscaled),
+                "scores, m + log(l) of the online softmax run on them.", LSE, flash_forward_lse_unscaled,
+                id="flash_backward/flash_attention_forward/the-logsumexp-of-unscaled-scores"),
         Mistake("the running max returned as the logsumexp", "log sum_j exp(s_j) = m + log sum_j exp(s_j - m): "
-                "the logsumexp is the running max plus the log of the running sum.", LSE, flash_forward_lse_max_only),
+                "the logsumexp is the running max plus the log of the running sum.", LSE, flash_forward_lse_max_only,
+                id="flash_backward/flash_attention_forward/the-running-max-returned-as-the-logsumexp"),
         Mistake("the max not added back to log(l)", "the running sum l = sum_j exp(s_j - m) is measured against "
-                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, flash_forward_lse_without_max),
+                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, flash_forward_lse_without_max,
+                id="flash_backward/flash_attention_forward/the-max-not-added-back-to-log-l"),
         Mistake("lse kept as a column (..., n, 1)", "lse has one number per query: shape (..., n), like "
-                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE, flash_forward_lse_column),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, flash_forward_bottom_right),
-        Mistake("last key block dropped", LAST_BLOCK, LSE, flash_forward_last_key_block_dropped),
+                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE, flash_forward_lse_column,
+                id="flash_backward/flash_attention_forward/lse-kept-as-a-column-n-1"),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, flash_forward_bottom_right,
+                id="flash_backward/flash_attention_forward/bottom-right-causal-alignment"),
+        Mistake("last key block dropped", LAST_BLOCK, LSE, flash_forward_last_key_block_dropped,
+                id="flash_backward/flash_attention_forward/last-key-block-dropped"),
         Mistake("causal mask with indices inside the block", "in the block of queries starting at q0 and keys "
                 "starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare global "
-                "indices, not positions inside the blocks.", LSE, flash_forward_block_local_causal),
+                "indices, not positions inside the blocks.", LSE, flash_forward_block_local_causal,
+                id="flash_backward/flash_attention_forward/causal-mask-with-indices-inside-the-block"),
     ],
     "flash_attention_backward": [
         Mistake("D computed as rowsum(dO) instead of rowsum(dO * O)", "D_i = sum_j dP_ij P_ij = "
                 "sum_j (dO_i . v_j) P_ij = dO_i . o_i: the rowsum of the elementwise product dO * O.", FLASH,
-                flash_backward_d_from_do),
+                flash_backward_d_from_do,
+                id="flash_backward/flash_attention_backward/d-computed-as-rowsum-do-instead-of-rowsum-do-o"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                flash_backward_mask_not_reapplied),
+                flash_backward_mask_not_reapplied,
+                id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                flash_backward_blocks_skipped_but_not_masked),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, flash_backward_dq_unscaled),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, flash_backward_dk_unscaled),
+                flash_backward_blocks_skipped_but_not_masked,
+                id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, flash_backward_dq_unscaled,
+                id="flash_backward/flash_attention_backward/dq-without-the-1-sqrt-d-factor"),
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, flash_backward_dk_unscaled,
+                id="flash_backward/flash_attention_backward/dk-without-the-1-sqrt-d-factor"),
         Mistake("dS transposed when forming dK", DS_TRANSPOSED + " Per block: dK_j += dS_ij^T Q_i / sqrt(d).",
-                FLASH, flash_backward_ds_not_transposed),
+                FLASH, flash_backward_ds_not_transposed,
+                id="flash_backward/flash_attention_backward/ds-transposed-when-forming-dk"),
         Mistake("P recomputed from unscaled scores", "lse is the logsumexp of the scaled scores Q K^T / sqrt(d), so "
                 "P_ij = exp(q_i . k_j / sqrt(d) - lse_i): scale the scores before subtracting lse.", FLASH,
-                flash_backward_p_from_unscaled_scores),
+                flash_backward_p_from_unscaled_scores,
+                id="flash_backward/flash_attention_backward/p-recomputed-from-unscaled-scores"),
         Mistake("each block normalised on its own (lse ignored)", "a softmax over one block of keys divides by "
                 "the sum over that block only; the weights of the whole row are exp(s - lse), with the lse of the "
-                "whole row that the forward pass saved.", FLASH, flash_backward_block_softmax),
+                "whole row that the forward pass saved.", FLASH, flash_backward_block_softmax,
+                id="flash_backward/flash_attention_backward/each-block-normalised-on-its-own-lse-ignored"),
         Mistake("lse not broadcast as a column", "lse has one number per query (a row of the block): subtract "
                 "lse[..., q0:q0 + B, None] (shape (..., B, 1)), not lse[..., q0:q0 + B], which broadcasts along "
-                "the keys.", FLASH, flash_backward_lse_as_row),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_backward_last_key_block_dropped),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_backward_bottom_right),
+                "the keys.", FLASH, flash_backward_lse_as_row,
+                id="flash_backward/flash_attention_backward/lse-not-broadcast-as-a-column"),
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_backward_last_key_block_dropped,
+                id="flash_backward/flash_attention_backward/last-key-block-dropped"),
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_backward_bottom_right,
+                id="flash_backward/flash_attention_backward/bottom-right-causal-alignment"),
     ],
     "FlashAttention": [
         Mistake("saving P (an n x m tensor) for backward", "the point of FlashAttention is that nothing of size "
                 "n x m survives the forward pass: save Q, K, V, O and lse, and recompute P block by block in "
-                "backward as exp(S - lse).", FUNCTION, FlashSavesP),
+                "backward as exp(S - lse).", FUNCTION, FlashSavesP,
+                id="flash_backward/FlashAttention/saving-p-an-n-x-m-tensor-for-backward"),
         Mistake("is_causal not passed to the backward", "backward only sees ctx and dO: keep is_causal (and "
                 "block_size) on ctx in forward (ctx.is_causal = is_causal) and mask again in backward.", FUNCTION,
-                FlashCausalForgotten),
+                FlashCausalForgotten, id="flash_backward/FlashAttention/is-causal-not-passed-to-the-backward"),
         Mistake("tensors kept as attributes of ctx", "ctx.save_for_backward(Q, K, V, O, lse) is how a Function keeps "
                 "tensors for backward (autograd checks them and frees them after use); attributes of ctx are for "
-                "plain values such as block_size and is_causal.", FUNCTION, FlashTensorsOnCtx),
+                "plain values such as block_size and is_causal.", FUNCTION, FlashTensorsOnCtx,
+                id="flash_backward/FlashAttention/tensors-kept-as-attributes-of-ctx"),
         Mistake("backward returns three gradients for five inputs", "forward takes Q, K, V, block_size and "
                 "is_causal, so backward returns five values: (dQ, dK, dV, None, None).", FUNCTION,
-                FlashThreeGradients),
+                FlashThreeGradients, id="flash_backward/FlashAttention/backward-returns-three-gradients-for-five-inputs"),
         Mistake("forward returns (O, lse)", "FlashAttention.apply returns O only, like attention; lse is saved for "
-                "backward with ctx.save_for_backward, not returned.", FUNCTION, FlashReturnsLse),
+                "backward with ctx.save_for_backward, not returned.", FUNCTION, FlashReturnsLse,
+                id="flash_backward/FlashAttention/forward-returns-o-lse"),
         Mistake("backward by autograd through the forward formula", "backward must compute the gradients from "
                 "the saved tensors with the formulas of section 5; running autograd through the naive formula "
                 "inside backward rebuilds the n x m graph that FlashAttention avoids.", FUNCTION,
-                FlashBackwardByAutograd),
+                FlashBackwardByAutograd, id="flash_backward/FlashAttention/backward-by-autograd-through-the-forward-formula"),
     ],
 }
 
 _GUARD_MISTAKES = {
-    "softmax_backward": "the gradient by autograd",
-    "attention_backward": "the gradients by autograd",
-    "FlashAttention": "backward by autograd through the forward formula",
+    "softmax_backward": "flash_backward/softmax_backward/the-gradient-by-autograd",
+    "attention_backward": "flash_backward/attention_backward/the-gradients-by-autograd",
+    "FlashAttention": "flash_backward/FlashAttention/backward-by-autograd-through-the-forward-formula",
 }
 
 
@@ -874,8 +906,7 @@ def _autograd_named(exercise: str) -> Iterator[None]:
     except ForbiddenCall as error:
         if error.builtin not in _AUTOGRAD_USED:
             raise
-        mistake = next(m for m in MISTAKES[exercise] if m.name == _GUARD_MISTAKES[exercise])
-        raise MistakeFound(str(error), [mistake]) from None
+        raise MistakeFound(str(error), [by_id(MISTAKES[exercise], _GUARD_MISTAKES[exercise])]) from None
 
 
 # --- hidden checks ------------------------------------------------------------------------------

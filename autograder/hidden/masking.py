@@ -242,75 +242,85 @@ MISTAKES: dict[str, list[Mistake]] = {
     "to_additive_mask": [
         Mistake("-1e9 instead of -inf", "a forbidden position must get -inf, so its weight is exactly 0 in every "
                 "dtype; -1e9 is a finite number in float32 and float64 (and silently -inf in float16).",
-                BOOL_VS_ADDITIVE, to_additive_mask_minus_1e9),
+                BOOL_VS_ADDITIVE, to_additive_mask_minus_1e9, id="masking/to_additive_mask/1e9-instead-of-inf"),
         Mistake("torch.finfo(dtype).min instead of -inf", "the most negative finite number is still finite: a score "
                 "added to it can round back to it, and a row of them gets uniform weights. Use -inf.",
-                BOOL_VS_ADDITIVE, to_additive_mask_finfo_min),
+                BOOL_VS_ADDITIVE, to_additive_mask_finfo_min,
+                id="masking/to_additive_mask/torch-finfo-dtype-min-instead-of-inf"),
         Mistake("inverted boolean convention", INVERTED + " So True becomes 0 and False becomes -inf.",
-                MHA_SECTION, to_additive_mask_inverted),
+                MHA_SECTION, to_additive_mask_inverted, id="masking/to_additive_mask/inverted-boolean-convention"),
         Mistake("1 and 0 instead of 0 and -inf", "mask.to(dtype) gives 1.0 and 0.0; an additive mask must add 0 "
-                "to allowed scores and -inf to forbidden ones.", BOOL_VS_ADDITIVE, to_additive_mask_cast),
+                "to allowed scores and -inf to forbidden ones.", BOOL_VS_ADDITIVE, to_additive_mask_cast,
+                id="masking/to_additive_mask/1-and-0-instead-of-0-and-inf"),
         Mistake("NaN from 0 * -inf", "multiplying the mask by -inf gives 0 * -inf = NaN at every allowed "
                 "position. Fill the forbidden positions instead (masked_fill or torch.where).", BOOL_VS_ADDITIVE,
-                to_additive_mask_zero_times_inf),
+                to_additive_mask_zero_times_inf, id="masking/to_additive_mask/nan-from-0-inf"),
         Mistake("the dtype argument ignored", "the additive mask is added to the scores, so it must have the "
-                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, to_additive_mask_dtype_ignored),
+                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, to_additive_mask_dtype_ignored,
+                id="masking/to_additive_mask/the-dtype-argument-ignored"),
     ],
     "causal_mask": [
         Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor: a float mask is added "
                 "to the scores, so ones and zeros would shift scores instead of masking them.", BOOL_VS_ADDITIVE,
-                causal_mask_float),
+                causal_mask_float, id="masking/causal_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a causal mask that excludes the diagonal", "a token may attend to itself: query i sees keys "
                 "0..i, the diagonal included (otherwise the first query sees nothing).", CAUSAL,
-                causal_mask_no_diagonal),
+                causal_mask_no_diagonal, id="masking/causal_mask/a-causal-mask-that-excludes-the-diagonal"),
         Mistake("bottom-right alignment ignored", "with align='bottom_right' the diagonal ends in the bottom-right "
                 "corner: query i sees keys 0..i + (m - n), as when new queries are decoded against a KV cache. "
-                "The align argument must change the mask.", CORNER, causal_mask_align_ignored),
+                "The align argument must change the mask.", CORNER, causal_mask_align_ignored,
+                id="masking/causal_mask/bottom-right-alignment-ignored"),
         Mistake("inverted boolean convention", INVERTED + " A causal mask is True on the past and the present.",
-                MHA_SECTION, causal_mask_inverted),
+                MHA_SECTION, causal_mask_inverted, id="masking/causal_mask/inverted-boolean-convention"),
         Mistake("the future instead of the past", "query i may attend to keys j <= i (lower triangle), not j >= i "
-                "(upper triangle).", CAUSAL, causal_mask_future),
+                "(upper triangle).", CAUSAL, causal_mask_future, id="masking/causal_mask/the-future-instead-of-the-past"),
         Mistake("the diagonal shifted the wrong way", "bottom-right alignment shifts the diagonal by m - n (to the "
-                "right when there are more keys than queries), not by n - m.", CORNER, causal_mask_offset_sign),
+                "right when there are more keys than queries), not by n - m.", CORNER, causal_mask_offset_sign,
+                id="masking/causal_mask/the-diagonal-shifted-the-wrong-way"),
     ],
     "padding_mask": [
         Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor (True = real token).",
-                PADDING, padding_mask_float),
+                PADDING, padding_mask_float, id="masking/padding_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_off_by_one),
+                padding_mask_off_by_one, id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_one_short),
+                padding_mask_one_short, id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_from_one),
+                padding_mask_from_one, id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("inverted boolean convention", INVERTED + " A padding mask is True on real tokens.", MHA_SECTION,
-                padding_mask_inverted),
+                padding_mask_inverted, id="masking/padding_mask/inverted-boolean-convention"),
         Mistake("the mask transposed", "the mask has one row per sequence: shape (B, max_len), not (max_len, B).",
-                PADDING, padding_mask_transposed),
+                PADDING, padding_mask_transposed, id="masking/padding_mask/the-mask-transposed"),
     ],
     "masked_attention": [
-        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, masked_attention_inverted),
+        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, masked_attention_inverted,
+                id="masking/masked_attention/inverted-boolean-convention"),
         Mistake("mask applied after softmax", "the mask must change the scores before the softmax, so the "
                 "weights of the allowed keys are renormalised to sum to one; zeroing weights afterwards leaves "
-                "rows that sum to less than one.", BOOL_VS_ADDITIVE, masked_attention_after_softmax),
+                "rows that sum to less than one.", BOOL_VS_ADDITIVE, masked_attention_after_softmax,
+                id="masking/masked_attention/mask-applied-after-softmax"),
         Mistake("NaN on rows with no allowed key", "when every key of a row is masked the row is all -inf and "
                 "softmax computes 0/0 = NaN. Detect those rows and give them zero weights and zero output.",
-                NO_KEY, masked_attention_nan),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_minus_1e9),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_finfo_min),
+                NO_KEY, masked_attention_nan, id="masking/masked_attention/nan-on-rows-with-no-allowed-key"),
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_minus_1e9,
+                id="masking/masked_attention/1e9-instead-of-inf"),
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_finfo_min,
+                id="masking/masked_attention/1e9-instead-of-inf"),
         Mistake("a float mask treated as boolean", "a float mask is added to the scores (0 keeps a score, -inf "
                 "removes it, other values shift it); converting it with .bool() makes 0 False and -inf True, "
-                "the opposite of what it means.", BOOL_VS_ADDITIVE, masked_attention_float_as_bool),
+                "the opposite of what it means.", BOOL_VS_ADDITIVE, masked_attention_float_as_bool,
+                id="masking/masked_attention/a-float-mask-treated-as-boolean"),
         Mistake("a float mask used only for its -inf entries", "a float mask is added to the scores: its finite "
                 "entries (biases such as ALiBi's) change the weights too.", BOOL_VS_ADDITIVE,
-                masked_attention_only_inf),
+                masked_attention_only_inf, id="masking/masked_attention/a-float-mask-used-only-for-its-inf-entries"),
         Mistake("a boolean mask added to the scores", "adding a bool mask adds 1 to allowed scores and 0 to the "
                 "others; a boolean mask must select (masked_fill with -inf where it is False).", BOOL_VS_ADDITIVE,
-                masked_attention_bool_added),
+                masked_attention_bool_added, id="masking/masked_attention/a-boolean-mask-added-to-the-scores"),
         Mistake("no scaling", "the scores Q K^T are divided by sqrt(d_k) before the mask and the softmax, as in "
-                "notebook 01.", MASKED, masked_attention_no_scaling),
+                "notebook 01.", MASKED, masked_attention_no_scaling, id="masking/masked_attention/no-scaling"),
     ],
 }
 

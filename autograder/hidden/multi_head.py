@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -481,50 +482,65 @@ REPEAT = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "split_heads": [
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, split_heads_view),
-        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT, split_heads_interleaved),
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, split_heads_view,
+                id="multi_head/split_heads/a-plain-view-to-b-h-t-d-without-the-transpose"),
+        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT, split_heads_interleaved,
+                id="multi_head/split_heads/features-dealt-out-to-the-heads-in-turn"),
     ],
     "merge_heads": [
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, merge_heads_view),
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, merge_heads_view,
+                id="multi_head/merge_heads/a-plain-view-back-to-b-t-d-without-the-transpose"),
         Mistake("view on a non-contiguous tensor", NON_CONTIGUOUS + " After transpose(1, 2) the heads are no "
-                "longer contiguous.", SPLIT, merge_heads_view_non_contiguous),
-        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, merge_heads_interleaved),
+                "longer contiguous.", SPLIT, merge_heads_view_non_contiguous,
+                id="multi_head/merge_heads/view-on-a-non-contiguous-tensor"),
+        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, merge_heads_interleaved,
+                id="multi_head/merge_heads/heads-merged-feature-by-feature"),
     ],
     "MultiHeadAttention": [
         Mistake("a missing output projection", "after the heads are merged, multi-head attention multiplies by "
                 "W_O (and adds its bias): concat(head_1, ..., head_h) W_O. Without it every output feature comes "
                 "from one head only, and the weights of mha.out_proj are never used.", OUTPUT,
-                MHANoOutputProjection),
-        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP, MHAScaleByDModel),
+                MHANoOutputProjection, id="multi_head/MultiHeadAttention/a-missing-output-projection"),
+        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP, MHAScaleByDModel,
+                id="multi_head/MultiHeadAttention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
         Mistake("masks in nn.MultiheadAttention's convention (True = masked)", MASKS, MODULE,
-                MHATorchMaskConvention),
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, MHASplitWithView),
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, MHAMergeWithView),
+                MHATorchMaskConvention, id="multi_head/MultiHeadAttention/masks-in-nn-multiheadattention-s-convention"),
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, MHASplitWithView,
+                id="multi_head/MultiHeadAttention/a-plain-view-to-b-h-t-d-without-the-transpose"),
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, MHAMergeWithView,
+                id="multi_head/MultiHeadAttention/a-plain-view-back-to-b-t-d-without-the-transpose"),
         Mistake("weights averaged over the heads", "the module returns the weights of every head, shape "
                 "(B, h, n, m). nn.MultiheadAttention averages them over the heads unless you pass "
-                "average_attn_weights=False; this exercise asks for them per head.", MODULE, MHAWeightsAveraged),
+                "average_attn_weights=False; this exercise asks for them per head.", MODULE, MHAWeightsAveraged,
+                id="multi_head/MultiHeadAttention/weights-averaged-over-the-heads"),
         Mistake("nn.Linear weights used without their transpose", "nn.Linear (and nn.MultiheadAttention's "
                 "in_proj_weight and out_proj.weight) store W as (out_features, in_features) and compute "
                 "x @ W.T + b. If your module computes x @ W, copy W.T, or keep nn.Linear layers and copy W "
-                "as it is.", MODULE, MHAWeightsNotTransposed),
+                "as it is.", MODULE, MHAWeightsNotTransposed,
+                id="multi_head/MultiHeadAttention/nn-linear-weights-used-without-their-transpose"),
         Mistake("parameters left in float32", "from_torch must give the module the dtype (and device) of "
                 "mha's weights, for example with .to(mha.in_proj_weight.dtype): copying float64 weights into "
                 "float32 parameters rounds them, and float64 inputs then meet float32 weights.", MODULE,
-                MHAParametersStayFloat32),
+                MHAParametersStayFloat32, id="multi_head/MultiHeadAttention/parameters-left-in-float32"),
     ],
     "grouped_query_attention": [
-        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS, gqa_repeat),
+        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS, gqa_repeat,
+                id="multi_head/grouped_query_attention/repeat-instead-of-repeat-interleave"),
         Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE + " Here d_head is Q.shape[-1].",
-                LOOP, gqa_scale_by_d_model),
+                LOOP, gqa_scale_by_d_model,
+                id="multi_head/grouped_query_attention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
         Mistake("mask with the opposite convention (True = masked)", "in this course a boolean mask means "
                 "True = may attend, as in F.scaled_dot_product_attention: positions where the mask is False get "
-                "-inf.", GROUPS, gqa_mask_inverted),
+                "-inf.", GROUPS, gqa_mask_inverted,
+                id="multi_head/grouped_query_attention/mask-with-the-opposite-convention-true-masked"),
         Mistake("NaN for a query with no allowed key", "when every key of a query is masked, all its scores "
                 "are -inf and softmax computes 0 / 0 = NaN. Give such rows zero weights and a zero output, "
-                "as F.scaled_dot_product_attention does.", GROUPS, gqa_nan_rows),
+                "as F.scaled_dot_product_attention does.", GROUPS, gqa_nan_rows,
+                id="multi_head/grouped_query_attention/nan-for-a-query-with-no-allowed-key"),
         Mistake("a large negative number instead of -inf", "with a large negative number a query with no "
                 "allowed key spreads its weight uniformly over keys it may not see. Use -inf, and give rows "
-                "with no allowed key zero weights and a zero output.", GROUPS, gqa_large_negative),
+                "with no allowed key zero weights and a zero output.", GROUPS, gqa_large_negative,
+                id="multi_head/grouped_query_attention/a-large-negative-number-instead-of-inf"),
     ],
 }
 
@@ -621,7 +637,7 @@ def _padding(lengths: list[int], m: int) -> torch.Tensor:
 def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named after the class it checks
     """Against nn.MultiheadAttention (float64, 1e-10) and a loop over heads; masks; float32; errors."""
     # A catalogued mistake is a class: run it the way the student's class is run.
-    mistakes = [Mistake(m.name, m.explanation, m.section, run_module(m.fn)) for m in MISTAKES["MultiHeadAttention"]]
+    mistakes = [replace(m, fn=run_module(m.fn)) for m in MISTAKES["MultiHeadAttention"]]
     gen = generator(503)
     x1, x2 = randn(2, 6, 12, gen=gen), randn(2, 5, 8, gen=gen)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
@@ -893,41 +909,47 @@ MISTAKES["graph_attention"] = [
             "targets (PyTorch Geometric's convention): an edge (j, i) carries a message from j to i, so node i, "
             "the query, attends to j. In the (N, N) mask the row is the target and the column the source: "
             "mask[edges[1], edges[0]] = True. mask[edges[0], edges[1]] makes every node listen to the nodes it "
-            "sends to.", GRAPH, graph_attention_transposed),
+            "sends to.", GRAPH, graph_attention_transposed,
+            id="multi_head/graph_attention/adjacency-transposed-messages-flow-the-wrong-way"),
     Mistake("softmax over all nodes instead of the neighbours", "the softmax must be taken over the neighbours "
             "of node i only: put -inf on the scores of the other nodes before the softmax. A softmax over all N "
             "nodes followed by zeroing the non-neighbours leaves rows that no longer sum to one.", GRAPH,
-            graph_attention_softmax_over_all_nodes),
+            graph_attention_softmax_over_all_nodes,
+            id="multi_head/graph_attention/softmax-over-all-nodes-instead-of-the-neighbours"),
     Mistake("edges ignored: attention on the complete graph", "without the mask every node attends to every "
             "node, which is attention on the complete graph. Node i may only attend to the sources of the edges "
             "into i (plus itself when self_loops): put -inf on every other score before the softmax.", GRAPH,
-            graph_attention_edges_ignored),
+            graph_attention_edges_ignored, id="multi_head/graph_attention/edges-ignored-attention-on-the-complete-graph"),
     # Listed before the self-loop mistakes: with self_loops=False, forgetting the loops changes nothing.
-    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, graph_attention_nan_without_neighbour),
+    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, graph_attention_nan_without_neighbour,
+            id="multi_head/graph_attention/nan-for-a-node-with-no-neighbour"),
     Mistake("a large negative number instead of -inf", "with -1e9 instead of -inf a node with no neighbour "
             "spreads its weight uniformly over all N nodes, none of which it may see. Use -inf, and give such a node "
-            "zero weights and a zero output.", GRAPH, graph_attention_large_negative),
+            "zero weights and a zero output.", GRAPH, graph_attention_large_negative,
+            id="multi_head/graph_attention/a-large-negative-number-instead-of-inf"),
     Mistake("self-loops forgotten (zero rows for isolated nodes)", "with self_loops=True every node also attends "
             "to itself: add the diagonal to the adjacency (mask |= torch.eye(N, dtype=torch.bool)). Without it "
             "every node loses its own message, and a node that no edge enters gets an empty row.", GRAPH,
-            graph_attention_self_loops_forgotten),
+            graph_attention_self_loops_forgotten, id="multi_head/graph_attention/self-loops-forgotten-zero-rows-for-isolated"),
     Mistake("self-loops forgotten (NaN rows for isolated nodes)", "with self_loops=True every node also attends "
             "to itself: add the diagonal to the adjacency. Without it every node loses its own message, and a "
             "node that no edge enters has only -inf scores, which softmax turns into NaN.", GRAPH,
-            graph_attention_self_loops_forgotten_nan),
+            graph_attention_self_loops_forgotten_nan,
+            id="multi_head/graph_attention/self-loops-forgotten-nan-rows-for-isolated-nodes"),
     Mistake("duplicate edges counted twice", "the graph's adjacency is a set of edges: an edge listed twice in "
             "edges is still one edge and must not change anything. A softmax over the list of edges counts it "
             "twice (its weight doubles before normalising); a boolean (N, N) mask records it once.", GRAPH,
-            graph_attention_duplicates_counted),
+            graph_attention_duplicates_counted, id="multi_head/graph_attention/duplicate-edges-counted-twice"),
     Mistake("self-loops added when self_loops=False", "self_loops=False means that a node attends to itself "
             "only when edges contains (i, i) explicitly: add the diagonal only when self_loops is True.", GRAPH,
-            graph_attention_loops_despite_false),
+            graph_attention_loops_despite_false, id="multi_head/graph_attention/self-loops-added-when-self-loops-false"),
     Mistake("explicit self-loops removed when self_loops=False", "an edge (i, i) listed in edges is an edge "
             "like any other and always counts; self_loops=False only means that no loop is added. Setting the "
-            "diagonal to self_loops deletes the explicit loops.", GRAPH, graph_attention_explicit_loops_removed),
+            "diagonal to self_loops deletes the explicit loops.", GRAPH, graph_attention_explicit_loops_removed,
+            id="multi_head/graph_attention/explicit-self-loops-removed-when-self-loops"),
     Mistake("scores not scaled by sqrt(d_k)", "graph attention is scaled dot-product attention restricted to the "
             "neighbours: divide the scores q_i . k_j by sqrt(d_k), with d_k = W_Q.shape[1].", GRAPH,
-            graph_attention_not_scaled),
+            graph_attention_not_scaled, id="multi_head/graph_attention/scores-not-scaled-by-sqrt-d-k"),
 ]
 
 

@@ -23,7 +23,7 @@ from ..checks.numerical_stability import (
     streaming_problem,
     with_minus_inf,
 )
-from ..diagnosis import Mistake, MistakeFound
+from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
 from ..inputs import generator, randn
@@ -314,101 +314,129 @@ BUILTIN = "the exercise is to build it from exp, max, sum and log; PyTorch's bui
 
 MISTAKES: dict[str, list[Mistake]] = {
     "stable_softmax": [
-        Mistake("no max shift", NO_SHIFT, SHIFT, stable_softmax_no_shift),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, stable_softmax_global_max),
+        Mistake("no max shift", NO_SHIFT, SHIFT, stable_softmax_no_shift, id="numerical_stability/stable_softmax/no-max-shift"),
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, stable_softmax_global_max,
+                id="numerical_stability/stable_softmax/one-global-max-instead-of-one-per-row"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
                 "-inf - (-inf) is NaN. Such a row (a query with nothing to attend to) must give zeros: shift it "
-                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, stable_softmax_nan_on_empty_rows),
+                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, stable_softmax_nan_on_empty_rows,
+                id="numerical_stability/stable_softmax/nan-on-rows-that-are-entirely-inf"),
         Mistake("uniform weights on rows that are entirely -inf", "replacing -inf by a large negative number "
                 "(-1e9, torch.finfo(dtype).min) turns a row with nothing to attend to into a uniform row: it "
                 "attends to everything equally. Such a row must give zeros.", EMPTY_ROWS,
-                stable_softmax_uniform_on_empty_rows),
-        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, stable_softmax_dim_ignored),
+                stable_softmax_uniform_on_empty_rows,
+                id="numerical_stability/stable_softmax/uniform-weights-on-rows-that-are-entirely-inf"),
+        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, stable_softmax_dim_ignored,
+                id="numerical_stability/stable_softmax/the-dim-argument-ignored"),
         Mistake("the max taken without keepdim", "x.amax(dim) drops the reduced dimension, so x - m lines the "
                 "maxima up with the wrong axis (or fails to broadcast). Keep it: x.amax(dim=dim, keepdim=True).",
-                STABLE, stable_softmax_max_without_keepdim),
+                STABLE, stable_softmax_max_without_keepdim,
+                id="numerical_stability/stable_softmax/the-max-taken-without-keepdim"),
         Mistake("the result detached from autograd", "the gradient must flow from the result back to x: no "
-                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, stable_softmax_detached),
-        Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin),
+                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, stable_softmax_detached,
+                id="numerical_stability/stable_softmax/the-result-detached-from-autograd"),
+        Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin,
+                id="numerical_stability/stable_softmax/a-built-in-softmax"),
         Mistake("the input modified in place", "x -= m (or x.sub_(m), x[...] = ...) changes the caller's "
-                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, stable_softmax_in_place),
+                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, stable_softmax_in_place,
+                id="numerical_stability/stable_softmax/the-input-modified-in-place"),
     ],
     "logsumexp": [
         Mistake("no max shift", "log(sum(exp(x))) overflows to inf when an entry is above about 88.7 (float32) "
                 "and underflows to log(0) = -inf when all entries are far below 0. Use "
-                "m + log(sum(exp(x - m))) with m the row's max.", LSE, logsumexp_no_shift),
+                "m + log(sum(exp(x - m))) with m the row's max.", LSE, logsumexp_no_shift,
+                id="numerical_stability/logsumexp/no-max-shift"),
         Mistake("the max not added back", "log(sum(exp(x - m))) is the log-sum-exp of x - m; the log-sum-exp "
-                "of x is m + log(sum(exp(x - m))).", LSE, logsumexp_max_not_added_back),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, logsumexp_global_max),
+                "of x is m + log(sum(exp(x - m))).", LSE, logsumexp_max_not_added_back,
+                id="numerical_stability/logsumexp/the-max-not-added-back"),
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, logsumexp_global_max,
+                id="numerical_stability/logsumexp/one-global-max-instead-of-one-per-row"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
                 "-inf - (-inf) is NaN; its log-sum-exp is log(0) = -inf, as torch.logsumexp says. Shift such a "
-                "row by 0 instead.", EMPTY_ROWS, logsumexp_nan_on_empty_rows),
-        Mistake("the dim argument ignored", DIM_IGNORED, LSE, logsumexp_dim_ignored),
+                "row by 0 instead.", EMPTY_ROWS, logsumexp_nan_on_empty_rows,
+                id="numerical_stability/logsumexp/nan-on-rows-that-are-entirely-inf"),
+        Mistake("the dim argument ignored", DIM_IGNORED, LSE, logsumexp_dim_ignored,
+                id="numerical_stability/logsumexp/the-dim-argument-ignored"),
         Mistake("the reduced dimension kept", "logsumexp reduces dim away, like torch.logsumexp (keepdim=False): "
-                "x of shape (B, L) gives (B,).", LSE, logsumexp_keepdim),
-        Mistake("a built-in logsumexp", BUILTIN, LSE, logsumexp_builtin),
+                "x of shape (B, L) gives (B,).", LSE, logsumexp_keepdim,
+                id="numerical_stability/logsumexp/the-reduced-dimension-kept"),
+        Mistake("a built-in logsumexp", BUILTIN, LSE, logsumexp_builtin,
+                id="numerical_stability/logsumexp/a-built-in-logsumexp"),
     ],
     "log_softmax": [
         Mistake("no max shift", "log(sum(exp(x))) overflows to inf (or underflows to -inf), and every "
                 "log-probability becomes -inf or NaN. Subtract a stable log-sum-exp: m + log(sum(exp(x - m))).",
-                LSE, log_softmax_no_shift),
+                LSE, log_softmax_no_shift, id="numerical_stability/log_softmax/no-max-shift"),
         Mistake("the max not added back", "the log-sum-exp of x is m + log(sum(exp(x - m))); without the m the "
-                "log-probabilities are off by the row's max.", LSE, log_softmax_max_not_added_back),
+                "log-probabilities are off by the row's max.", LSE, log_softmax_max_not_added_back,
+                id="numerical_stability/log_softmax/the-max-not-added-back"),
         Mistake("the log of the softmax", "log(softmax(x)) is -inf wherever the softmax underflows to 0 (an entry "
                 "more than about 745 below the row's max in float64, 104 in float32), although the log-softmax "
                 "there is a perfectly finite x - logsumexp(x). Compute x - logsumexp(x) directly.", LOG_SOFTMAX,
-                log_softmax_log_of_softmax),
+                log_softmax_log_of_softmax, id="numerical_stability/log_softmax/the-log-of-the-softmax"),
         Mistake("the log-sum-exp not kept as a column", "logsumexp(x, dim) has the dimension dim removed; put it "
                 "back (unsqueeze(dim)) before subtracting it from x, or x - lse subtracts along the wrong axis "
-                "(or fails to broadcast).", LOG_SOFTMAX, log_softmax_without_keepdim),
+                "(or fails to broadcast).", LOG_SOFTMAX, log_softmax_without_keepdim,
+                id="numerical_stability/log_softmax/the-log-sum-exp-not-kept-as-a-column"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has log-sum-exp -inf, "
                 "and -inf - (-inf) is NaN. Its softmax is a row of zeros, so its log-softmax is a row of -inf.",
-                LOG_SOFTMAX, log_softmax_nan_on_empty_rows),
-        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, log_softmax_dim_ignored),
-        Mistake("a built-in log_softmax", BUILTIN, LOG_SOFTMAX, log_softmax_builtin),
+                LOG_SOFTMAX, log_softmax_nan_on_empty_rows,
+                id="numerical_stability/log_softmax/nan-on-rows-that-are-entirely-inf"),
+        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, log_softmax_dim_ignored,
+                id="numerical_stability/log_softmax/the-dim-argument-ignored"),
+        Mistake("a built-in log_softmax", BUILTIN, LOG_SOFTMAX, log_softmax_builtin,
+                id="numerical_stability/log_softmax/a-built-in-log-softmax"),
     ],
     "online_softmax": [
         Mistake("the running sum not rescaled", "when a block raises the running max from m to m_new, the sum "
                 "so far was taken relative to m and must be multiplied by exp(m - m_new) before the new block's "
                 "terms are added: s_new = s * exp(m - m_new) + sum(exp(block - m_new)).", ONLINE,
-                online_softmax_no_rescale),
+                online_softmax_no_rescale, id="numerical_stability/online_softmax/the-running-sum-not-rescaled"),
         Mistake("the rescale factor inverted", "the old sum is multiplied by exp(m - m_new) <= 1 (its terms "
-                "shrink when the max grows), not by exp(m_new - m).", ONLINE, online_softmax_rescale_inverted),
+                "shrink when the max grows), not by exp(m_new - m).", ONLINE, online_softmax_rescale_inverted,
+                id="numerical_stability/online_softmax/the-rescale-factor-inverted"),
         Mistake("the last block dropped", "when the length is not a multiple of block_size the last block is "
                 "shorter, and it still counts: loop with range(0, L, block_size) and slice "
-                "x[..., start:start + block_size].", ONLINE, online_softmax_last_block_dropped),
+                "x[..., start:start + block_size].", ONLINE, online_softmax_last_block_dropped,
+                id="numerical_stability/online_softmax/the-last-block-dropped"),
         Mistake("each block normalised on its own", "every entry is divided by the sum over the whole row, "
                 "rescaled to the final max, not by the sum of its own block.", ONLINE,
-                online_softmax_blocks_normalised_separately),
+                online_softmax_blocks_normalised_separately,
+                id="numerical_stability/online_softmax/each-block-normalised-on-its-own"),
         Mistake("NaN when a whole block is -inf", "while every entry seen so far is -inf the running max is "
                 "still -inf, and exp(m - m_new) = exp(-inf - (-inf)) is NaN. Shift by 0 while the running max is "
-                "-inf (the running sum is 0 then anyway).", ONLINE, online_softmax_nan_on_empty_blocks),
+                "-inf (the running sum is 0 then anyway).", ONLINE, online_softmax_nan_on_empty_blocks,
+                id="numerical_stability/online_softmax/nan-when-a-whole-block-is-inf"),
         Mistake("the running sum kept in half precision", "a float16 sum stops growing once its terms fall "
                 "below half a unit in its last place (1 + 0.0003 is 1 in float16). Keep the running max and sum "
                 "in float32 for float16 and bfloat16 inputs, as the kernels do, and return x's dtype.", HALF,
-                online_softmax_half_precision_sum),
+                online_softmax_half_precision_sum,
+                id="numerical_stability/online_softmax/the-running-sum-kept-in-half-precision"),
         Mistake("the whole row reduced at once", "the online softmax never takes a max or a sum over more than "
                 "one block of a row: it keeps a running max and a running sum and updates them block by block.",
-                ONLINE, online_softmax_whole_row),
+                ONLINE, online_softmax_whole_row, id="numerical_stability/online_softmax/the-whole-row-reduced-at-once"),
         Mistake("two passes over the row", "a first pass for the max and a second for the sum reads the row "
                 "twice; the online softmax updates the max and the rescaled sum together, in one pass.", ONLINE,
-                online_softmax_two_passes),
-        Mistake("a built-in softmax", BUILTIN, ONLINE, online_softmax_builtin),
+                online_softmax_two_passes, id="numerical_stability/online_softmax/two-passes-over-the-row"),
+        Mistake("a built-in softmax", BUILTIN, ONLINE, online_softmax_builtin,
+                id="numerical_stability/online_softmax/a-built-in-softmax"),
     ],
 }
 
 #: Mistakes named by a check of their own rather than by their output.
-_BY_NAME = {(exercise, m.name): m for exercise, catalogue in MISTAKES.items() for m in catalogue}
-_BUILTIN_NAMES = {"a built-in softmax", "a built-in logsumexp", "a built-in log_softmax"}
+_BUILTIN = {"stable_softmax": "numerical_stability/stable_softmax/a-built-in-softmax",
+            "logsumexp": "numerical_stability/logsumexp/a-built-in-logsumexp",
+            "log_softmax": "numerical_stability/log_softmax/a-built-in-log-softmax",
+            "online_softmax": "numerical_stability/online_softmax/a-built-in-softmax"}
 
 
 def _by_output(exercise: str) -> list[Mistake]:
     """The mistakes a wrong output can be matched against (not those made only visible by the guard)."""
-    return [m for m in MISTAKES[exercise] if m.name not in _BUILTIN_NAMES]
+    return [m for m in MISTAKES[exercise] if m.id != _BUILTIN[exercise]]
 
 
-def _named(exercise: str, name: str, problem: str) -> None:
-    fail(f"{problem}\n{_BY_NAME[(exercise, name)].message()}")
+def _named(ident: str, problem: str) -> None:
+    raise MistakeFound(problem, [by_id((m for catalogue in MISTAKES.values() for m in catalogue), ident)])
 
 
 @contextlib.contextmanager
@@ -419,8 +447,7 @@ def _builtins_named(exercise: str) -> Iterator[None]:
     except ForbiddenCall as error:
         if error.builtin is None:  # the code got round the guard: no built-in to explain
             raise
-        builtin = next(m for m in MISTAKES[exercise] if m.name in _BUILTIN_NAMES)
-        raise MistakeFound(str(error), [builtin]) from None
+        raise MistakeFound(str(error), [by_id(MISTAKES[exercise], _BUILTIN[exercise])]) from None
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -493,9 +520,10 @@ def check_stable_softmax(stable_softmax) -> None:
     gen = generator(401)
     with _builtins_named("stable_softmax"):
         if not leaves_input_untouched(stable_softmax, randn(3, 5, gen=gen), "stable_softmax"):
-            _named("stable_softmax", "the input modified in place", input_changed_message("stable_softmax"))
+            _named("numerical_stability/stable_softmax/the-input-modified-in-place", input_changed_message("stable_softmax"))
         verify_each(stable_softmax, _softmax_like_cases(402), softmax_reference, softmax_tolerance_of,
-                    forbid=SOFTMAX_BUILTINS, exercise="stable_softmax", arg_names=("x",), mistakes=_by_output("stable_softmax"))
+                    forbid=SOFTMAX_BUILTINS, exercise="stable_softmax", arg_names=("x",),
+                    mistakes=_by_output("stable_softmax"))
         for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1),
                        (randn(4, 3, gen=gen) * 3, 0)]:
             problem = gradcheck_problem(stable_softmax, x, "stable_softmax", dim=dim)
@@ -504,7 +532,7 @@ def check_stable_softmax(stable_softmax) -> None:
                 outcome, _ = attempt(stable_softmax, (leaf,), {"dim": dim}, exercise="stable_softmax",
                                      forbid=SOFTMAX_BUILTINS)
                 if isinstance(outcome.value, torch.Tensor) and not outcome.value.requires_grad:
-                    _named("stable_softmax", "the result detached from autograd", problem)
+                    _named("numerical_stability/stable_softmax/the-result-detached-from-autograd", problem)
                 fail(problem)
         _bad_dims(stable_softmax, "stable_softmax", gen)
     print("stable_softmax passes the hidden checks.")
@@ -584,9 +612,9 @@ def check_online_softmax(online_softmax) -> None:
             if problem:
                 text, rule = problem
                 if rule == "whole row":
-                    _named(exercise, "the whole row reduced at once", text)
+                    _named("numerical_stability/online_softmax/the-whole-row-reduced-at-once", text)
                 if rule == "two passes":
-                    _named(exercise, "two passes over the row", text)
+                    _named("numerical_stability/online_softmax/two-passes-over-the-row", text)
                 fail(text)
         for block in (0, -2):
             expect_error(online_softmax, randn(2, 5, gen=gen), block, error=ValueError,

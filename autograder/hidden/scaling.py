@@ -21,7 +21,7 @@ import torch
 from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS, autograd_softmax_jacobian
 from ..compare import describe
 from ..diagnoses import explain_number
-from ..diagnosis import Mistake
+from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..inputs import generator, randn
 from ..student import attempt, call_student, describe_error, expect_error
@@ -432,109 +432,118 @@ SCALED_IGNORED = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "empirical_score_variance": [
-        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, esv_scaled_ignored),
+        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, esv_scaled_ignored,
+                id="scaling/empirical_score_variance/scaled-ignored"),
         Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k leaves the scores a variance of "
                 "1/d_k; dividing by sqrt(d_k) brings it to 1 because Var(cX) = c^2 Var(X).", MEAN_VARIANCE,
-                esv_scaled_by_d_k),
+                esv_scaled_by_d_k, id="scaling/empirical_score_variance/scores-divided-by-d-k-instead-of-sqrt-d-k"),
         Mistake("the variance divided by sqrt(d_k) instead of the scores", "scaling the scores by 1/sqrt(d_k) "
                 "multiplies their variance by 1/d_k (Var(cX) = c^2 Var(X)); dividing the variance itself by "
-                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, esv_variance_divided_by_sqrt_d_k),
+                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, esv_variance_divided_by_sqrt_d_k,
+                id="scaling/empirical_score_variance/the-variance-divided-by-sqrt-d-k-instead-of-the"),
         Mistake("the standard deviation instead of the variance", "return the variance of the scores (.var()), "
                 "not their standard deviation (.std()), which is its square root.", MEASURING,
-                esv_standard_deviation),
+                esv_standard_deviation, id="scaling/empirical_score_variance/the-standard-deviation-instead-of-the-variance"),
         Mistake("products not summed into dot products", "a score is the dot product q.k, the SUM over the d_k "
                 "components of q_i k_i; the variance of single products q_i k_i is 1 whatever d_k.", MEAN_VARIANCE,
-                esv_products_not_summed),
+                esv_products_not_summed, id="scaling/empirical_score_variance/products-not-summed-into-dot-products"),
         Mistake("the same vector used as query and key", "q and k must be drawn independently; q.q = |q|^2 "
-                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE, esv_same_vector),
+                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE, esv_same_vector,
+                id="scaling/empirical_score_variance/the-same-vector-used-as-query-and-key"),
         Mistake("uniform instead of normal samples", "torch.rand draws from the uniform distribution on [0, 1) "
                 "(mean 1/2, variance 1/12); the queries and keys must be standard normal: torch.randn.",
-                MEASURING, esv_uniform),
+                MEASURING, esv_uniform, id="scaling/empirical_score_variance/uniform-instead-of-normal-samples"),
         Mistake("the generator ignored", "every random number must come from the `generator` argument "
                 "(torch.randn(..., generator=generator)), so that the same seed gives the same result.",
-                MEASURING, esv_generator_ignored),
+                MEASURING, esv_generator_ignored, id="scaling/empirical_score_variance/the-generator-ignored"),
         Mistake("a fixed seed of your own instead of the generator", "draw from the `generator` argument; a "
                 "generator of your own with a fixed seed gives the same numbers whatever seed the caller chose.",
-                MEASURING, esv_own_seed),
+                MEASURING, esv_own_seed, id="scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"),
     ],
     "softmax_jacobian": [
         Mistake("the off-diagonal terms missing (diag(p) only)", "d p_i / d s_j = p_i (delta_ij - p_j): the "
                 "Jacobian is diag(p) - p p^T, and the outer product p p^T fills every entry, not only the "
-                "diagonal.", GRADIENT, jacobian_diag_only),
+                "diagonal.", GRADIENT, jacobian_diag_only,
+                id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-only"),
         Mistake("the off-diagonal terms missing (diag(p - p^2) only)", "the diagonal p_i - p_i^2 is right, but "
                 "d p_i / d s_j = -p_i p_j is not zero for i != j: the Jacobian is the full matrix "
-                "diag(p) - p p^T.", GRADIENT, jacobian_diagonal_terms_only),
+                "diag(p) - p p^T.", GRADIENT, jacobian_diagonal_terms_only,
+                id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-p-2-only"),
         Mistake("the Jacobian with the wrong sign", "raising a score raises its own weight: the diagonal "
                 "p_i (1 - p_i) is positive, so the Jacobian is diag(p) - p p^T, not p p^T - diag(p).", GRADIENT,
-                jacobian_wrong_sign),
+                jacobian_wrong_sign, id="scaling/softmax_jacobian/the-jacobian-with-the-wrong-sign"),
         Mistake("the diagonal term diag(p) missing", "the quotient rule gives two terms: "
-                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT, jacobian_no_diag),
+                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT, jacobian_no_diag,
+                id="scaling/softmax_jacobian/the-diagonal-term-diag-p-missing"),
         Mistake("the identity instead of diag(p)", "the first term of d p_i / d s_j = p_i delta_ij - p_i p_j is "
                 "p_i delta_ij, the matrix diag(p) (torch.diag_embed(p)), not the identity.", GRADIENT,
-                jacobian_identity_instead_of_diag),
+                jacobian_identity_instead_of_diag, id="scaling/softmax_jacobian/the-identity-instead-of-diag-p"),
         Mistake("an inner product instead of the outer product p p^T", "p p^T is the (m, m) outer product, "
                 "p.unsqueeze(-1) * p.unsqueeze(-2); p^T p (the sum of p_i^2) is a single number.", GRADIENT,
-                jacobian_inner_product),
+                jacobian_inner_product, id="scaling/softmax_jacobian/an-inner-product-instead-of-the-outer-product-p"),
         Mistake("torch.diag and torch.outer, which only work for one row", "for p of shape (..., m) with batch "
                 "dimensions, torch.diag returns a diagonal instead of building a matrix and torch.outer fails; "
                 "use torch.diag_embed(p) and p.unsqueeze(-1) * p.unsqueeze(-2).", GRADIENT,
-                jacobian_one_dimensional),
+                jacobian_one_dimensional, id="scaling/softmax_jacobian/torch-diag-and-torch-outer-which-only-work-for"),
     ],
     "attention_entropy": [
         Mistake("NaN on rows with zeros (0 * log 0)", "in floating point log(0) = -inf and 0 * -inf = NaN, but "
                 "the entropy uses the convention 0 log 0 = 0 (the limit of x log x as x -> 0): leave the zero "
                 "entries out of the sum, for example with torch.where on p > 0.", SATURATION,
-                entropy_nan_on_zeros),
+                entropy_nan_on_zeros, id="scaling/attention_entropy/nan-on-rows-with-zeros-0-log-0"),
         Mistake("entropy in bits instead of nats", "the entropy here is in nats: use the natural logarithm "
                 "(torch.log), not log2. An entropy in bits is larger by a factor 1/ln 2.", SATURATION,
-                entropy_bits),
+                entropy_bits, id="scaling/attention_entropy/entropy-in-bits-instead-of-nats"),
         Mistake("the minus sign forgotten", "H(p) = -sum_i p_i log p_i; each log p_i is <= 0, so without the "
-                "minus sign the result is negative.", SATURATION, entropy_no_minus),
+                "minus sign the result is negative.", SATURATION, entropy_no_minus,
+                id="scaling/attention_entropy/the-minus-sign-forgotten"),
         Mistake("an epsilon added inside the log", "log(p + eps) makes a one-hot row's entropy -eps instead "
                 "of exactly 0, and biases every other row; skip the zero entries instead.", SATURATION,
-                entropy_epsilon_in_log),
+                entropy_epsilon_in_log, id="scaling/attention_entropy/an-epsilon-added-inside-the-log"),
         Mistake("the sum over the wrong axis", "each row is one distribution over the keys: sum over the "
-                "last axis (dim=-1).", SATURATION, entropy_wrong_axis),
+                "last axis (dim=-1).", SATURATION, entropy_wrong_axis,
+                id="scaling/attention_entropy/the-sum-over-the-wrong-axis"),
         Mistake("a mean instead of a sum over the keys", "H(p) = -sum_i p_i log p_i is a sum over the m "
-                "entries of the row, not a mean.", SATURATION, entropy_mean_not_sum),
+                "entries of the row, not a mean.", SATURATION, entropy_mean_not_sum,
+                id="scaling/attention_entropy/a-mean-instead-of-a-sum-over-the-keys"),
         Mistake("the entropy divided by log m", "return the entropy itself, in nats; dividing by its "
                 "maximum log m gives the normalised entropy, which is another quantity.", SATURATION,
-                entropy_normalised),
+                entropy_normalised, id="scaling/attention_entropy/the-entropy-divided-by-log-m"),
         Mistake("keepdim=True", "the result has shape (...): one number per row, without a trailing axis "
-                "of size 1.", SATURATION, entropy_keepdim),
+                "of size 1.", SATURATION, entropy_keepdim, id="scaling/attention_entropy/keepdim-true"),
     ],
     "saturation_curve": [
         Mistake("`scaled` ignored", "when `scaled` is True the scores Q K^T must be divided by sqrt(d_k) "
-                "before the softmax.", MEASURING_SATURATION, saturation_scaled_ignored),
+                "before the softmax.", MEASURING_SATURATION, saturation_scaled_ignored,
+                id="scaling/saturation_curve/scaled-ignored"),
         Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k shrinks the scores to variance "
                 "1/d_k and the weights become nearly uniform; sqrt(d_k) restores variance 1.", MEAN_VARIANCE,
-                saturation_scaled_by_d_k),
+                saturation_scaled_by_d_k, id="scaling/saturation_curve/scores-divided-by-d-k-instead-of-sqrt-d-k"),
         Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
                 "the last axis (dim=-1) of the (num_queries, num_keys) scores.", MEASURING_SATURATION,
-                saturation_softmax_over_queries),
+                saturation_softmax_over_queries, id="scaling/saturation_curve/softmax-over-the-queries"),
         Mistake("the largest weight taken over the queries", "the max weight of a row is the largest of its "
                 "num_keys weights: w.max(dim=-1), then the mean over the rows.", MEASURING_SATURATION,
-                saturation_max_over_queries),
+                saturation_max_over_queries, id="scaling/saturation_curve/the-largest-weight-taken-over-the-queries"),
         Mistake("entropy in bits instead of nats", "the entropy is in nats (natural logarithm), as "
-                "attention_entropy returns it.", SATURATION, saturation_entropy_bits),
+                "attention_entropy returns it.", SATURATION, saturation_entropy_bits,
+                id="scaling/saturation_curve/entropy-in-bits-instead-of-nats"),
         Mistake("the entropy of the average row", "take the entropy of each row, then the mean of those "
                 "entropies; the average row is much flatter than a typical row.", MEASURING_SATURATION,
-                saturation_entropy_of_mean_row),
+                saturation_entropy_of_mean_row, id="scaling/saturation_curve/the-entropy-of-the-average-row"),
         Mistake("the Jacobian without its off-diagonal terms", "the Jacobian of softmax is "
-                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT, saturation_jacobian_diag_only),
+                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT, saturation_jacobian_diag_only,
+                id="scaling/saturation_curve/the-jacobian-without-its-off-diagonal-terms"),
         Mistake("one norm for all rows together", "torch.linalg.norm of a (rows, m, m) tensor is one norm of "
                 "everything; take the Frobenius norm of each row's (m, m) Jacobian "
                 "(torch.linalg.matrix_norm) and then the mean over the rows.", MEASURING_SATURATION,
-                saturation_one_norm_for_all_rows),
+                saturation_one_norm_for_all_rows, id="scaling/saturation_curve/one-norm-for-all-rows-together"),
         Mistake("the spectral norm instead of the Frobenius norm", "the Jacobian norm asked for is the "
                 "Frobenius norm, the square root of the sum of the squared entries (torch.linalg.matrix_norm's "
-                "default), not the largest singular value.", MEASURING_SATURATION, saturation_spectral_norm),
+                "default), not the largest singular value.", MEASURING_SATURATION, saturation_spectral_norm,
+                id="scaling/saturation_curve/the-spectral-norm-instead-of-the-frobenius-norm"),
     ],
 }
-
-
-def _mistake(exercise: str, name: str) -> Mistake:
-    return next(m for m in MISTAKES[exercise] if m.name == name)
 
 
 # --- diagnosis of random experiments ---------------------------------------------------------
@@ -560,9 +569,7 @@ def _diagnose_random(
 
 
 def _fail_named(message: str, mistake: Mistake | None) -> None:
-    if mistake is not None:
-        message += "\n" + mistake.message()
-    fail(message)
+    raise MistakeFound(message, [mistake] if mistake else [])
 
 
 # --- empirical_score_variance ---------------------------------------------------------------
@@ -591,13 +598,14 @@ def _esv_pair(fn, d_k: int, num_samples: int, seed: int, *, student: bool) -> tu
 
 
 #: The mistakes that draw from the wrong generator give the right values: the reproducibility checks name them.
-GENERATOR_MISTAKES = ("the generator ignored", "a fixed seed of your own instead of the generator")
+GENERATOR_IGNORED = "scaling/empirical_score_variance/the-generator-ignored"
+OWN_SEED = "scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"
 
 
 def _diagnose_variance(got: tuple[float, float], d_k: int, n: int, seed: int) -> Mistake | None:
     """The first mistake whose (unscaled, scaled) results agree with the student's within 15%."""
     for candidate in MISTAKES["empirical_score_variance"]:
-        if candidate.name in GENERATOR_MISTAKES:
+        if candidate.id in (GENERATOR_IGNORED, OWN_SEED):
             continue
         try:
             pair = _esv_pair(candidate.fn, d_k, n, seed, student=False)
@@ -642,14 +650,14 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
             _fail_named(
                 f"Called twice with generators seeded alike, {what} returned {first!r} and then {again!r}: "
                 "the same seed must give the same result.",
-                _mistake(exercise, "the generator ignored"),
+                by_id(MISTAKES[exercise], GENERATOR_IGNORED),
             )
         other = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(8), what=what), what)
         if other == first:
             _fail_named(
                 f"{what} returned {first!r} both with a generator seeded 7 and with one seeded 8: "
                 "the result must depend on the generator it is given.",
-                _mistake(exercise, "a fixed seed of your own instead of the generator"),
+                by_id(MISTAKES[exercise], OWN_SEED),
             )
     for d_k, n, why in [(64, 1, "a variance needs at least 2 samples"), (0, 100, "d_k must be at least 1")]:
         expect_error(empirical_score_variance, d_k, n, False, generator(0), error=ValueError,
@@ -886,19 +894,15 @@ def check_saturation_curve(saturation_curve) -> None:
 
 
 @dataclass(frozen=True)
-class WrongAnswer:
-    """A known wrong value of a numeric answer and the reasoning that leads to it."""
+class WrongAnswer(Mistake):
+    """A known wrong value of a numeric answer and the reasoning that leads to it (``fn`` returns it)."""
 
-    name: str
-    explanation: str
-    section: str
-    value: float
+    value: float = math.nan
 
-    def message(self) -> str:
-        return (
-            f"This looks like the mistake '{self.name}': {self.explanation} "
-            f"Section '{self.section}' of this notebook explains it."
-        )
+
+def wrong_answer(name: str, explanation: str, section: str, value: float, id: str) -> WrongAnswer:
+    """The wrong answer ``value`` of a numeric question, as a mistake."""
+    return WrongAnswer(name, explanation, section, lambda: value, id, value)
 
 
 #: The exact value of each numeric answer.
@@ -912,34 +916,42 @@ ANSWER_RTOL = 5e-4
 
 WRONG_ANSWERS: dict[str, list[WrongAnswer]] = {
     "std_unscaled_512": [
-        WrongAnswer("the variance instead of the standard deviation", "Var(q.k) = d_k; the standard deviation is "
-                    "its square root.", MEAN_VARIANCE, 512.0),
-        WrongAnswer("the standard deviation of the scaled scores", "the question is about the unscaled scores "
+        wrong_answer("the variance instead of the standard deviation", "Var(q.k) = d_k; the standard deviation is "
+                    "its square root.", MEAN_VARIANCE, 512.0,
+                    id="scaling/std_unscaled_512/the-variance-instead-of-the-standard-deviation"),
+        wrong_answer("the standard deviation of the scaled scores", "the question is about the unscaled scores "
                     "q.k; dividing by sqrt(d_k) is what brings their standard deviation down to 1.",
-                    MEAN_VARIANCE, 1.0),
-        WrongAnswer("the scale instead of the standard deviation", "1/sqrt(d_k) is the factor that rescales the "
-                    "scores; their standard deviation is sqrt(d_k).", MEAN_VARIANCE, 1 / math.sqrt(512)),
+                    MEAN_VARIANCE, 1.0, id="scaling/std_unscaled_512/the-standard-deviation-of-the-scaled-scores"),
+        wrong_answer("the scale instead of the standard deviation", "1/sqrt(d_k) is the factor that rescales the "
+                    "scores; their standard deviation is sqrt(d_k).", MEAN_VARIANCE, 1 / math.sqrt(512),
+                    id="scaling/std_unscaled_512/the-scale-instead-of-the-standard-deviation"),
     ],
     "scale_for_unit_variance": [
-        WrongAnswer("the divisor instead of the multiplier", "the scale multiplies the scores, as the `scale` "
+        wrong_answer("the divisor instead of the multiplier", "the scale multiplies the scores, as the `scale` "
                     "argument of F.scaled_dot_product_attention does; dividing by sqrt(Var(q.k)) is multiplying "
-                    "by its inverse.", MEAN_VARIANCE, math.sqrt(64.0)),
-        WrongAnswer("one over the variance instead of one over the standard deviation", "Var(c X) = c^2 Var(X), "
-                    "so the scale is 1 / sqrt(Var(q.k)), not 1 / Var(q.k).", MEAN_VARIANCE, 1 / 64.0),
-        WrongAnswer("the variances added instead of multiplied", "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = "
-                    "var_q * var_k: the variances multiply.", MEAN_VARIANCE, 1 / math.sqrt(64 * 2.5)),
-        WrongAnswer("only the variance of the queries used", "Var(q.k) = d_k var_q var_k involves both "
-                    "variances.", MEAN_VARIANCE, 1 / math.sqrt(128.0)),
-        WrongAnswer("only the variance of the keys used", "Var(q.k) = d_k var_q var_k involves both variances.",
-                    MEAN_VARIANCE, 1 / math.sqrt(32.0)),
+                    "by its inverse.", MEAN_VARIANCE, math.sqrt(64.0),
+                    id="scaling/scale_for_unit_variance/the-divisor-instead-of-the-multiplier"),
+        wrong_answer("one over the variance instead of one over the standard deviation", "Var(c X) = c^2 Var(X), "
+                    "so the scale is 1 / sqrt(Var(q.k)), not 1 / Var(q.k).", MEAN_VARIANCE, 1 / 64.0,
+                    id="scaling/scale_for_unit_variance/one-over-the-variance-instead-of-one-over-the"),
+        wrong_answer("the variances added instead of multiplied", "E[q_i^2 k_i^2] = E[q_i^2] E[k_i^2] = "
+                    "var_q * var_k: the variances multiply.", MEAN_VARIANCE, 1 / math.sqrt(64 * 2.5),
+                    id="scaling/scale_for_unit_variance/the-variances-added-instead-of-multiplied"),
+        wrong_answer("only the variance of the queries used", "Var(q.k) = d_k var_q var_k involves both "
+                    "variances.", MEAN_VARIANCE, 1 / math.sqrt(128.0),
+                    id="scaling/scale_for_unit_variance/only-the-variance-of-the-queries-used"),
+        wrong_answer("only the variance of the keys used", "Var(q.k) = d_k var_q var_k involves both variances.",
+                    MEAN_VARIANCE, 1 / math.sqrt(32.0),
+                    id="scaling/scale_for_unit_variance/only-the-variance-of-the-keys-used"),
     ],
     "jacobian_norm_uniform_16": [
-        WrongAnswer("the squared norm", "the Frobenius norm is the square ROOT of the sum of the squared "
-                    "entries.", GRADIENT, 15 / 256),
-        WrongAnswer("the off-diagonal terms left out", "every entry of p p^T is 1/m^2, the off-diagonal ones "
-                    "too: they add m (m - 1) squared terms of 1/m^4.", GRADIENT, math.sqrt(16) * (1 / 16 - 1 / 256)),
-        WrongAnswer("the Jacobian taken as diag(p)", "the Jacobian is diag(p) - p p^T, not diag(p).", GRADIENT,
-                    math.sqrt(16) / 16),
+        wrong_answer("the squared norm", "the Frobenius norm is the square ROOT of the sum of the squared "
+                    "entries.", GRADIENT, 15 / 256, id="scaling/jacobian_norm_uniform_16/the-squared-norm"),
+        wrong_answer("the off-diagonal terms left out", "every entry of p p^T is 1/m^2, the off-diagonal ones "
+                    "too: they add m (m - 1) squared terms of 1/m^4.", GRADIENT, math.sqrt(16) * (1 / 16 - 1 / 256),
+                    id="scaling/jacobian_norm_uniform_16/the-off-diagonal-terms-left-out"),
+        wrong_answer("the Jacobian taken as diag(p)", "the Jacobian is diag(p) - p p^T, not diag(p).", GRADIENT,
+                    math.sqrt(16) / 16, id="scaling/jacobian_norm_uniform_16/the-jacobian-taken-as-diag-p"),
     ],
 }
 
@@ -967,7 +979,7 @@ def _check_answer(value: Any, name: str, simulated: str = "") -> None:
     message = f"{name} = {value:.6g} is not the exact value asked for (to four significant digits)."
     for wrong in WRONG_ANSWERS[name]:
         if math.isclose(value, wrong.value, rel_tol=ANSWER_RTOL):
-            fail(message + "\n" + wrong.message())
+            raise MistakeFound(message, [wrong])
     for note in explain_number(value, exact):
         message += " " + note
     if simulated and math.isclose(value, exact, rel_tol=0.05):

@@ -158,54 +158,65 @@ THREE_D = (
 MISTAKES: dict[str, list[Mistake]] = {
     "hard_lookup": [
         Mistake("the last key wins a tie", "when two keys match equally well, the first one must win "
-                "(torch.argmax returns the first maximum).", LOOKUP, hard_lookup_last_on_tie),
+                "(torch.argmax returns the first maximum).", LOOKUP, hard_lookup_last_on_tie,
+                id="soft_lookup/hard_lookup/the-last-key-wins-a-tie"),
         Mistake("the key returned instead of its value", "a lookup returns the value stored under the best "
-                "key, not the key itself.", LOOKUP, hard_lookup_returns_key),
+                "key, not the key itself.", LOOKUP, hard_lookup_returns_key,
+                id="soft_lookup/hard_lookup/the-key-returned-instead-of-its-value"),
         Mistake("the worst key chosen", "the best key has the highest dot product with the query "
-                "(argmax), not the lowest.", LOOKUP, hard_lookup_argmin),
+                "(argmax), not the lowest.", LOOKUP, hard_lookup_argmin, id="soft_lookup/hard_lookup/the-worst-key-chosen"),
         Mistake("softmax weights instead of one-hot weights", "a hard lookup puts all its weight on one key; "
-                "softmax spreads it over all of them.", LOOKUP, hard_lookup_softmax),
+                "softmax spreads it over all of them.", LOOKUP, hard_lookup_softmax,
+                id="soft_lookup/hard_lookup/softmax-weights-instead-of-one-hot-weights"),
     ],
     "soft_lookup": [
         Mistake("scores multiplied by the temperature", "the scores are divided by the temperature, so a low "
-                "temperature sharpens the weights.", TEMPERATURE, soft_lookup_times_temperature),
+                "temperature sharpens the weights.", TEMPERATURE, soft_lookup_times_temperature,
+                id="soft_lookup/soft_lookup/scores-multiplied-by-the-temperature"),
         Mistake("temperature ignored", "the scores must be divided by the temperature argument.",
-                TEMPERATURE, soft_lookup_no_temperature),
+                TEMPERATURE, soft_lookup_no_temperature, id="soft_lookup/soft_lookup/temperature-ignored"),
         Mistake("weights not normalised", "exp of the scores must be divided by its sum so the weights sum "
-                "to one (that is what softmax does).", SOFT, soft_lookup_unnormalised),
+                "to one (that is what softmax does).", SOFT, soft_lookup_unnormalised,
+                id="soft_lookup/soft_lookup/weights-not-normalised"),
         Mistake("exponentials that overflow", "exp of a large score is inf in floating point, and inf / inf "
                 "is NaN. Use torch.softmax, which subtracts the largest score first.", TEMPERATURE,
-                soft_lookup_overflow),
+                soft_lookup_overflow, id="soft_lookup/soft_lookup/exponentials-that-overflow"),
         Mistake("the weights average the keys", "the output is the weighted average of the values, not of "
-                "the keys.", SOFT, soft_lookup_weights_keys),
+                "the keys.", SOFT, soft_lookup_weights_keys, id="soft_lookup/soft_lookup/the-weights-average-the-keys"),
     ],
     "nadaraya_watson": [
         Mistake("the 2 in 2h^2 forgotten", "the Gaussian kernel's score is -(x_q - x_i)^2 / (2 h^2).",
-                KERNEL, nadaraya_watson_no_two),
+                KERNEL, nadaraya_watson_no_two, id="soft_lookup/nadaraya_watson/the-2-in-2h-2-forgotten"),
         Mistake("bandwidth not squared", "the Gaussian kernel divides by 2 h^2, the square of the bandwidth.",
-                KERNEL, nadaraya_watson_bandwidth_not_squared),
+                KERNEL, nadaraya_watson_bandwidth_not_squared, id="soft_lookup/nadaraya_watson/bandwidth-not-squared"),
         Mistake("the minus sign of the score dropped", "close points must get high scores, so the score is "
-                "minus the squared distance.", KERNEL, nadaraya_watson_positive_scores),
+                "minus the squared distance.", KERNEL, nadaraya_watson_positive_scores,
+                id="soft_lookup/nadaraya_watson/the-minus-sign-of-the-score-dropped"),
         Mistake("softmax over the queries", "each query's weights over the training points must sum to one: "
                 "softmax over the last axis (the training points).", KERNEL,
-                nadaraya_watson_softmax_over_queries),
+                nadaraya_watson_softmax_over_queries, id="soft_lookup/nadaraya_watson/softmax-over-the-queries"),
     ],
     "scaled_dot_product_attention": [
         Mistake("no scaling", "the scores Q K^T must be divided by sqrt(d_k) before the softmax.",
-                SDPA_SECTION, sdpa_no_scaling),
+                SDPA_SECTION, sdpa_no_scaling, id="soft_lookup/scaled_dot_product_attention/no-scaling"),
         Mistake("scaling by d_k instead of sqrt(d_k)", "the scores are divided by the square root of d_k, "
                 "which restores unit variance; dividing by d_k shrinks them too much.", SDPA_SECTION,
-                sdpa_scale_by_d_k),
+                sdpa_scale_by_d_k, id="soft_lookup/scaled_dot_product_attention/scaling-by-d-k-instead-of-sqrt-d-k"),
         Mistake("scaling by sqrt(d_v) instead of sqrt(d_k)", "the scale comes from the dimension of the "
                 "queries and keys (d_k, the length of the dot product), not of the values.", SDPA_SECTION,
-                sdpa_scale_by_sqrt_d_v),
+                sdpa_scale_by_sqrt_d_v, id="soft_lookup/scaled_dot_product_attention/scaling-by-sqrt-d-v-instead-of-sqrt-d-k"),
         Mistake("softmax over the wrong axis", "each query's weights over the keys must sum to one: softmax "
-                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION, sdpa_softmax_wrong_axis),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_transpose_3d),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_permute_3d),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_bmm_3d),
+                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION, sdpa_softmax_wrong_axis,
+                id="soft_lookup/scaled_dot_product_attention/softmax-over-the-wrong-axis"),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_transpose_3d,
+                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_permute_3d,
+                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
+        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_bmm_3d,
+                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
         Mistake("weights returned transposed", "the weights have shape (..., n, m): one row per query, one "
-                "column per key.", SDPA_SECTION, sdpa_weights_transposed),
+                "column per key.", SDPA_SECTION, sdpa_weights_transposed,
+                id="soft_lookup/scaled_dot_product_attention/weights-returned-transposed"),
     ],
 }
 

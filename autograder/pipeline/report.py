@@ -4,9 +4,10 @@ For each assignment with graded submissions, and each exercise in it:
 
 - the **distribution of scores** (points of the exercise's test cells, visible and hidden), as a
   figure (``report/<assignment>-scores.png``) and a table;
-- the **named mistakes**: how many students made each and the section that teaches it, read
-  from the graded notebooks' test-cell errors (a named mistake's message contains
-  ``This looks like the mistake '<name>'`` and ``Section '<section>' of this notebook explains it.``);
+- the **named mistakes**: how many students made each and the section that teaches it, counted
+  by the mistake's id from the record the grader keeps in a failing test cell
+  (:func:`autograder.pipeline.judge.named_mistakes`), never from the words of a message, which a
+  student's code could print;
 - the **other failures**, counted by message (numbers in a message are replaced by ``#``, so the
   same failure on other values counts once), leaving out those of students whose mistake on
   that exercise was named (the visible check's failure of a named mistake is one of its symptoms);
@@ -28,9 +29,8 @@ from pathlib import Path
 from . import notes as grading_notes
 from .course import ROOT, assignments
 from .feedback import write_text
+from .judge import named_mistakes
 
-MISTAKE = re.compile(r"This looks like the mistake '(?P<name>[^']+)'")
-SECTION = re.compile(r"Section '(?P<section>[^']+)' of this notebook explains it")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -42,8 +42,9 @@ class Exercise:
     name: str
     max_points: float = 0.0
     points: dict[str, float] = field(default_factory=dict)  # student -> points of the exercise's test cells
-    mistakes: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # name -> students
-    sections: dict[str, str] = field(default_factory=dict)  # mistake name -> section
+    mistakes: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # mistake id -> students
+    names: dict[str, str] = field(default_factory=dict)  # mistake id -> its name
+    sections: dict[str, str] = field(default_factory=dict)  # mistake id -> section
     failures: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # message -> students
 
 
@@ -107,12 +108,11 @@ def read_cells(path: Path, assignment: Assignment, student: str) -> None:
         text = failure_text(cell)
         if not text:
             continue
-        named = list(MISTAKE.finditer(text))
-        for match in named:  # a message may name more than one mistake, each followed by its section
-            exercise.mistakes[match["name"]].add(student)
-            section = SECTION.search(text, match.end())
-            if section:
-                exercise.sections.setdefault(match["name"], section["section"])
+        named = named_mistakes(cell)
+        for mistake in named:  # a failure may name more than one mistake
+            exercise.mistakes[mistake["id"]].add(student)
+            exercise.names.setdefault(mistake["id"], str(mistake.get("name", mistake["id"])))
+            exercise.sections.setdefault(mistake["id"], str(mistake.get("section", "")))
         if not named:
             exercise.failures[uncatalogued(text)].add(student)
 
@@ -227,10 +227,11 @@ def exercise_html(assignment: Assignment, exercise: Exercise) -> str:
         counts = Counter(values)
         parts.append(_table(["points", "students"], [[f"{p:g}", str(counts[p])] for p in sorted(counts)]))
     if exercise.mistakes:
-        rows = sorted(((len(s), n) for n, s in exercise.mistakes.items()), key=lambda r: (-r[0], r[1]))
+        rows = sorted(((len(s), exercise.names.get(i, i), i) for i, s in exercise.mistakes.items()),
+                      key=lambda r: (-r[0], r[1]))
         parts.append("<h4>Named mistakes</h4>" + _table(
             ["mistake", "students", "section that teaches it"],
-            [[name, str(count), exercise.sections.get(name, "")] for count, name in rows]))
+            [[name, str(count), exercise.sections.get(i, "")] for count, name, i in rows]))
     if exercise.failures:
         rows = sorted(((len(s), m) for m, s in exercise.failures.items()), key=lambda r: (-r[0], r[1]))
         parts.append("<h4>Other failures, by message</h4>" + _table(["students", "message (numbers as #)"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from .errors import fail
+from .guard import Forbidden
+from .student import probe
 
 
 class TensorWatch(TorchDispatchMode):
@@ -94,6 +98,21 @@ def watch_allocations(fn: Callable[..., Any], args: tuple, kwargs: dict, rows: i
         value = fn(*args, **kwargs)
     offender = None if tensors.offender is None else (tensors.offender[0], list(tensors.offender[1]))
     return value, {"offender": offender, "peak": tensors.peak, "numpy": arrays.used}
+
+
+def watched_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int,
+                 max_elements: int, forbid: Sequence[Forbidden] = ()) -> tuple[Any, dict]:
+    """The student's ``fn`` run under ``forbid`` and :func:`watch_allocations`, where the student's code runs.
+
+    Returns the value and what the watch saw; fails the check when a tensor was converted to
+    NumPy, where the watch cannot follow it.
+    """
+    value, seen = probe(watch_allocations, fn, args, kwargs, rows, cols, max_elements, what=f"{exercise}(...)",
+                        forbid=forbid)
+    if seen.get("numpy"):
+        fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
+             "every tensor your function allocates, to make sure it never holds the n x m scores.")
+    return value, seen
 
 
 #: Reductions whose size the streaming check records: "max" ones and "sum" ones.

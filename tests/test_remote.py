@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from autograder import wire
-from autograder.checks.numerical_stability import unchanged_by
 from autograder.errors import CheckFailed
 from autograder.guard import ATTENTION_BUILTINS
 from autograder.pipeline.course import assignments, module_name
+from autograder.references.numerical_stability import unchanged_by
 from autograder.remote import LocalChannel, Remote, lookup
 from autograder.student import attempt, call_student, expect_error, probe
 

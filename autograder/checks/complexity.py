@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
-from ..student import call_student, expect_error
+from ..inputs import generator, randn
+from ..references.complexity import (
+    FIT_ATOL,
+    FIT_RTOL,
+    FLOPS_ARGS,
+    MEMORY_ARGS,
+    assert_bool_mask,
+    sdpa_reference,
+)
+from ..student import expect_error
 from ..verify import Case, verify, verify_number
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "complexity"
 
 # --- the counting exercises ---------------------------------------------------------------------
-
-#: Tolerances of a fitted exponent: loose enough for a fit computed in float32.
-FIT_RTOL, FIT_ATOL = 1e-5, 1e-6
-FLOPS_ARGS = ("batch", "heads", "n", "m", "d_k", "d_v")
-MEMORY_ARGS = ("batch", "heads", "n", "m", "dtype")
 
 
 def check_attention_flops(attention_flops) -> None:
@@ -70,11 +72,6 @@ def check_fit_power_law(fit_power_law) -> None:
 # --- the attention exercises -----------------------------------------------------------------------
 
 
-def sdpa_reference(Q, K, V, size, is_causal=False):
-    """What chunked_attention and flash_attention must return: SDPA (math backend), top-left causal."""
-    return math_sdpa(Q, K, V, is_causal=is_causal)
-
-
 def _attention_cases() -> list[Case]:
     gen = generator(70)
     return [
@@ -110,15 +107,6 @@ def check_flash_attention(flash_attention) -> None:
 
 
 # --- sliding window ---------------------------------------------------------------------------------
-
-
-def assert_bool_mask(sliding_window_mask) -> None:
-    """Fail unless the mask is a torch.bool tensor (True = may attend), before comparing values."""
-    mask = call_student(sliding_window_mask, 4, 2, what="sliding_window_mask(4, 2)")
-    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
-        got = f"dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        fail(f"sliding_window_mask(4, 2) should return a torch.bool tensor (True = may attend, SDPA's "
-             f"convention), but it returned {got}. A comparison such as (a >= 0) & (a < w) is already boolean.")
 
 
 def check_sliding_window_mask(sliding_window_mask) -> None:

@@ -11,239 +11,51 @@ functions that return plain data).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from ..compare import assert_close, assert_shape, assert_tensor, describe
-from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose
-from ..errors import CheckFailed, fail
+from ..compare import assert_close, assert_shape, assert_tensor
+from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
-from ..student import call_student, expect_error, probe
+from ..references.decoding_and_training import (
+    BLOCK_ARGS,
+    COPY_STEPS,
+    DECODE_ARGS,
+    DECODE_OUTPUTS,
+    Weights,
+    allocation_problem,
+    block_reference,
+    block_shapes,
+    build_model,
+    cache_allocations,
+    cache_chunks,
+    calls_problem,
+    check_cache_cases,
+    check_full_cache,
+    check_model,
+    check_parameters,
+    decode_case,
+    decode_reference,
+    greedy_reference,
+    model_calls,
+    require_cache,
+    run_block,
+    run_decode,
+    run_generate,
+)
+from ..references.decoding_and_training import cache_scenario as cache_scenario  # the tests import them from here
+from ..references.decoding_and_training import module_parameters as module_parameters
+from ..references.decoding_and_training import train_block as train_block
+from ..references.masking import lower_right_pattern
+from ..student import call_student, probe
 from ..verify import Case, verify
-from .masking import lower_right_pattern
 
 INF = float("inf")
 
 
-# --- referees built from PyTorch ----------------------------------------------------------------
-
-
-def rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """RoPE as complex multiplication: pair (2i, 2i+1) times e^(i * position * base^(-2i/d)), in float64."""
-    half = x.shape[-1] // 2
-    freqs = torch.pow(torch.tensor(float(base), dtype=torch.float64), -2.0 * torch.arange(half, dtype=torch.float64)
-                      / x.shape[-1])
-    phase = torch.outer(positions.to(torch.float64), freqs)
-    pairs = torch.view_as_complex(x.detach().to(torch.float64).unflatten(-1, (half, 2)).contiguous())
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(phase), phase)).flatten(-2).to(x.dtype)
-
-
-def causal_rope_attention(q, k, v, rope_base=10000.0):
-    """Causal self-attention over the whole sequence, RoPE at positions 0..T-1, grouped heads.
-
-    Returns ``(output, weights, rotated keys)``: SDPA's output, its weights (SDPA applied to
-    the identity as values) and the keys as a cache must hold them, rotated.
-    """
-    T = q.shape[-2]
-    positions = torch.arange(T)
-    q_rot, k_rot = rope_reference(q, positions, rope_base), rope_reference(k, positions, rope_base)
-    output = math_sdpa(q_rot, k_rot, v, is_causal=True, enable_gqa=True)
-    identity = torch.eye(T, dtype=v.dtype).expand(*v.shape[:-2], T, T).contiguous()
-    weights = math_sdpa(q_rot, k_rot, identity, is_causal=True, enable_gqa=True)
-    return output, weights, k_rot
-
-
-def decode_reference(q, k, v, steps, rope_base=10000.0):
-    """What decoding in ``steps`` must give: the whole sequence at once, whatever the steps."""
-    return causal_rope_attention(q, k, v, rope_base)
-
-
 # --- the KV cache: what a caller sees, and what the appends allocate ---------------------------------
-
-
-def cache_scenario(KVCache, batch, kv_heads, max_len, d_head, chunks, dtype=torch.float32):  # noqa: N803
-    """Append the ``(k, v)`` chunks in turn, as a decoder does; return what the caller saw.
-
-    After each append the caller overwrites its own ``k`` and ``v`` with NaN (a decoder reuses
-    its buffers). Returns ``(lengths, keys, values)``: ``len(cache)`` before the first append
-    and after each one (a tensor), and the keys and values each append returned, read after the
-    last append, so that a view a later append changed shows the change.
-    """
-    cache = KVCache(batch, kv_heads, max_len, d_head, dtype=dtype)
-    lengths, keys, values = [len(cache)], [], []
-    for k, v in chunks:
-        k, v = k.clone(), v.clone()
-        returned = cache.append(k, v)
-        if not (isinstance(returned, tuple) and len(returned) == 2
-                and all(isinstance(t, torch.Tensor) for t in returned)):
-            raise TypeError(f"cache.append(k, v) should return a pair (keys, values) of tensors, but it returned "
-                            f"{describe(returned)}")
-        k.fill_(float("nan"))
-        v.fill_(float("nan"))
-        keys.append(returned[0])
-        values.append(returned[1])
-        lengths.append(len(cache))
-    return (torch.tensor(lengths), tuple(t.detach().clone() for t in keys), tuple(t.detach().clone() for t in values))
-
-
-def cache_expected(batch, kv_heads, max_len, d_head, chunks, dtype=torch.float32):
-    """The reference outcome of :func:`cache_scenario`: every chunk so far, concatenated, in ``dtype``."""
-    lengths, keys, values, seen_k, seen_v = [0], [], [], [], []
-    for k, v in chunks:
-        seen_k.append(k.to(dtype))
-        seen_v.append(v.to(dtype))
-        keys.append(torch.cat(seen_k, dim=2))
-        values.append(torch.cat(seen_v, dim=2))
-        lengths.append(keys[-1].shape[2])
-    return torch.tensor(lengths), tuple(keys), tuple(values)
-
-
-def judge_cache(got, expected, chunks) -> str | None:
-    """A message saying how the outcome of :func:`cache_scenario` differs from the expected one, or None."""
-    lengths, keys, values = got
-    want_lengths, want_keys, want_values = expected
-    if not torch.equal(lengths, want_lengths):
-        return (f"len(cache) before the first append and after each append should be {want_lengths.tolist()} "
-                f"(the number of tokens held), but it is {lengths.tolist()}.")
-    sizes = [k.shape[2] for k, _ in chunks]
-    for name, got_all, want_all in [("keys", keys, want_keys), ("values", values, want_values)]:
-        for step, (g, w) in enumerate(zip(got_all, want_all)):
-            what = (f"The {name} returned by append number {step + 1} (of {sizes[step]} token(s), to a cache holding "
-                    f"{int(want_lengths[step])}), read after the last append,")
-            try:
-                assert_tensor(g, what)
-                if g.dtype != w.dtype:
-                    fail(f"{what} should have the cache's dtype {w.dtype}, but they have dtype {g.dtype}.")
-                assert_close(g, w, what, rtol=0, atol=0)
-            except CheckFailed as problem:
-                hints = []
-                if g.shape == w.shape and torch.isnan(g).any():
-                    hints.append("NaN appears where the caller's tensors were: after each append the check overwrites "
-                                 "the k and v it passed, so the cache must copy them into its own storage, not keep "
-                                 "them.")
-                elif tuple(g.shape[:2]) == tuple(w.shape[:2]) and g.shape[2] != w.shape[2]:
-                    hints.append(f"Return the views storage[:, :, :len] of the first len(cache) = "
-                                 f"{int(want_lengths[step + 1])} positions, not the whole storage.")
-                if step + 1 < len(got_all) and g.shape == w.shape and torch.equal(g, got_all[-1][:, :, :g.shape[2]]):
-                    hints.append("These are the values of the last append: a view returned earlier must not be "
-                                 "changed by later appends.")
-                return str(problem) + ("\n" + " ".join(hints) if hints else "")
-    return None
-
-
-class AllocationMeter(TorchDispatchMode):
-    """Adds up the bytes of the new tensors PyTorch operations return while it is active.
-
-    Views and in-place results (``slice``, ``copy_``, ...) alias memory that exists already and
-    are not counted: the schema of such an operation marks its result as an alias. ``by_op``
-    splits the total by operation (``aten.cat.default``, ``aten.clone.default``, ...).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.allocated = 0
-        self.by_op: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if not any(r.alias_info is not None for r in func._schema.returns):
-            for t in tree_flatten(result)[0]:
-                if isinstance(t, torch.Tensor):
-                    size = t.untyped_storage().nbytes()
-                    self.allocated += size
-                    self.by_op[str(func)] = self.by_op.get(str(func), 0) + size
-        return result
-
-
-def cache_allocations(KVCache, batch, kv_heads, max_len, d_head, steps, dtype=torch.float32):  # noqa: N803
-    """Probe: bytes of new tensors allocated by appends 2 to ``steps`` of one token each, and how many by torch.cat.
-
-    The first append is not counted: it may allocate the storage. Returns ``(total, by_cat)``.
-    """
-    cache = KVCache(batch, kv_heads, max_len, d_head, dtype=dtype)
-    gen = torch.Generator().manual_seed(0)
-    tokens = [torch.randn(batch, kv_heads, 1, d_head, generator=gen, dtype=dtype) for _ in range(2 * steps)]
-    cache.append(tokens[0], tokens[1])
-    with AllocationMeter() as meter:
-        for i in range(1, steps):
-            cache.append(tokens[2 * i], tokens[2 * i + 1])
-    return meter.allocated, meter.by_op.get("aten.cat.default", 0)
-
-
-#: Appends of one token each in the allocation check, and the bytes of new tensors they may allocate, per
-#: append, in units of one token of keys and values: preallocated storage needs none.
-COPY_STEPS = 64
-COPY_ALLOWANCE = 4
-
-
-def allocation_problem(allocated: int, batch, kv_heads, d_head, dtype) -> str | None:
-    """A message when appends allocate memory that grows with the length of the cache, or None."""
-    token = 2 * batch * kv_heads * d_head * torch.empty((), dtype=dtype).element_size()
-    allowed = COPY_ALLOWANCE * (COPY_STEPS - 1) * token
-    if allocated <= allowed:
-        return None
-    return (f"Appending {COPY_STEPS} tokens one at a time, appends 2 to {COPY_STEPS} allocated {allocated:,} bytes of "
-            f"new tensors in all, {allocated / token:.0f} times the {token} bytes of one token of keys and values: "
-            f"each append copies everything held so far (torch.cat, or a copy of what it returns), so decoding n "
-            f"tokens copies O(n^2) numbers. Allocate the (batch, kv_heads, max_len, d_head) storage once, write "
-            f"each new token into it, and return views of it (at most {allowed:,} bytes are allowed here).")
-
-
-def check_cache_cases(KVCache, cases: Sequence[Case], mistakes: Sequence[Mistake] = ()) -> None:  # noqa: N803
-    """Run :func:`cache_scenario` on every case and compare with the concatenation of the chunks."""
-    names = ("batch", "kv_heads", "max_len", "d_head")
-    diagnosable = [replace(m, fn=_scenario_of(m.fn)) for m in mistakes]
-    for case in cases:
-        batch, kv_heads, max_len, d_head, chunks = case.args
-        shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head}, dtype={case.kwargs.get('dtype', torch.float32)})"
-        sizes = [k.shape[2] for k, _ in chunks]
-        got = probe(cache_scenario, KVCache, *case.args, what=f"{shape} with appends of {sizes} tokens", **case.kwargs)
-        problem = judge_cache(got, cache_expected(*case.args, **case.kwargs), chunks)
-        if problem is None:
-            continue
-        context = ", ".join(f"{n} = {v}" for n, v in zip(names, case.args))
-        message = f"With a cache {shape} ({context}) and appends of {sizes} tokens ({case.label}):\n{problem}"
-        mistake = diagnose(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
-        raise MistakeFound(message, [mistake] if mistake else [])
-
-
-def _scenario_of(cache_class):
-    def scenario(*args, **kwargs):
-        return cache_scenario(cache_class, *args, **kwargs)
-
-    return scenario
-
-
-def cache_chunks(gen, batch, kv_heads, d_head, sizes, dtype=torch.float64):
-    """Random ``(k, v)`` chunks of the given numbers of tokens."""
-    return tuple((randn(batch, kv_heads, t, d_head, gen=gen, dtype=dtype), randn(batch, kv_heads, t, d_head, gen=gen,
-                                                                              dtype=dtype)) for t in sizes)
-
-
-def check_full_cache(KVCache, batch, kv_heads, max_len, d_head, held, extra) -> BaseException:  # noqa: N803
-    """A cache holding ``held`` tokens of ``max_len`` refuses ``extra`` more with a ValueError naming both lengths."""
-    gen = generator(90)
-    shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head})"
-    cache = call_student(KVCache, batch, kv_heads, max_len, d_head, what=shape)
-    for k, v in cache_chunks(gen, batch, kv_heads, d_head, [held], torch.float32):
-        call_student(cache.append, k, v, what=f"cache.append(k, v) of {held} tokens to an empty {shape}")
-    k, v = cache_chunks(gen, batch, kv_heads, d_head, [extra], torch.float32)[0]
-    what = f"cache.append(k, v) of {extra} tokens to a {shape} holding {held}"
-    error = expect_error(cache.append, k, v, error=ValueError, what=what,
-                         why=f"{held} + {extra} = {held + extra} tokens do not fit in max_len = {max_len}")
-    if str(max_len) not in str(error) or str(held + extra) not in str(error):
-        fail(f"{what} raised ValueError: {error}\nThe message should name both lengths: max_len = {max_len} and the "
-             f"{held + extra} tokens the cache would hold, so that whoever reads it knows what to enlarge.")
-    return error
 
 
 def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class it checks
@@ -265,66 +77,7 @@ def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class 
     print("KVCache passes the visible checks.")
 
 
-def require_cache(KVCache, exercise: str) -> None:  # noqa: N803
-    """Stop with a clear message when the student's KVCache, which ``exercise`` is checked with, is wrong."""
-    gen = generator(92)
-    case = (1, 2, 6, 4, cache_chunks(gen, 1, 2, 4, [3, 1, 2]))
-    got = probe(cache_scenario, KVCache, *case, dtype=torch.float64,
-                what="KVCache(1, 2, 6, 4, dtype=torch.float64) with appends of [3, 1, 2] tokens")
-    problem = judge_cache(got, cache_expected(*case, dtype=torch.float64), case[-1])
-    if problem:
-        fail(f"{exercise} is checked with your KVCache, which does not pass its own check yet:\n{problem}\n"
-             "Fix KVCache first (section 2), then run this check again.")
-
-
 # --- decode_step ------------------------------------------------------------------------------------------
-
-
-def run_decode(decode_step, KVCache) -> Callable[..., Any]:  # noqa: N803
-    """How a check runs ``decode_step``: a fresh cache, the sequence fed in ``steps``, then the cache read back.
-
-    Returns ``(output, weights, cached keys)``: the outputs of every step side by side
-    ``(B, h, T, d)``, the weights of every step gathered in one ``(B, h, T, T)`` matrix (row i
-    is the token at position i; keys that did not exist yet get 0), and the first T keys the
-    cache holds at the end.
-    """
-
-    def run(q, k, v, steps, rope_base=10000.0):
-        B, h, T, d = q.shape
-        g = k.shape[1]
-        cache = KVCache(B, g, T + 1, d, dtype=q.dtype)
-        outputs, weights, start = [], torch.zeros(B, h, T, T, dtype=q.dtype), 0
-        for t in steps:
-            what = f"decode_step on the tokens at positions {start}..{start + t - 1} (a cache holding {start})"
-            result = decode_step(q[:, :, start:start + t], k[:, :, start:start + t], v[:, :, start:start + t], cache,
-                                 rope_base)
-            if not (isinstance(result, tuple) and len(result) == 2):
-                fail(f"{what} should return a tuple (output, weights), but it returned {describe(result)}.")
-            output, w = result
-            assert_tensor(output, f"The output of {what}")
-            assert_tensor(w, f"The weights of {what}")
-            assert_shape(output, (B, h, t, v.shape[-1]), f"The output of {what}")
-            assert_shape(w, (B, h, t, start + t), f"The weights of {what} (one row per new token, one column per "
-                         "key: the cached ones and the new ones)")
-            outputs.append(output)
-            weights[:, :, start:start + t, :start + t] = w
-            start += t
-        keys, _ = cache.append(k.new_zeros(B, g, 1, d), v.new_zeros(B, g, 1, v.shape[-1]))
-        return torch.cat(outputs, dim=-2), weights, keys[:, :, :T]
-
-    return run
-
-
-DECODE_ARGS = ("q", "k", "v", "steps")
-DECODE_OUTPUTS = ("output", "weights", "cached keys")
-
-
-def decode_case(gen, B, h, g, d, steps, label, rope_base=None, dtype=torch.float64) -> Case:
-    """Queries, keys and values of a whole sequence, fed to decode_step in ``steps``."""
-    T = sum(steps)
-    args = (randn(B, h, T, d, gen=gen, dtype=dtype), randn(B, g, T, d, gen=gen, dtype=dtype),
-            randn(B, g, T, d, gen=gen, dtype=dtype), list(steps))
-    return Case(args, {} if rope_base is None else {"rope_base": rope_base}, label)
 
 
 def check_decode_step(decode_step, KVCache) -> None:  # noqa: N803
@@ -400,144 +153,6 @@ def check_alibi_bias(alibi_bias) -> None:
 # --- the decoder block and the model -------------------------------------------------------------------------
 
 
-def block_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
-    """The parameters of a DecoderBlock, by name, with their shapes."""
-    square = (d_model, d_model)
-    return {"norm1.weight": (d_model,), "q_proj.weight": square, "k_proj.weight": square, "v_proj.weight": square,
-            "out_proj.weight": square, "norm2.weight": (d_model,), "fc1.weight": (d_ff, d_model), "fc1.bias": (d_ff,),
-            "fc2.weight": (d_model, d_ff), "fc2.bias": (d_model,)}
-
-
-def decoder_shapes(vocab: int, d_model: int, d_ff: int, num_layers: int) -> dict[str, tuple[int, ...]]:
-    """The parameters of a TinyDecoder, by name, with their shapes."""
-    shapes = {"embed.weight": (vocab, d_model)}
-    for i in range(num_layers):
-        shapes |= {f"blocks.{i}.{name}": shape for name, shape in block_shapes(d_model, d_ff).items()}
-    return shapes | {"norm.weight": (d_model,)}
-
-
-def random_state(shapes: dict[str, tuple[int, ...]], gen: torch.Generator, dtype=torch.float64) -> dict:
-    """Random weights for every parameter: matrices scaled by 1/sqrt(fan-in), norm gains around 1."""
-    state = {}
-    for name, shape in shapes.items():
-        noise = randn(*shape, gen=gen, dtype=dtype)
-        if "norm" in name:
-            state[name] = 1.0 + 0.2 * noise
-        elif name.endswith("bias"):
-            state[name] = 0.1 * noise
-        else:
-            state[name] = noise / math.sqrt(shape[-1])
-    return state
-
-
-class Weights:
-    """The weights of a block or a model, plus its sizes; a one-line repr names it in a message."""
-
-    def __init__(self, seed: int, d_model: int, num_heads: int, d_ff: int, *, vocab: int | None = None,
-                 num_layers: int | None = None, rope_base: float = 10000.0, dtype=torch.float64) -> None:
-        gen = generator(seed)
-        shapes = block_shapes(d_model, d_ff) if vocab is None else decoder_shapes(vocab, d_model, d_ff, num_layers)
-        self.state = random_state(shapes, gen, dtype)
-        self.d_model, self.num_heads, self.d_ff, self.rope_base = d_model, num_heads, d_ff, rope_base
-        self.vocab, self.num_layers, self.dtype = vocab, num_layers, dtype
-
-    def __repr__(self) -> str:
-        if self.vocab is None:
-            base = "" if self.rope_base == 10000.0 else f", rope_base={self.rope_base}"
-            return f"DecoderBlock({self.d_model}, {self.num_heads}, {self.d_ff}{base}) with random {self.dtype} weights"
-        return (f"TinyDecoder({self.vocab}, {self.d_model}, {self.num_heads}, {self.d_ff}, {self.num_layers}) with "
-                f"random {self.dtype} weights")
-
-
-def block_reference(weights: Weights, x: torch.Tensor, steps=None, prefix: str = "") -> torch.Tensor:
-    """Pre-norm block from PyTorch functions: x + attn(rms_norm(x)), then + fc2(gelu(fc1(rms_norm(.)))).
-
-    Attention is SDPA's causal attention over the whole sequence with RoPE at positions
-    0..T-1; how the sequence was cut into ``steps`` must not matter.
-    """
-    w = {name[len(prefix):]: t for name, t in weights.state.items() if name.startswith(prefix)}
-    B, T, D = x.shape
-    h = weights.num_heads
-
-    def heads(t: torch.Tensor) -> torch.Tensor:
-        return t.unflatten(-1, (h, D // h)).transpose(1, 2)
-
-    normed = F.rms_norm(x, (D,), w["norm1.weight"], eps=1e-6)
-    q, k, v = (heads(F.linear(normed, w[f"{p}.weight"])) for p in ("q_proj", "k_proj", "v_proj"))
-    attended, _, _ = causal_rope_attention(q, k, v, weights.rope_base)
-    x = x + F.linear(attended.transpose(1, 2).flatten(-2), w["out_proj.weight"])
-    hidden = F.gelu(F.linear(F.rms_norm(x, (D,), w["norm2.weight"], eps=1e-6), w["fc1.weight"], w["fc1.bias"]))
-    return x + F.linear(hidden, w["fc2.weight"], w["fc2.bias"])
-
-
-def decoder_reference(weights: Weights, tokens: torch.Tensor) -> torch.Tensor:
-    """TinyDecoder's logits from PyTorch functions: embedding, blocks, final RMSNorm, the embedding as output layer."""
-    x = F.embedding(tokens, weights.state["embed.weight"])
-    for i in range(weights.num_layers):
-        x = block_reference(weights, x, prefix=f"blocks.{i}.")
-    x = F.rms_norm(x, (weights.d_model,), weights.state["norm.weight"], eps=1e-6)
-    return x @ weights.state["embed.weight"].T
-
-
-def greedy_reference(weights: Weights, prompt: torch.Tensor, steps: int, use_cache: bool = True) -> torch.Tensor:
-    """Greedy decoding by recomputing the whole sequence at every step (the cache must not change the tokens)."""
-    tokens = prompt
-    for _ in range(steps):
-        choice = decoder_reference(weights, tokens)[:, -1].argmax(dim=-1, keepdim=True)
-        tokens = torch.cat([tokens, choice], dim=1)
-    return tokens[:, prompt.shape[1]:]
-
-
-def module_parameters(module) -> dict:
-    """Probe: whether ``module`` is an nn.Module, and the shape of each of its parameters, by name."""
-    if not isinstance(module, nn.Module):
-        return {"is_module": False, "type": type(module).__name__, "parameters": {}}
-    return {"is_module": True, "type": type(module).__name__,
-            "parameters": {name: list(p.shape) for name, p in module.named_parameters()}}
-
-
-def check_parameters(module, expected: dict[str, tuple[int, ...]], what: str) -> None:
-    """Fail unless the student's module is an nn.Module with exactly the expected parameters."""
-    summary = probe(module_parameters, module, what=f"the parameters of {what}")
-    if not summary["is_module"]:
-        fail(f"{what} should be an nn.Module, but it is a {summary['type']}: subclass nn.Module and call "
-             "super().__init__() first.")
-    got = {name: tuple(shape) for name, shape in summary["parameters"].items()}
-    missing = [f"{n} {s}" for n, s in expected.items() if n not in got]
-    extra = [f"{n} {s}" for n, s in got.items() if n not in expected]
-    wrong = [f"{n} is {got[n]}, not {s}" for n, s in expected.items() if n in got and got[n] != s]
-    if missing or extra or wrong:
-        parts = ([f"missing: {', '.join(missing)}"] if missing else []) + (
-            [f"not expected: {', '.join(extra)}"] if extra else []) + ([f"wrong shapes: {'; '.join(wrong)}"] if wrong
-                                                                       else [])
-        fail(f"The parameters of {what} should be exactly {', '.join(f'{n} {s}' for n, s in expected.items())}; "
-             f"{'; '.join(parts)}. The checks load reference weights by these names (nn.RMSNorm(d_model, eps=1e-6) "
-             "for norm1 and norm2, nn.Linear(d_model, d_model, bias=False) for the projections, nn.Linear with "
-             "biases for fc1 and fc2).")
-
-
-def run_block(DecoderBlock, KVCache) -> Callable[..., Any]:  # noqa: N803
-    """How a check runs a DecoderBlock: built by its constructor, given the weights, fed whole or in ``steps``."""
-
-    def run(weights, x, steps=None):
-        block = DecoderBlock(weights.d_model, weights.num_heads, weights.d_ff, weights.rope_base)
-        block = block.to(x.dtype)
-        block.load_state_dict({name: t.to(x.dtype) for name, t in weights.state.items()}, strict=False)
-        if steps is None:
-            return block(x)
-        cache = KVCache(x.shape[0], weights.num_heads, x.shape[1], weights.d_model // weights.num_heads, dtype=x.dtype)
-        outputs, start = [], 0
-        for t in steps:
-            outputs.append(block(x[:, start:start + t], cache))
-            start += t
-        return torch.cat(outputs, dim=1)
-
-    return run
-
-
-BLOCK_ARGS = ("block", "x")
-
-
 def check_DecoderBlock(DecoderBlock, KVCache) -> None:  # noqa: N802, N803 - named after the class it checks
     """The parameters by name; against the block built from PyTorch functions, whole and with a cache (float64)."""
     require_cache(KVCache, "DecoderBlock")
@@ -556,86 +171,6 @@ def check_DecoderBlock(DecoderBlock, KVCache) -> None:  # noqa: N802, N803 - nam
 
 
 # --- generate ------------------------------------------------------------------------------------------------
-
-
-def build_model(TinyDecoder, weights: Weights):  # noqa: N803
-    """A TinyDecoder built by its constructor, in the weights' dtype, with the weights loaded."""
-    model = TinyDecoder(weights.vocab, weights.d_model, weights.num_heads, weights.d_ff, weights.num_layers)
-    model = model.to(weights.dtype)
-    model.load_state_dict(weights.state, strict=False)
-    return model
-
-
-def run_generate(generate, TinyDecoder) -> Callable[..., Any]:  # noqa: N803
-    """How a check runs ``generate``: on a TinyDecoder that holds the weights."""
-
-    def run(weights, prompt, steps, use_cache=True):
-        return generate(build_model(TinyDecoder, weights), prompt, steps, use_cache=use_cache)
-
-    return run
-
-
-def model_calls(generate, model, prompt, steps, use_cache=True):
-    """Probe: ``generate(model, ...)`` while every call of the model is noted.
-
-    Returns ``(tokens, fed, cached)``: generate's result, the number of tokens given to each
-    call of the model, and whether that call received the caches.
-    """
-    fed, cached = [], []
-    forward = model.forward
-
-    def noted(tokens, caches=None):
-        fed.append(int(tokens.shape[-1]))
-        cached.append(caches is not None)
-        return forward(tokens, caches)
-
-    model.forward = noted
-    try:
-        tokens = generate(model, prompt, steps, use_cache=use_cache)
-    finally:
-        del model.forward
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"generate should return a tensor of tokens, but it returned {describe(tokens)}")
-    return tokens, torch.tensor(fed, dtype=torch.long), torch.tensor(cached, dtype=torch.bool)
-
-
-def calls_problem(fed: torch.Tensor, cached: torch.Tensor, prompt_len: int, steps: int) -> str | None:
-    """A message when generate with use_cache=True does not feed the prompt once, then one token per call."""
-    pattern = ", ".join(f"{n}{'' if c else ' (no caches)'}" for n, c in zip(fed.tolist(), cached.tolist()))
-    if len(fed) == 0:
-        return "generate never called the model: call model(tokens, caches) to get the logits."
-    if not bool(cached.all()):
-        return (f"With use_cache=True the model was called with these numbers of tokens: {pattern}. Every call "
-                "should pass the caches made by model.new_caches(batch, max_len), so that each step reuses the keys "
-                "and values of the tokens before it.")
-    if fed[0] != prompt_len or bool((fed[1:] != 1).any()) or len(fed) > steps + 1:
-        return (f"With use_cache=True and a prompt of {prompt_len} tokens, the model was called with these numbers "
-                f"of tokens: {pattern}. It should get the prompt once ({prompt_len} tokens), then one token per "
-                f"call, the token just chosen: the cache already holds the keys and values of all the others.")
-    return None
-
-
-def check_model(TinyDecoder, weights: Weights, exercise: str) -> None:  # noqa: N803
-    """Stop with a clear message when TinyDecoder (built from the student's block) gives the wrong logits."""
-    gen = generator(96)
-    tokens = torch.randint(0, weights.vocab, (2, 6), generator=gen)
-    what = f"{weights!r}: model(tokens (2, 6))"
-
-    def logits(steps):
-        model = build_model(TinyDecoder, weights)
-        if steps is None:
-            return model(tokens)
-        caches = model.new_caches(2, 6)
-        return torch.cat([model(tokens[:, s:e], caches) for s, e in steps], dim=1)
-
-    expected = decoder_reference(weights, tokens)
-    for steps, how in [(None, "without caches"), ([(0, 4), (4, 5), (5, 6)], "with caches, 4 tokens then 1 then 1")]:
-        got = call_student(logits, steps, what=what + " " + how)
-        try:
-            assert_close(got, expected, f"The logits of {what} {how}", rtol=1e-9, atol=1e-9)
-        except CheckFailed as problem:
-            fail(f"{exercise} is checked with TinyDecoder, which is built from your DecoderBlock and KVCache, and "
-                 f"whose logits are wrong:\n{problem}\nFix DecoderBlock first (section 7), then run this check again.")
 
 
 def check_generate(generate, TinyDecoder) -> None:  # noqa: N803
@@ -659,30 +194,3 @@ def check_generate(generate, TinyDecoder) -> None:  # noqa: N803
 # --- training: does the block learn? ----------------------------------------------------------------------------
 
 
-def train_block(DecoderBlock, steps: int = 40, seed: int = 0, vocab: int = 8, d_model: int = 16, num_heads: int = 2,  # noqa: N803
-                d_ff: int = 32, length: int = 12, lag: int = 3) -> dict:
-    """Probe: train the block, with an embedding and a linear read-out, to output the token ``lag`` places back.
-
-    Only attention can bring that token to the position that must predict it, so the loss
-    falls below log(vocab) only if gradients flow through the attention of the block. Returns
-    the loss of every step and the names of the block's parameters that got no gradient.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        block = DecoderBlock(d_model, num_heads, d_ff)
-        embed, readout = nn.Embedding(vocab, d_model), nn.Linear(d_model, vocab)
-    parameters = [*block.parameters(), *embed.parameters(), *readout.parameters()]
-    optimiser = torch.optim.Adam(parameters, lr=1e-2)
-    gen = torch.Generator().manual_seed(seed)
-    losses, no_grad = [], []
-    for step in range(steps):
-        tokens = torch.randint(0, vocab, (32, length), generator=gen)
-        logits = readout(block(embed(tokens)))
-        loss = F.cross_entropy(logits[:, lag:].reshape(-1, vocab), tokens[:, :-lag].reshape(-1))
-        optimiser.zero_grad()
-        loss.backward()
-        if step == 0:
-            no_grad = [name for name, p in block.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-        optimiser.step()
-        losses.append(loss.detach().item())
-    return {"losses": losses, "no_grad": no_grad}

@@ -10,34 +10,22 @@ import torch
 
 from ..compare import assert_close, describe
 from ..errors import fail
-from ..guard import forbidden
 from ..inputs import generator, randn
+from ..references.scaling import (
+    ENTROPY_BUILTINS,
+    JACOBIAN_BUILTINS,
+    KEYS,
+    answer_value,
+    autograd_softmax_jacobian,
+    score_variance_standard_error,
+)
 from ..student import call_student, expect_error
 from ..verify import Case, verify
 
+standard_error_of_variance = score_variance_standard_error  # the tests call it by this name
+
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "scaling"
-
-# --- built-ins the exercises of this notebook may not call ----------------------------------
-# torch.autograd.functional.jacobian, torch.func.jacrev and torch.autograd.grad all reach the
-# torch function ``grad``; torch.func.jacfwd goes through ``_make_dual``; Tensor.backward and
-# torch.autograd.backward are ``backward``; softmax's own backward is ``_softmax_backward_data``.
-
-AUTOGRAD_JACOBIAN = forbidden(
-    "torch.autograd.functional.jacobian (or torch.autograd.grad, torch.func.jacrev)", "jacobian", "grad", "jacrev"
-)
-BACKWARD = forbidden("Tensor.backward", "backward")
-FORWARD_AD = forbidden("torch.func.jacfwd (forward-mode automatic differentiation)", "_make_dual", "jacfwd")
-SOFTMAX_BACKWARD = forbidden("torch._softmax_backward_data (softmax's own backward)", "_softmax_backward_data")
-#: softmax_jacobian is written from the formula, not obtained by automatic differentiation.
-JACOBIAN_BUILTINS = (AUTOGRAD_JACOBIAN, BACKWARD, FORWARD_AD, SOFTMAX_BACKWARD)
-
-ENTR = forbidden("torch.special.entr", "special_entr", "entr")
-XLOGY = forbidden("torch.xlogy", "special_xlogy", "xlogy", "xlogy_")
-#: attention_entropy handles 0 log 0 itself.
-ENTROPY_BUILTINS = (ENTR, XLOGY)
-
-KEYS = ("max_weight", "entropy", "jacobian_norm")
 
 
 def _number(value: Any, what: str) -> float:
@@ -48,12 +36,6 @@ def _number(value: Any, what: str) -> float:
     fail(f"{what} should be a number (a Python float), but it is {describe(value)}.")
 
 
-def standard_error_of_variance(d_k: int, num_samples: int) -> float:
-    """Standard error of the sample variance of ``num_samples`` unscaled scores q.k (section 3)."""
-    d, n = float(d_k), float(num_samples)
-    return math.sqrt((3 * d * d + 6 * d - d * d * (n - 3) / (n - 1)) / n)
-
-
 def check_empirical_score_variance(empirical_score_variance) -> None:
     """Theory (d_k, or 1 when scaled) within 6 standard errors; the same seed gives the same result."""
     d_k, n = 16, 20000
@@ -62,7 +44,7 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
         value = _number(call_student(empirical_score_variance, d_k, n, scaled, generator(1), what=what),
                         f"The result of {what}")
         theory = 1.0 if scaled else float(d_k)
-        error = standard_error_of_variance(d_k, n) / (d_k if scaled else 1)
+        error = score_variance_standard_error(d_k, n, scaled)
         if abs(value - theory) > 6 * error:
             fail(f"{what} returned {value:.6g}, but theory says {theory:g}. With {n} samples the estimate has a "
                  f"standard error of {error:.3g}; yours is {abs(value - theory) / error:.1f} standard errors away "
@@ -78,20 +60,6 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
     expect_error(empirical_score_variance, 16, 1, False, generator(0), error=ValueError,
                  what="empirical_score_variance(d_k=16, num_samples=1, ...)", why="a variance needs two samples")
     print("empirical_score_variance passes the visible checks.")
-
-
-def autograd_softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
-    """The Jacobian of torch.softmax at the scores log(p), row by row, by torch.autograd.functional.jacobian.
-
-    softmax(log p) = p when the entries of p are positive and sum to 1, and the Jacobian of
-    softmax depends on the scores only through its output, so this is the Jacobian at any
-    scores whose softmax is p.
-    """
-    scores = p.log()
-    rows = scores.reshape(-1, scores.shape[-1])
-    blocks = [torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), row) for row in rows]
-    m = scores.shape[-1]
-    return torch.stack(blocks).reshape(*scores.shape[:-1], m, m)
 
 
 def check_softmax_jacobian(softmax_jacobian) -> None:
@@ -204,22 +172,9 @@ def check_saturation_curve(saturation_curve) -> None:
 # --- numeric answers -----------------------------------------------------------------------------
 
 
-def _answer(value: Any, name: str) -> float:
-    if value is None:
-        fail(f"{name} is still None: set it to a number in its cell, run the cell, then run this check.")
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(f"{name} should be a number (a Python float), but it is {describe(value)}.")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        fail(f"{name} should be a positive finite number, but it is {value}.")
-    return value
-
-
 def check_std_unscaled_512(std_unscaled_512) -> None:
     """Plausible: within 10% of a simulation (the exact value is checked when the notebook is graded)."""
-    value = _answer(std_unscaled_512, "std_unscaled_512")
+    value = answer_value(std_unscaled_512, "std_unscaled_512", positive=True)
     gen = generator(7)
     q, k = randn(4000, 512, gen=gen), randn(4000, 512, gen=gen)
     measured = (q * k).sum(dim=-1).std().item()
@@ -232,7 +187,7 @@ def check_std_unscaled_512(std_unscaled_512) -> None:
 
 def check_scale_for_unit_variance(scale_for_unit_variance) -> None:
     """Plausible: scaling simulated scores by it gives variance 1 within 10%."""
-    value = _answer(scale_for_unit_variance, "scale_for_unit_variance")
+    value = answer_value(scale_for_unit_variance, "scale_for_unit_variance", positive=True)
     gen = generator(8)
     q = randn(20000, 64, gen=gen) * math.sqrt(2.0)
     k = randn(20000, 64, gen=gen) * math.sqrt(0.5)
@@ -246,7 +201,7 @@ def check_scale_for_unit_variance(scale_for_unit_variance) -> None:
 
 def check_jacobian_norm_uniform_16(jacobian_norm_uniform_16) -> None:
     """A positive number below 1 (every entry of the Jacobian is below 1/16 in size)."""
-    value = _answer(jacobian_norm_uniform_16, "jacobian_norm_uniform_16")
+    value = answer_value(jacobian_norm_uniform_16, "jacobian_norm_uniform_16", positive=True)
     if value >= 1.0:
         fail(f"jacobian_norm_uniform_16 = {value:.6g} is too large: at the uniform distribution every entry of the "
              "Jacobian is at most 1/16 in size, and there are 256 of them.")

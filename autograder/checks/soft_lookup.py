@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..compare import assert_close
 from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..inputs import generator, randn
+from ..references.soft_lookup import (
+    hard_lookup_reference,
+    nadaraya_watson_reference,
+    sdpa_reference,
+    soft_lookup_reference,
+)
 from ..student import call_student, expect_error
 from ..verify import Case, naming_mistakes, verify
 
@@ -36,7 +40,7 @@ def check_hard_lookup(hard_lookup) -> None:
     verify(
         hard_lookup,
         cases,
-        lambda q, k, v: v[int(torch.argmax(k @ q))],
+        hard_lookup_reference,
         exercise="hard_lookup",
         notebook=NOTEBOOK,
         arg_names=("query", "keys", "values"),
@@ -48,13 +52,8 @@ def check_hard_lookup(hard_lookup) -> None:
 def check_soft_lookup(soft_lookup) -> None:
     """Weights = softmax(keys @ query / temperature); output = weights @ values."""
     query, keys, values = _lookup_example()
-
-    def reference(q, k, v, temperature=1.0):
-        w = torch.softmax(k @ q / temperature, dim=-1)
-        return w @ v, w
-
     cases = [Case((query, keys, values)), Case((query, keys, values), {"temperature": 2.0})]
-    verify(soft_lookup, cases, reference, exercise="soft_lookup", notebook=NOTEBOOK,
+    verify(soft_lookup, cases, soft_lookup_reference, exercise="soft_lookup", notebook=NOTEBOOK,
            arg_names=("query", "keys", "values"))
     best = int(torch.argmax(keys @ query))
     one_hot = torch.zeros(len(keys), dtype=torch.float64).index_fill(0, torch.tensor(best), 1.0)
@@ -76,13 +75,8 @@ def check_nadaraya_watson(nadaraya_watson) -> None:
     x_train = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
     y_train = torch.tensor([0.0, 1.0, 4.0, 9.0], dtype=torch.float64)
     x_query = torch.tensor([0.5, 2.0], dtype=torch.float64)
-
-    def reference(xq, xt, yt, h):
-        w = torch.softmax(-((xq[:, None] - xt[None, :]) ** 2) / (2 * h**2), dim=-1)
-        return w @ yt, w
-
     cases = [Case((x_query, x_train, y_train, 1.0)), Case((x_query, x_train, y_train, 0.3))]
-    verify(nadaraya_watson, cases, reference, exercise="nadaraya_watson", notebook=NOTEBOOK,
+    verify(nadaraya_watson, cases, nadaraya_watson_reference, exercise="nadaraya_watson", notebook=NOTEBOOK,
            arg_names=("x_query", "x_train", "y_train", "bandwidth"))
     print("nadaraya_watson passes the visible checks.")
 
@@ -90,16 +84,11 @@ def check_nadaraya_watson(nadaraya_watson) -> None:
 def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
     """Against PyTorch's F.scaled_dot_product_attention in float64, on two shapes."""
     gen = generator(0)
-
-    def reference(Q, K, V):
-        weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
-        return math_sdpa(Q, K, V), weights
-
     cases = [
         Case((randn(3, 4, gen=gen), randn(3, 4, gen=gen), randn(3, 4, gen=gen)), label="self-attention, no batch"),
         Case((randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 6, gen=gen)), label="n != m and d_v != d_k"),
     ]
-    verify(scaled_dot_product_attention, cases, reference, exercise="scaled_dot_product_attention", notebook=NOTEBOOK,
+    verify(scaled_dot_product_attention, cases, sdpa_reference, exercise="scaled_dot_product_attention", notebook=NOTEBOOK,
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS)
     expect_error(
         scaled_dot_product_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 3, gen=gen), randn(2, 5, 6, gen=gen),

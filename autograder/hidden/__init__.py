@@ -3,8 +3,16 @@
 Never shipped to students: the mistakes are near-solutions. Each module defines
 ``check_<exercise>(fn)`` for the hidden test cells, decorated with :func:`hidden`, and
 ``MISTAKES``, a dict from an exercise name to its list of
-:class:`~autograder.diagnosis.Mistake`; the test suite feeds every mistake to its
-check and expects the mistake's name in the message.
+:class:`~autograder.diagnosis.Mistake`, each with a stable ``id``; the test suite feeds every
+mistake to its check and expects the mistake's name in the message.
+
+A module takes its references from its notebook's :mod:`autograder.references` module (the one
+its visible checks use) and never imports the visible checks. It keeps what is secret: its
+inputs, the catalogue, and the references that are an exercise's solution.
+
+Every mistake's implementation is self-contained (torch, math, ``F`` and ``nn`` only, nothing of
+this package): apart from its one mistake it is a correct answer, and the end-to-end tests paste
+its source into a notebook as a student's answer.
 """
 
 from __future__ import annotations

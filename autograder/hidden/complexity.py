@@ -13,7 +13,12 @@ import math
 
 import torch
 
-from ..checks.complexity import (
+from ..compare import assert_close
+from ..diagnosis import Mistake
+from ..errors import fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, randn
+from ..references.complexity import (
     FIT_ATOL,
     FIT_RTOL,
     FLOPS_ARGS,
@@ -21,14 +26,9 @@ from ..checks.complexity import (
     assert_bool_mask,
     sdpa_reference,
 )
-from ..compare import assert_close
-from ..diagnosis import Mistake
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
-from ..student import expect_error, probe
+from ..student import expect_error
 from ..verify import Case, verify, verify_number
-from ..watches import watch_allocations
+from ..watches import watched_call
 from . import hidden
 
 FLOPS = "1. Counting the work: FLOPs"
@@ -602,19 +602,6 @@ MISTAKES: dict[str, list[Mistake]] = {
 # --- watching the tensors a function allocates ----------------------------------------------------
 
 
-def watched_call(fn, args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int, max_elements: int):
-    """Run the student's ``fn`` under the guard and the watches (where the student's code runs).
-
-    Returns the value and what the watch saw: ``{"offender": (op, shape) or None, "peak": bytes}``.
-    """
-    value, seen = probe(watch_allocations, fn, args, kwargs, rows, cols, max_elements, what=f"{exercise}(...)",
-                        forbid=ATTENTION_BUILTINS)
-    if seen.get("numpy"):
-        fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
-             "every tensor your function allocates, to make sure it never holds the n x m scores.")
-    return value, seen
-
-
 def _shapes(args: tuple) -> str:
     return ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip("QKV", args[:3]))
 
@@ -624,8 +611,8 @@ def _check_no_n_by_m(fn, exercise: str, size_name: str, *, is_causal: bool) -> N
     gen = generator(700 + is_causal)
     Q, K, V = randn(2, 40, 3, gen=gen), randn(2, 45, 3, gen=gen), randn(2, 45, 4, gen=gen)
     args = (Q, K, V, 8)
-    value, watch = watched_call(fn, args, {"is_causal": is_causal}, exercise=exercise, rows=40, cols=45,
-                                max_elements=40 * 45)
+    value, watch = watched_call(fn, args, {"is_causal": is_causal}, forbid=ATTENTION_BUILTINS, exercise=exercise,
+                                rows=40, cols=45, max_elements=40 * 45)
     if watch["offender"] is not None:
         op, shape = watch["offender"]
         fail(f"With {_shapes(args)}, {size_name}=8, is_causal={is_causal}: {exercise} allocated a tensor of "
@@ -646,8 +633,8 @@ def _check_keys_tiled(flash_attention) -> None:
     """Config B: m = 70 keys, blocks of 6, d_k + d_v < 6: a block of queries against all keys is caught."""
     gen = generator(710)
     args = (randn(2, 20, 2, gen=gen), randn(2, 70, 2, gen=gen), randn(2, 70, 2, gen=gen), 6)
-    value, watch = watched_call(flash_attention, args, {}, exercise="flash_attention", rows=6, cols=70,
-                                max_elements=2 * 6 * 70)
+    value, watch = watched_call(flash_attention, args, {}, forbid=ATTENTION_BUILTINS, exercise="flash_attention",
+                                rows=6, cols=70, max_elements=2 * 6 * 70)
     if watch["offender"] is not None:
         op, shape = watch["offender"]
         fail(f"With {_shapes(args)}, block_size=6: flash_attention allocated a tensor of shape {shape} (in {op}): "
@@ -662,8 +649,8 @@ def _check_peak(flash_attention) -> None:
     gen = generator(720)
     args = (randn(1, 96, 2, gen=gen), randn(1, 96, 2, gen=gen), randn(1, 96, 2, gen=gen), 8)
     matrix = 96 * 96 * 8
-    value, watch = watched_call(flash_attention, args, {"is_causal": True}, exercise="flash_attention", rows=96,
-                                cols=96, max_elements=96 * 96)
+    value, watch = watched_call(flash_attention, args, {"is_causal": True}, forbid=ATTENTION_BUILTINS,
+                                exercise="flash_attention", rows=96, cols=96, max_elements=96 * 96)
     if watch["offender"] is not None or watch["peak"] > matrix // 2:
         fail(f"With {_shapes(args)}, block_size=8, is_causal=True: flash_attention had {watch['peak']} bytes of "
              f"tensors alive at once, while one 96 x 96 score matrix in float64 is {matrix} bytes. FlashAttention "

@@ -14,7 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks.decoding_and_training import (
+from ..compare import assert_close, assert_shape, assert_tensor, is_close
+from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
+from ..errors import CheckFailed, fail
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, math_sdpa, randn
+from ..references.decoding_and_training import (
     BLOCK_ARGS,
     COPY_STEPS,
     DECODE_ARGS,
@@ -42,12 +47,7 @@ from ..checks.decoding_and_training import (
     run_generate,
     train_block,
 )
-from ..checks.masking import lower_right_pattern
-from ..compare import assert_close, assert_shape, assert_tensor, is_close
-from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
-from ..errors import CheckFailed, fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..references.masking import lower_right_pattern
 from ..student import attempt, call_student, expect_error, probe
 from ..verify import Case, verify
 from . import hidden
@@ -172,7 +172,6 @@ def bias_reference(n, m, slopes):
 
 
 # --- the mistake catalogue: each function or class makes exactly one mistake ---------------------------------
-# Each is self-contained (torch, math, F and nn only): the end-to-end test pastes it into a notebook.
 
 
 class CacheConcatenated:

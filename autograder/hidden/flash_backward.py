@@ -16,7 +16,11 @@ from collections.abc import Iterator
 
 import torch
 
-from ..checks.flash_backward import (
+from ..diagnosis import Mistake, MistakeFound, by_id
+from ..errors import fail
+from ..guard import ForbiddenCall
+from ..inputs import generator, randn
+from ..references.flash_backward import (
     AUTOGRAD_BUILTINS,
     BACKWARD_ARGS,
     BACKWARD_BUILTINS,
@@ -34,13 +38,9 @@ from ..checks.flash_backward import (
     qkv,
     softmax_rows,
 )
-from ..diagnosis import Mistake, MistakeFound, by_id
-from ..errors import fail
-from ..guard import ForbiddenCall
-from ..inputs import generator, randn
-from ..student import expect_error, probe
+from ..student import expect_error
 from ..verify import Case, verify
-from ..watches import watch_allocations
+from ..watches import watched_call
 from . import hidden
 
 SOFTMAX = "1. The gradient of softmax, row by row"
@@ -51,8 +51,6 @@ FUNCTION = "6. A torch.autograd.Function"
 
 
 # --- the mistake catalogue: each function makes exactly one mistake ------------------------------
-# Apart from its one mistake each is a correct answer; they are self-contained (torch and math only),
-# because the end-to-end test submits their source as a student's answer.
 
 
 def softmax_backward_no_rowsum(p, grad_p, dim=-1):
@@ -1013,16 +1011,6 @@ def _flash_shapes(seed: int, scale: float = 1.0):
         yield qkv(gen, batch, n, m, d_k, d_v, scale=scale), size, causal, label
 
 
-def _watched(fn, exercise: str, args: tuple, kwargs: dict, forbid, rows: int, cols: int, max_elements: int):
-    """The value of the student's ``fn`` and what the tensor watch saw (a probe, where the student's code runs)."""
-    value, seen = probe(watch_allocations, fn, args, kwargs, rows, cols, max_elements, what=f"{exercise}(...)",
-                        forbid=forbid)
-    if seen.get("numpy"):
-        fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
-             "every tensor your function allocates, to make sure it never holds the n x m scores.")
-    return value, seen
-
-
 def _shapes(args: tuple, names: tuple) -> str:
     return ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(names, args) if isinstance(t, torch.Tensor))
 
@@ -1053,7 +1041,8 @@ def _check_no_n_by_m(fn, exercise: str, *, is_causal: bool) -> None:
     make, _, _, names, forbid = _KINDS[exercise]
     gen = generator(820 + is_causal)
     args, kwargs = make(*qkv(gen, (2,), 40, 45, 3, 4), 8, is_causal)
-    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=40, cols=45, max_elements=40 * 45)
+    value, seen = watched_call(fn, args, kwargs, exercise=exercise, forbid=forbid, rows=40, cols=45,
+                               max_elements=40 * 45)
     if seen["offender"] is not None:
         op, shape = seen["offender"]
         fail(f"With {_shapes(args, names)}, block_size=8, is_causal={is_causal}: {exercise} allocated a tensor of "
@@ -1069,7 +1058,8 @@ def _check_tiled(fn, exercise: str, n: int, m: int) -> None:
     gen = generator(830 + n)
     args, kwargs = make(*qkv(gen, (2,), n, m, 2, 2), 6, False)
     longest = max(n, m)
-    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=6, cols=longest, max_elements=2 * 6 * longest)
+    value, seen = watched_call(fn, args, kwargs, exercise=exercise, forbid=forbid, rows=6, cols=longest,
+                               max_elements=2 * 6 * longest)
     if seen["offender"] is not None:
         op, shape = seen["offender"]
         fail(f"With {_shapes(args, names)}, block_size=6: {exercise} allocated a tensor of shape {tuple(shape)} "
@@ -1085,7 +1075,8 @@ def _check_peak(fn, exercise: str) -> None:
     gen = generator(840)
     args, kwargs = make(*qkv(gen, (1,), 96, 96, 2, 2), 8, True)
     matrix = 96 * 96 * 8
-    value, seen = _watched(fn, exercise, args, kwargs, forbid, rows=96, cols=96, max_elements=96 * 96)
+    value, seen = watched_call(fn, args, kwargs, exercise=exercise, forbid=forbid, rows=96, cols=96,
+                               max_elements=96 * 96)
     if seen["offender"] is not None or seen["peak"] > matrix // 2:
         fail(f"With {_shapes(args, names)}, block_size=8, is_causal=True: {exercise} had {seen['peak']} bytes of "
              f"tensors alive at once, while one 96 x 96 score matrix in float64 is {matrix} bytes. Keep only the "

@@ -6,16 +6,16 @@ import math
 
 import torch
 
-from ..checks.masking import (
+from ..diagnosis import Mistake
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, randn
+from ..references.masking import (
     INF,
     assert_exact_zeros,
     causal_reference,
     masked_attention_reference,
     padding_reference,
 )
-from ..diagnosis import Mistake
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
 from ..student import call_student, expect_error
 from ..verify import Case, verify
 from . import hidden
@@ -30,8 +30,6 @@ MHA_SECTION = "9. nn.MultiheadAttention says the opposite"
 
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------
-# Each is self-contained (torch, math, F, nn only): the end-to-end tests paste its source
-# into a notebook as a student's answer.
 
 
 def to_additive_mask_minus_1e9(mask, dtype):

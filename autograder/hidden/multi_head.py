@@ -8,22 +8,24 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ..checks.multi_head import (
-    TorchMHA,
-    check_parameters,
-    count_parameters,
-    gqa_reference,
-    merge_reference,
-    module_summary,
-    parameters_without_grad,
-    run_module,
-    split_reference,
-    torch_mha_reference,
-)
 from ..diagnosis import Mistake
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
+from ..references.multi_head import (
+    TorchMHA,
+    check_parameters,
+    count_parameters,
+    gqa_reference,
+    graph_attention_reference,
+    merge_reference,
+    module_summary,
+    parameters_without_grad,
+    random_graph,
+    run_module,
+    split_reference,
+    torch_mha_reference,
+)
 from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
 from . import hidden
@@ -36,8 +38,6 @@ GROUPS = "8. Fewer key/value heads: multi-query and grouped-query attention"
 
 
 # --- the mistake catalogue: each function (or class) makes exactly one mistake ---------------
-# Every one is self-contained (torch, math, F and nn only): the end-to-end test pastes its
-# source into a notebook as a student's answer.
 
 
 def split_heads_view(x, num_heads):
@@ -765,7 +765,6 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
 
 
 # --- attention on a graph: the mistake catalogue and the hidden check -------------------------
-# Each mistake is self-contained (torch and math only), as the end-to-end test pastes it into a notebook.
 
 GRAPH = "10. Attention on a graph"
 
@@ -956,8 +955,6 @@ MISTAKES["graph_attention"] = [
 @hidden
 def check_graph_attention(graph_attention) -> None:
     """Against masked SDPA (math backend, float64) on random graphs: isolated nodes, duplicates, explicit loops."""
-    from ..checks.multi_head import graph_attention_reference, random_graph  # the referee of the visible check
-
     gen = generator(505)
 
     def weights(N: int, d: int, d_k: int, d_v: int, dtype=torch.float64, scale: float = 1.0) -> tuple:

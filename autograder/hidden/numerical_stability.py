@@ -9,7 +9,11 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..checks.numerical_stability import (
+from ..diagnosis import Mistake, MistakeFound, by_id
+from ..errors import fail
+from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
+from ..inputs import generator, randn
+from ..references.numerical_stability import (
     gradcheck_problem,
     input_changed_message,
     leaves_input_untouched,
@@ -23,10 +27,6 @@ from ..checks.numerical_stability import (
     streaming_problem,
     with_minus_inf,
 )
-from ..diagnosis import Mistake, MistakeFound, by_id
-from ..errors import fail
-from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
-from ..inputs import generator, randn
 from ..student import attempt, expect_error
 from ..verify import Case, verify_each
 from . import hidden

@@ -50,7 +50,6 @@ def _rope(x, positions, base=10000.0):
 
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------------
-# Each is self-contained (torch and math only): the end-to-end tests paste it into a notebook.
 
 
 def sinusoidal_exponent_i_over_d(max_len, d_model, base=10000.0, *, dtype=torch.float32):

@@ -18,12 +18,19 @@ from typing import Any
 
 import torch
 
-from ..checks.scaling import ENTROPY_BUILTINS, JACOBIAN_BUILTINS, KEYS, autograd_softmax_jacobian
 from ..compare import describe
 from ..diagnoses import explain_number
 from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..inputs import generator, randn
+from ..references.scaling import (
+    ENTROPY_BUILTINS,
+    JACOBIAN_BUILTINS,
+    KEYS,
+    answer_value,
+    autograd_softmax_jacobian,
+    score_variance_standard_error,
+)
 from ..student import attempt, call_student, describe_error, expect_error
 from ..verify import Case, verify
 from . import hidden
@@ -63,19 +70,6 @@ def _saturation_curve(d_ks, scaled, num_keys, num_queries, generator):
         "entropy": torch.stack(entropy),
         "jacobian_norm": torch.stack(jacobian_norm),
     }
-
-
-def score_variance_standard_error(d_k: int, num_samples: int, scaled: bool) -> float:
-    """Standard error of the sample variance of ``num_samples`` scores q.k (notebook section 3).
-
-    X = q.k is a sum of d_k products Y_i = q_i k_i with E[Y^2] = 1 and E[Y^4] = 9, so
-    E[X^4] = 9 d + 3 d (d - 1) = 3 d^2 + 6 d and Var(X^2) = 2 d^2 + 6 d. The sample variance
-    of n scores has variance (mu_4 - sigma^4 (n - 3) / (n - 1)) / n, with mu_4 = E[X^4] and
-    sigma^4 = d^2; dividing the scores by sqrt(d) divides it by d^2.
-    """
-    d, n = float(d_k), float(num_samples)
-    var = (3 * d * d + 6 * d - d * d * (n - 3) / (n - 1)) / n
-    return math.sqrt(var) / (d if scaled else 1.0)
 
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------
@@ -954,20 +948,6 @@ WRONG_ANSWERS: dict[str, list[WrongAnswer]] = {
                     math.sqrt(16) / 16, id="scaling/jacobian_norm_uniform_16/the-jacobian-taken-as-diag-p"),
     ],
 }
-
-
-def answer_value(value: Any, name: str) -> float:
-    """The student's numeric answer as a float, or a message saying what is wrong with it."""
-    if value is None:
-        fail(f"{name} is still None: set it to a number in its cell, run the cell, then run this check.")
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(f"{name} should be a number (a Python float), but it is {describe(value)}.")
-    value = float(value)
-    if not math.isfinite(value):
-        fail(f"{name} should be a finite number, but it is {value}.")
-    return value
 
 
 def _check_answer(value: Any, name: str, simulated: str = "") -> None:

@@ -8,7 +8,13 @@ import torch
 
 from ..diagnosis import Mistake
 from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..inputs import generator, randn
+from ..references.soft_lookup import (
+    hard_lookup_reference,
+    nadaraya_watson_reference,
+    sdpa_reference,
+    soft_lookup_reference,
+)
 from ..student import expect_error
 from ..verify import Case, verify
 from . import hidden
@@ -18,28 +24,6 @@ SOFT = "2. Making the lookup soft"
 TEMPERATURE = "3. Temperature"
 KERNEL = "4. Nadaraya-Watson: attention before deep learning"
 SDPA_SECTION = "6. Scaled dot-product attention"
-
-
-# --- references -----------------------------------------------------------------------
-
-
-def _hard_lookup(query, keys, values):
-    return values[int(torch.argmax(keys @ query))]
-
-
-def _soft_lookup(query, keys, values, temperature=1.0):
-    weights = torch.softmax(keys @ query / temperature, dim=-1)
-    return weights @ values, weights
-
-
-def _nadaraya_watson(x_query, x_train, y_train, bandwidth):
-    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=-1)
-    return weights @ y_train, weights
-
-
-def _sdpa(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
-    return math_sdpa(Q, K, V), weights
 
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------
@@ -239,7 +223,7 @@ def _lookup_cases(seed: int) -> list[Case]:
 @hidden
 def check_hard_lookup(hard_lookup) -> None:
     """Random keys, values of another width, and a four-way tie."""
-    verify(hard_lookup, _lookup_cases(101), _hard_lookup, exercise="hard_lookup",
+    verify(hard_lookup, _lookup_cases(101), hard_lookup_reference, exercise="hard_lookup",
            arg_names=("query", "keys", "values"), outputs=None, mistakes=MISTAKES["hard_lookup"])
     print("hard_lookup passes the hidden checks.")
 
@@ -255,7 +239,7 @@ def check_soft_lookup(soft_lookup) -> None:
     cases.append(Case((q, k, v), {"temperature": 1e-2}, "large scores at a low temperature"))
     cases.append(Case((q.float(), k.float(), v.float()), {"temperature": 2.0}, "float32 inputs"))
     cases.append(Case((q, k, v[:, :1]), {"temperature": 1.0}, "values of one feature: the output has shape (1,)"))
-    verify(soft_lookup, cases, _soft_lookup, exercise="soft_lookup", arg_names=("query", "keys", "values"),
+    verify(soft_lookup, cases, soft_lookup_reference, exercise="soft_lookup", arg_names=("query", "keys", "values"),
            mistakes=MISTAKES["soft_lookup"], rtol=1e-5, atol=1e-6)
     expect_error(soft_lookup, randn(3, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen), error=ValueError,
                  what="soft_lookup(query (3,), keys (5, 4), values)",
@@ -272,7 +256,7 @@ def check_nadaraya_watson(nadaraya_watson) -> None:
         x_train = torch.rand(m, generator=gen, dtype=torch.float64) * 5
         cases.append(Case((torch.rand(n, generator=gen, dtype=torch.float64) * 5, x_train,
                            torch.sin(x_train) + 0.1 * randn(m, gen=gen), h)))
-    verify(nadaraya_watson, cases, _nadaraya_watson, exercise="nadaraya_watson",
+    verify(nadaraya_watson, cases, nadaraya_watson_reference, exercise="nadaraya_watson",
            arg_names=("x_query", "x_train", "y_train", "bandwidth"), mistakes=MISTAKES["nadaraya_watson"],
            rtol=1e-6, atol=1e-9)
     print("nadaraya_watson passes the hidden checks.")
@@ -300,11 +284,11 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
     for batch, n, m, d_k, d_v in SDPA_SHAPES:
         cases.append(Case((randn(*batch, n, d_k, gen=gen), randn(*batch, m, d_k, gen=gen),
                            randn(*batch, m, d_v, gen=gen)), label=f"{len(batch)} batch dimension(s)"))
-    verify(scaled_dot_product_attention, cases, _sdpa, exercise="scaled_dot_product_attention",
+    verify(scaled_dot_product_attention, cases, sdpa_reference, exercise="scaled_dot_product_attention",
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS,
            mistakes=MISTAKES["scaled_dot_product_attention"], rtol=1e-9, atol=1e-11)
     float32 = [Case(tuple(t.float() for t in cases[2].args), label="float32 inputs")]
-    verify(scaled_dot_product_attention, float32, _sdpa, exercise="scaled_dot_product_attention",
+    verify(scaled_dot_product_attention, float32, sdpa_reference, exercise="scaled_dot_product_attention",
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS,
            mistakes=MISTAKES["scaled_dot_product_attention"], rtol=1e-4, atol=1e-5)
     expect_error(scaled_dot_product_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen),

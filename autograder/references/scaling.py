@@ -1,0 +1,78 @@
+"""What is right in notebook 02, why divide by sqrt(d_k): the built-ins its exercises may not call,
+the softmax Jacobian by automatic differentiation (the referee), the spread of a measured
+variance, and how a numeric answer is read."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+from ..compare import describe
+from ..errors import fail
+from ..guard import forbidden
+
+# --- built-ins the exercises of this notebook may not call ----------------------------------
+# torch.autograd.functional.jacobian, torch.func.jacrev and torch.autograd.grad all reach the
+# torch function ``grad``; torch.func.jacfwd goes through ``_make_dual``; Tensor.backward and
+# torch.autograd.backward are ``backward``; softmax's own backward is ``_softmax_backward_data``.
+
+AUTOGRAD_JACOBIAN = forbidden(
+    "torch.autograd.functional.jacobian (or torch.autograd.grad, torch.func.jacrev)", "jacobian", "grad", "jacrev"
+)
+BACKWARD = forbidden("Tensor.backward", "backward")
+FORWARD_AD = forbidden("torch.func.jacfwd (forward-mode automatic differentiation)", "_make_dual", "jacfwd")
+SOFTMAX_BACKWARD = forbidden("torch._softmax_backward_data (softmax's own backward)", "_softmax_backward_data")
+#: softmax_jacobian is written from the formula, not obtained by automatic differentiation.
+JACOBIAN_BUILTINS = (AUTOGRAD_JACOBIAN, BACKWARD, FORWARD_AD, SOFTMAX_BACKWARD)
+
+ENTR = forbidden("torch.special.entr", "special_entr", "entr")
+XLOGY = forbidden("torch.xlogy", "special_xlogy", "xlogy", "xlogy_")
+#: attention_entropy handles 0 log 0 itself.
+ENTROPY_BUILTINS = (ENTR, XLOGY)
+
+#: The curves saturation_curve returns.
+KEYS = ("max_weight", "entropy", "jacobian_norm")
+
+
+def score_variance_standard_error(d_k: int, num_samples: int, scaled: bool = False) -> float:
+    """Standard error of the sample variance of ``num_samples`` scores q.k (notebook section 3).
+
+    X = q.k is a sum of d_k products Y_i = q_i k_i with E[Y^2] = 1 and E[Y^4] = 9, so
+    E[X^4] = 9 d + 3 d (d - 1) = 3 d^2 + 6 d and Var(X^2) = 2 d^2 + 6 d. The sample variance
+    of n scores has variance (mu_4 - sigma^4 (n - 3) / (n - 1)) / n, with mu_4 = E[X^4] and
+    sigma^4 = d^2; dividing the scores by sqrt(d) divides it by d^2.
+    """
+    d, n = float(d_k), float(num_samples)
+    var = (3 * d * d + 6 * d - d * d * (n - 3) / (n - 1)) / n
+    return math.sqrt(var) / (d if scaled else 1.0)
+
+
+def autograd_softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
+    """The Jacobian of torch.softmax at the scores log(p), row by row, by torch.autograd.functional.jacobian.
+
+    softmax(log p) = p when the entries of p are positive and sum to 1, and the Jacobian of
+    softmax depends on the scores only through its output, so this is the Jacobian at any
+    scores whose softmax is p.
+    """
+    scores = p.log()
+    rows = scores.reshape(-1, scores.shape[-1])
+    blocks = [torch.autograd.functional.jacobian(lambda z: torch.softmax(z, dim=-1), row) for row in rows]
+    m = scores.shape[-1]
+    return torch.stack(blocks).reshape(*scores.shape[:-1], m, m)
+
+
+def answer_value(value: Any, name: str, *, positive: bool = False) -> float:
+    """The student's numeric answer ``name`` as a float, or a message saying what is wrong with it."""
+    if value is None:
+        fail(f"{name} is still None: set it to a number in its cell, run the cell, then run this check.")
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(f"{name} should be a number (a Python float), but it is {describe(value)}.")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0):
+        fail(f"{name} should be a {'positive ' if positive else ''}finite number, but it is {value}.")
+    return value

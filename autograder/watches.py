@@ -1,7 +1,7 @@
 """Watches on what a student's function does inside PyTorch, run where the student's code runs.
 
 Each watch is a PyTorch mode that records while the student's function runs (the tensors it
-allocates, its conversions to NumPy, the reductions it makes and over how many entries); the probes here
+allocates, their bytes, its conversions to NumPy, the reductions it makes and over how many entries); the probes here
 (:func:`autograder.student.probe`) return what was recorded as plain data, so that the checks,
 in the grader's process, can judge it. A student's code can fool a watch in its own process
 (as it can fool the guard); the checks judge the values it returns in any case.
@@ -68,6 +68,30 @@ class TensorWatch(TorchDispatchMode):
     def _freed(self, address: int, size: int) -> None:
         self.alive.discard(address)
         self.current -= size
+
+
+class AllocationMeter(TorchDispatchMode):
+    """Adds up the bytes of the new tensors PyTorch operations return while it is active.
+
+    Views and in-place results (``slice``, ``copy_``, ...) alias memory that exists already and
+    are not counted: the schema of such an operation marks its result as an alias. ``by_op``
+    splits the total by operation (``aten.cat.default``, ``aten.clone.default``, ...).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocated = 0
+        self.by_op: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if not any(r.alias_info is not None for r in func._schema.returns):
+            for t in tree_flatten(result)[0]:
+                if isinstance(t, torch.Tensor):
+                    size = t.untyped_storage().nbytes()
+                    self.allocated += size
+                    self.by_op[str(func)] = self.by_op.get(str(func), 0) + size
+        return result
 
 
 class NumpyWatch(TorchFunctionMode):

@@ -51,6 +51,7 @@ from ..references.decoding_and_training import train_block as train_block
 from ..references.masking import lower_right_pattern
 from ..student import call_student, probe
 from ..verify import Case, verify
+from ..watches import AllocationMeter as AllocationMeter  # the notebook imports it from here
 
 INF = float("inf")
 

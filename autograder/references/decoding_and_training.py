@@ -12,8 +12,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..compare import assert_close, assert_shape, assert_tensor, describe
 from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose
@@ -21,6 +19,7 @@ from ..errors import CheckFailed, fail
 from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error, probe
 from ..verify import Case
+from ..watches import AllocationMeter
 
 
 def rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -121,30 +120,6 @@ def judge_cache(got, expected, chunks) -> str | None:
                                  "changed by later appends.")
                 return str(problem) + ("\n" + " ".join(hints) if hints else "")
     return None
-
-
-class AllocationMeter(TorchDispatchMode):
-    """Adds up the bytes of the new tensors PyTorch operations return while it is active.
-
-    Views and in-place results (``slice``, ``copy_``, ...) alias memory that exists already and
-    are not counted: the schema of such an operation marks its result as an alias. ``by_op``
-    splits the total by operation (``aten.cat.default``, ``aten.clone.default``, ...).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.allocated = 0
-        self.by_op: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if not any(r.alias_info is not None for r in func._schema.returns):
-            for t in tree_flatten(result)[0]:
-                if isinstance(t, torch.Tensor):
-                    size = t.untyped_storage().nbytes()
-                    self.allocated += size
-                    self.by_op[str(func)] = self.by_op.get(str(func), 0) + size
-        return result
 
 
 def cache_allocations(KVCache, batch, kv_heads, max_len, d_head, steps, dtype=torch.float32):  # noqa: N803

@@ -549,7 +549,7 @@ def test_the_visible_tables_are_the_reference():
     assert torch.allclose(ref.sinusoidal_encoding(6, 4, 100.0, dtype=torch.float64), visible06.PE_6_4_BASE_100,
                           rtol=0, atol=visible06.TABLE_ATOL)
     ids = {m.id for m in hidden04.MISTAKES["online_softmax"]}
-    assert set(visible04.RULE_MISTAKES.values()) <= ids
+    assert set(visible04.RULE_MISTAKE_IDS.values()) <= ids
 
 
 # --- correct answers in other styles: none may lose a point ------------------------------------------------

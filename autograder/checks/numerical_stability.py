@@ -40,13 +40,13 @@ NOTEBOOK = "numerical_stability"
 
 
 #: The id of the catalogued mistake each broken streaming rule is (when the grader has the catalogue).
-RULE_MISTAKES = {"whole row": "numerical_stability/online_softmax/the-whole-row-reduced-at-once",
+RULE_MISTAKE_IDS = {"whole row": "numerical_stability/online_softmax/the-whole-row-reduced-at-once",
                  "two passes": "numerical_stability/online_softmax/two-passes-over-the-row"}
 
 
 def rule_mistakes(rule: str, notebook: str) -> list[Mistake]:
     """The catalogued mistake that breaks ``rule`` (none without the catalogue)."""
-    return [m for m in catalogue(notebook, "online_softmax") if m.id == RULE_MISTAKES.get(rule)]
+    return [m for m in catalogue(notebook, "online_softmax") if m.id == RULE_MISTAKE_IDS.get(rule)]
 
 
 # --- the checks -----------------------------------------------------------------------------------

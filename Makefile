@@ -48,6 +48,12 @@ release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS
 autograde: setup ## grade every submission in submitted/ (WORKERS=n; NO_SANDBOX=1 where bwrap is missing)
 	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(NO_SANDBOX),--no-sandbox)
 
+.PHONY: new-notebook
+new-notebook: setup ## the files of a new notebook, one example exercise, all passing (NAME=10_name TITLE="...")
+	@test -n "$(NAME)" || { echo 'make new-notebook: say NAME=NN_name, e.g. NAME=10_linear_attention'; exit 2; }
+	$(BIN)/python -m autograder new-notebook $(NAME) $(if $(TITLE),--title "$(TITLE)")
+	$(BIN)/python -m autograder release $(NAME)
+
 .PHONY: settings
 settings: setup ## print every setting (name, value in this course, where to set it) as README's table
 	$(BIN)/python -m autograder settings

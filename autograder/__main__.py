@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     commands.add_parser("settings", help="print every setting of the course as a Markdown table")
+    new = commands.add_parser("new-notebook", help="write the files of a new notebook (source, references, checks, "
+                              "hidden checks, tests) with one example exercise")
+    new.add_argument("name", help="NN_name, e.g. 10_linear_attention")
+    new.add_argument("--title", default=None, help="the notebook's title (default: from its name)")
     bundle = commands.add_parser("bundle", help="zip the student bundle")
     bundle.add_argument("output", help="path of the zip to write")
     args = parser.parse_args(argv)
@@ -56,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         run = feedback.feedback(args.assignments)
         print(run)
         return 1 if run.broken else 0
+    elif args.command == "new-notebook":
+        from .pipeline import scaffold
+
+        try:
+            written = scaffold.create(args.name, args.title)
+        except (ValueError, FileExistsError) as error:
+            print(f"make new-notebook: {error}")
+            return 2
+        print("\n".join(str(p) for p in written))
     elif args.command == "settings":
         from .pipeline import settings
 

@@ -11,6 +11,7 @@ export PYTHONWARNINGS := ignore
 STAMP := $(VENV)/.installed
 ASSIGNMENTS ?=
 WORKERS ?=
+CLUSTER ?=
 
 .PHONY: help setup lab test test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
 
@@ -45,8 +46,8 @@ lint: setup ## ruff on the package and the tests
 release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS="01_soft_lookup" for one)
 	$(BIN)/python -m autograder release $(ASSIGNMENTS)
 
-autograde: setup ## grade every submission in submitted/ (WORKERS=n; NO_SANDBOX=1 where bwrap is missing)
-	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(NO_SANDBOX),--no-sandbox)
+autograde: setup ## grade every submission in submitted/ (WORKERS=n; CLUSTER=tcp://host:8786 on Dask; NO_SANDBOX=1 where bwrap is missing)
+	$(BIN)/python -m autograder autograde $(ASSIGNMENTS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(NO_SANDBOX),--no-sandbox)
 
 .PHONY: new-notebook
 new-notebook: setup ## the files of a new notebook, one example exercise, all passing (NAME=10_name TITLE="...")

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="seconds per notebook, restarts included (default: ResilientExecute.notebook_timeout)")
     auto.add_argument("--no-sandbox", action="store_true",
                       help="grade even where no sandbox can be made: students' code then runs with your rights")
+    auto.add_argument("--cluster", metavar="ADDRESS", default=None,
+                      help="grade on the workers of the Dask scheduler at ADDRESS (tcp://host:8786), the grades "
+                           "written here (default: Grading.cluster of nbgrader_config.py, else on this machine)")
     collect = commands.add_parser("collect-zip", help="put an LMS zip of submissions into submitted/ (nbgrader zip_collect)")
     collect.add_argument("assignment", help="the assignment the zip holds")
     collect.add_argument("zip", help="the zip as the learning platform exports it")
@@ -43,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "autograde":
         options = grade.Options(args.cell_timeout, args.notebook_timeout, sandbox=False if args.no_sandbox else None)
         try:
-            summary = grade.autograde(args.assignments, args.workers, options=options)
-        except (grade.SandboxUnavailable, FileNotFoundError, RuntimeError) as error:
+            summary = grade.autograde(args.assignments, args.workers, options=options, cluster=args.cluster)
+        except (grade.SandboxUnavailable, OSError, RuntimeError) as error:  # OSError: no file, no scheduler
             print(f"make autograde: {error}")
             return 2
         print(summary)

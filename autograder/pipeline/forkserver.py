@@ -116,10 +116,11 @@ def serve() -> None:
 class ForkServer:
     """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
 
-    def __init__(self) -> None:
+    def __init__(self, cwd: Path | None = None) -> None:
+        """Start the server in ``cwd`` (default: this module's folder; a cluster worker gives its unpacked course)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.pipeline.forkserver"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ), cwd=str(Path(__file__).parent),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ), cwd=str(cwd or Path(__file__).parent),
         )
         self._lock = threading.Lock()
         self._next = 0

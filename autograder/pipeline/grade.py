@@ -17,6 +17,11 @@ submission can never take another down. For each submission (:func:`grade_one`):
    This module adds a last wall-clock limit on the whole nbgrader process;
 3. what happened is kept with the graded submission and shown at the top of its feedback.
 
+How nbgrader is run on the staged copy is a :class:`Runner`: here, several at a time (the
+default), or on a Dask cluster (``cluster=ADDRESS``, :mod:`autograder.pipeline.cluster`), which
+grades each staged copy on a worker and hands back the graded notebook and the scores that are
+then written here; staging, the notes, the progress bar and the summary are the same either way.
+
 Grading refuses to start where no sandbox can be made, unless the instructor says
 ``sandbox=False`` (``--no-sandbox``). A submission without a notebook to grade scores 0 with a
 note saying why. A submission that could not be graded because something failed around it
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,13 +84,41 @@ class Options:
         )
 
 
-def protection(options: Options | None = None) -> str:
-    """Which protection grading runs student code under, in words (for the summary and the feedback)."""
+def protection(options: Options | None = None, mode: str | None = None) -> str:
+    """Which protection grading runs student code under, in words (for the summary and the feedback).
+
+    ``mode`` is :func:`sandbox.mode` where the student's code runs (default: here).
+    """
     options = (options or Options()).resolved()
+    mode = mode or sandbox.mode()
     where = ("test cells run in the grader's process; the student's code, in a bubblewrap sandbox"
-             if options.sandbox and sandbox.mode() != "limits only" else
+             if options.sandbox and mode != "limits only" else
              "test cells run in the grader's process; the student's code WITHOUT a sandbox (resource limits only)")
-    return f"{where} ({sandbox.mode() if options.sandbox else 'limits only'})"
+    return f"{where} ({mode if options.sandbox else 'limits only'})"
+
+
+class Runner:
+    """Runs nbgrader on a staged submission, here: each run forked from ``server`` (else a new process).
+
+    A runner leaves the graded notebooks in ``autograded/`` and the grades in the gradebook, and
+    returns None, or why the submission could not be graded.
+    :class:`autograder.pipeline.cluster.Remote` is the other one.
+    """
+
+    def __init__(self, server: ForkServer | None = None) -> None:
+        self.server = server
+
+    def mode(self) -> str:
+        """:func:`sandbox.mode` where this runner runs the student's code."""
+        return sandbox.mode()
+
+    def __call__(self, assignment: str, student: str, root: Path, staged: Path, options: Options,
+                 limit: float) -> str | None:
+        return _run_nbgrader(assignment, student, root, staged, options, limit, self.server)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
 
 
 @dataclass
@@ -236,19 +270,21 @@ def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
 
 
 def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
-              server: ForkServer | None = None) -> Outcome:
+              runner: Runner | None = None) -> Outcome:
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
     options = (options or Options()).resolved(root)
     course = settings.grading(root)
+    runner = runner or Runner()
     started = time.monotonic()
-    outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION, f"How your code ran: {protection(options)}.")])
+    outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION,
+                                                       f"How your code ran: {protection(options, runner.mode())}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
     try:
         staged = staging.stage(root, assignment, student, private, course)
         outcome.notes += staged.notes
         if staged.notebooks:
             limit = options.notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
-            outcome.error = _run_nbgrader(assignment, student, root, private, options, limit, server)
+            outcome.error = runner(assignment, student, root, private, options, limit)
             if outcome.error is None:
                 _runtime_notes(outcome, root, staged.notebooks)
         else:
@@ -302,45 +338,61 @@ def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[st
 
 
 def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
-              progress: bool = True, options: Options | None = None, students: list[str] | None = None) -> Summary:
+              progress: bool = True, options: Options | None = None, students: list[str] | None = None,
+              cluster: str | None = None) -> Summary:
     """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once.
 
-    Raises :class:`SandboxUnavailable` where no sandbox can be made and ``options.sandbox`` is True.
+    ``cluster``: the address of a Dask scheduler whose workers grade (default ``Grading.cluster``).
+    Raises :class:`SandboxUnavailable` where no sandbox can be made (here, or on a worker of the
+    cluster) and ``options.sandbox`` is True.
     """
     options = (options or Options()).resolved(root)
     course = settings.grading(root)
-    if options.sandbox and sandbox.mode() == "limits only":
+    cluster = cluster or course.cluster or None
+    if cluster is None and options.sandbox and sandbox.mode() == "limits only":
         raise SandboxUnavailable(
             "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
             "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
             "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
             f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
-    workers = workers or course.workers or os.cpu_count() or 1
-    summary = Summary(protection=protection(options))
     start = time.monotonic()
-    server = None
-    if jobs and course.forkserver and os.environ.get("AUTOGRADER_FORKSERVER", "1") != "0":
-        try:
-            server = ForkServer()  # first, so that its imports overlap with preparing the gradebook
-        except OSError:
-            server = None
+    if cluster is not None and jobs:
+        from .cluster import Remote
+
+        runner: Runner = Remote(cluster, sorted({a for a, _ in jobs}), root, options)
+        workers = workers or course.workers or len(jobs)
+    else:  # the fork server first, so that its imports overlap with preparing the gradebook
+        runner = Runner(fork_server(course.forkserver) if jobs else None)
+        workers = workers or course.workers or os.cpu_count() or 1
+    summary = Summary(protection=protection(options, runner.mode()))
     try:
         if jobs:
             summary.recorded = prepare_gradebook(jobs, root)
-        _grade_all(jobs, workers, root, options, progress, summary, start, server)
+        _grade_all(jobs, workers, root, options, progress, summary, start, runner)
     finally:
-        if server is not None:
-            server.close()
+        runner.close()
     summary.graded.sort()
     summary.failed.sort()
     summary.seconds = time.monotonic() - start
     return summary
 
 
-def _grade_all(jobs, workers, root, options, progress, summary, start, server) -> None:
+def fork_server(enabled: bool = True, cwd: Path | None = None) -> ForkServer | None:
+    """A :class:`ForkServer` started in ``cwd``; None where it is turned off (``Grading.forkserver``,
+    ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
+    if not enabled or os.environ.get("AUTOGRADER_FORKSERVER", "1") == "0":
+        return None
+    try:
+        return ForkServer(cwd)
+    except OSError:
+        return None
+
+
+def _grade_all(jobs: Sequence[tuple[str, str]], workers: int, root: Path, options: Options, progress: bool,
+               summary: Summary, start: float, runner: Runner) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(grade_one, a, s, root, options, server): (a, s) for a, s in jobs}
+        futures = {pool.submit(grade_one, a, s, root, options, runner): (a, s) for a, s in jobs}
         for future in as_completed(futures):
             assignment, student = futures[future]
             outcome = future.result()

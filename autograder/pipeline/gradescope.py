@@ -63,7 +63,8 @@ FILES = Path(__file__).with_name("gradescope_files")
 SCRIPTS = ("setup.sh", "run_autograder")
 CONFIG = "gradescope.json"
 #: Pins of pyproject.toml that grading does not need (the developer's tools); setup.sh installs all the others.
-NOT_FOR_GRADING = ("nbval", "pytest", "pytest-xdist", "ruff", "psycopg2-binary", "jupyter-server-mathjax", "playwright")
+NOT_FOR_GRADING = ("nbval", "pytest", "pytest-xdist", "ruff", "psycopg2-binary", "jupyter-server-mathjax", "playwright",
+                   "dask", "distributed")
 #: Gradescope's visibility settings (its specification, "Controlling Test Case Visibility").
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 HIDDEN_VISIBILITY = "after_published"
@@ -98,7 +99,7 @@ def setup_script(root: Path = ROOT) -> str:
     return (FILES / "setup.sh").read_text().replace("@PINS@", " ".join(f'"{pin}"' for pin in grading_pins(root)))
 
 
-def _course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:
+def course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:
     """Archive name -> file, for ``course/``: the config, the source, and the release and gradebook made from it in ``work``."""
     shutil.copy(root / "nbgrader_config.py", work / "nbgrader_config.py")
     shutil.copytree(root / "source" / assignment, work / "source" / assignment,
@@ -114,7 +115,7 @@ def _course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:
     return files
 
 
-def _package_files(root: Path) -> dict[str, Path]:
+def package_files(root: Path) -> dict[str, Path]:
     """Archive name -> file, for the whole ``autograder`` package (hidden checks and pipeline included)."""
     package = root / "autograder"
     return {f"autograder/{p.relative_to(package).as_posix()}": p for p in sorted(package.rglob("*.py"))}
@@ -135,12 +136,12 @@ def build_one(assignment: str, output: Path, root: Path = ROOT, hidden_visibilit
     config = {"assignment": assignment, "hidden_visibility": hidden_visibility, "notebook_timeout": notebook_timeout}
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gradescope-build-") as work:
-        course = _course_files(assignment, root, Path(work))
+        course = course_files(assignment, root, Path(work))
         with zipfile.ZipFile(output, "w") as archive:
             _add(archive, "setup.sh", setup_script(root).encode(), executable=True)
             _add(archive, "run_autograder", (FILES / "run_autograder").read_bytes(), executable=True)
             _add(archive, CONFIG, (json.dumps(config, indent=1) + "\n").encode())
-            for name, path in {**_package_files(root), **course}.items():
+            for name, path in {**package_files(root), **course}.items():
                 _add(archive, name, path.read_bytes())
     return output
 

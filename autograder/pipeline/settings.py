@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Integer
+from traitlets import Bool, Integer, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import PyFileConfigLoader
 
@@ -34,7 +34,10 @@ FOLDERS = ("CourseDirectory.root", "CourseDirectory.db_url", "Exchange.root")
 class Grading(Configurable):
     """How ``make autograde`` grades a class (``c.Grading.<trait>`` in ``nbgrader_config.py``)."""
 
-    workers = Integer(0, help="Submissions graded at once; 0: the number of cores.").tag(config=True)
+    workers = Integer(0, help="Submissions graded at once; 0: the number of cores (on a cluster: all, queued by its "
+                      "scheduler).").tag(config=True)
+    cluster = Unicode("", help="The address of a Dask scheduler (tcp://host:8786) whose workers grade, the grades "
+                      "being written here (autograder.pipeline.cluster); empty: grade on this machine.").tag(config=True)
     sandbox = Bool(True, help="Refuse to grade where no sandbox can be made. False grades anyway, the students' "
                    "code running with the resource limits only, with the grader's rights.").tag(config=True)
     forkserver = Bool(True, help="Fork each nbgrader process from a server that imported nbgrader, PyTorch and "
@@ -51,6 +54,7 @@ class Grading(Configurable):
 #: Command-line flags that override a trait for one run.
 FLAGS = {
     "Grading.workers": "`--workers N` (`make autograde WORKERS=N`)",
+    "Grading.cluster": "`--cluster ADDRESS` (`make autograde CLUSTER=ADDRESS`)",
     "Grading.sandbox": "`--no-sandbox` (`make autograde NO_SANDBOX=1`)",
     "Execute.timeout": "`--cell-timeout S`",
     "ResilientExecute.notebook_timeout": "`--notebook-timeout S`",

@@ -284,11 +284,10 @@ def _late_penalties(root: Path, assignment: str, student: str, notebooks: list[s
     """nbgrader's ``AssignLatePenalties`` with the course's config, on the gradebook here (it knows the due dates)."""
     import nbformat
     from nbgrader.preprocessors import AssignLatePenalties
-    from traitlets.config.loader import PyFileConfigLoader
 
     quiet = logging.getLogger("autograder.cluster")  # "N seconds late" is the gradebook's to tell, not the progress bar's
     quiet.setLevel(logging.ERROR)
-    penalties = AssignLatePenalties(config=PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config(), log=quiet)
+    penalties = AssignLatePenalties(config=settings.course_config(root), log=quiet)
     for name in notebooks:
         resources = {"nbgrader": {"assignment": assignment, "student": student, "notebook": name, "db_url": db_url(root)}}
         penalties.preprocess(nbformat.v4.new_notebook(), resources)

@@ -104,10 +104,12 @@ def test_a_planted_link_is_replaced_never_followed(tmp_path):
     assert cluster.read_tree(tmp_path / "autograded") == {"sub/a.ipynb": b"{}"}
 
 
-def test_a_manual_score_asks_for_review_as_nbgrader_does(tmp_path):
+def test_a_manual_score_asks_for_review_and_lateness_costs_as_nbgrader_does(tmp_path):
     shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    with (tmp_path / "nbgrader_config.py").open("a") as config:
+        config.write('\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
     with Gradebook(grade.db_url(tmp_path)) as gb:
-        gb.add_assignment("a")
+        gb.add_assignment("a", duedate=datetime(2029, 12, 31))  # only this gradebook knows it
         gb.add_notebook("n", "a")
         gb.add_notebook("missing", "a")
         for notebook in ("n", "missing"):
@@ -129,7 +131,28 @@ def test_a_manual_score_asks_for_review_as_nbgrader_does(tmp_path):
         assert (missing_cell.auto_score, missing_cell.needs_manual_grade) == (0.0, False)
         assert gb.find_comment("s", "n", "a", "kim").auto_comment == "No response."
         assert gb.find_comment("s", "missing", "a", "kim").auto_comment is None
+        late = gb.find_submission_notebook("n", "a", "kim")
+        assert late.score == 1.0 and late.late_submission_penalty == 1.0  # the manual score, all of it
     assert (tmp_path / "autograded" / "kim" / "a" / "n.ipynb").read_bytes() == b"{}"
+
+
+def test_a_worker_switches_course_only_between_tasks(tmp_path, monkeypatch):
+    """A task of another course (another archive) waits until the running ones are done, then gets its PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the switch sets it; the test puts it back
+    worker, order = cluster._Worker(), []
+    first, second = tmp_path / "course-1", tmp_path / "course-2"
+
+    def other_course():
+        with worker.using(second, forkserver=False):
+            order.append(("second", os.environ["PYTHONPATH"].split(os.pathsep)[0]))
+
+    with worker.using(first, forkserver=False):
+        waiting = threading.Thread(target=other_course)
+        waiting.start()
+        time.sleep(0.5)
+        order.append(("first", os.environ["PYTHONPATH"].split(os.pathsep)[0]))
+    waiting.join(10)
+    assert order == [("first", str(first)), ("second", str(second))]
 
 
 # -- slow: a real scheduler, two real workers, one of them killed -------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .pipeline import grade, release
+from .pipeline import collect, grade, release
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     auto.add_argument("--cluster", metavar="ADDRESS", default=None,
                       help="grade on the workers of the Dask scheduler at ADDRESS (tcp://host:8786), the grades "
                            "written here (default: Grading.cluster of nbgrader_config.py, else on this machine)")
-    collect = commands.add_parser("collect-zip", help="put an LMS zip of submissions into submitted/ (nbgrader zip_collect)")
-    collect.add_argument("assignment", help="the assignment the zip holds")
-    collect.add_argument("zip", help="the zip as the learning platform exports it")
-    collect.add_argument("--pattern", default=grade.LMS_PATTERN,
+    zipped = commands.add_parser("collect-zip", help="put an LMS zip of submissions into submitted/ (nbgrader zip_collect)")
+    zipped.add_argument("assignment", help="the assignment the zip holds")
+    zipped.add_argument("zip", help="the zip as the learning platform exports it")
+    zipped.add_argument("--pattern", default=collect.LMS_PATTERN,
                          help="regular expression naming student_id and file_id in each file's path (default: Canvas)")
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "collect-zip":
         from pathlib import Path
 
-        students = grade.collect_zip(args.assignment, Path(args.zip), args.pattern)
+        students = collect.collect_zip(args.assignment, Path(args.zip), args.pattern)
         print(f"collected {len(students)} submissions of {args.assignment}: {', '.join(students)}")
     elif args.command == "feedback":
         from .pipeline import feedback

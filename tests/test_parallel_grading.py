@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade, settings
+from autograder.pipeline import collect, grade, settings
 from autograder.pipeline.course import module_name, nbgrader
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
@@ -175,7 +175,7 @@ def test_an_lms_zip_lands_in_submitted(tmp_path):
         zf.writestr("kimlee_1236_567892_my homework.ipynb", notebook)  # renamed: graded as the notebook later
         zf.writestr(f".._1237_567893_{A}.ipynb", notebook)  # no student id may leave submitted/
         zf.writestr("readme.txt", "not a submission")
-    students = grade.collect_zip(A, archive, root=tmp_path)
+    students = collect.collect_zip(A, archive, root=tmp_path)
     assert students == ["doejane", "kimlee", "roesmith"]
     submitted = tmp_path / "submitted"
     assert (submitted / "doejane" / A / f"{A}.ipynb").read_bytes() == notebook

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
 import re
 import shutil
@@ -11,9 +13,9 @@ import nbformat
 
 from autograder.diagnosis import Mistake
 from autograder.pipeline import grade, sandbox
-from autograder.pipeline.course import nbgrader
+from autograder.pipeline.course import module_name, nbgrader
 
-from .notebook_code import ROOT, nbgrader_meta
+from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.M)
 
@@ -46,6 +48,45 @@ def mistake_source(mistake: Mistake, exercise: str) -> str:
     """The mistake's code, renamed to the exercise, as a student would write it."""
     source = inspect.getsource(mistake.fn)
     return re.sub(rf"^(def|class) {mistake.fn.__name__}\b", rf"\1 {exercise}", source, count=1, flags=re.M)
+
+
+def catalogue(assignment: str) -> dict[str, list[Mistake]]:
+    """exercise -> the catalogued mistakes of ``assignment`` (its hidden module's ``MISTAKES``)."""
+    return importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
+
+
+def depends_on(assignment: str, exercise: str, mistake: Mistake) -> set[str]:
+    """The other exercises whose answers decide what ``mistake`` (submitted as ``exercise``) is graded on.
+
+    Those its hidden test cell hands to the check (``check_decode_step(decode_step, KVCache)``
+    runs the student's own ``KVCache``) and those the mistake's code calls by name.
+    """
+    exercises = set(catalogue(assignment))
+    called = {n.id for n in ast.walk(ast.parse(mistake_source(mistake, exercise))) if isinstance(n, ast.Name)}
+    return (set(hidden_test_arguments(assignment).get(exercise, ())) | called) & exercises - {exercise}
+
+
+def mistake_submissions(assignment: str) -> list[dict[str, Mistake]]:
+    """Every catalogued mistake of ``assignment`` placed in exactly one submission, several exercises at once.
+
+    Submission k carries the k-th mistake still to place of every exercise (reference answers
+    elsewhere), so a notebook needs about as many submissions as its longest catalogue, not one
+    per mistake. Two mistakes that would change each other's grading never share a submission:
+    one of them goes to a later one (the rule of :func:`depends_on`).
+    """
+    left = {exercise: list(mistakes) for exercise, mistakes in catalogue(assignment).items()}
+    needs = {id(m): depends_on(assignment, exercise, m) for exercise, mistakes in left.items() for m in mistakes}
+    submissions: list[dict[str, Mistake]] = []
+    while any(left.values()):
+        chosen: dict[str, Mistake] = {}
+        for exercise, mistakes in left.items():
+            for mistake in mistakes:
+                if not needs[id(mistake)] & set(chosen) and not any(exercise in needs[id(m)] for m in chosen.values()):
+                    chosen[exercise] = mistake
+                    mistakes.remove(mistake)
+                    break
+        submissions.append(chosen)
+    return submissions
 
 
 def fill(notebook: nbformat.NotebookNode, answers: dict[str, str]) -> nbformat.NotebookNode:

@@ -63,16 +63,23 @@ def solution_namespace(assignment: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{k: v for k, v in namespace.items() if not k.startswith("__")})
 
 
-def hidden_test_arguments(assignment: str) -> dict[str, list[str]]:
-    """exercise -> the names its hidden test cell passes to the check, in order (``check_x(x, KVCache)``)."""
+def cell_arguments(assignment: str, hidden: bool = True) -> dict[str, list[str]]:
+    """exercise -> the names its hidden (or visible) test cell passes to the check, in order (``check_x(x, KVCache)``)."""
     import ast
 
+    suffix = "_hidden" if hidden else ""
     found = {}
     for cell in source_notebook(assignment).cells:
         gid = nbgrader_meta(cell).get("grade_id", "")
-        if not (gid.startswith("test_") and gid.endswith("_hidden")):
+        exercise = gid[len("test_"):len(gid) - len(suffix)]
+        if not (gid.startswith("test_") and gid.endswith(suffix)) or exercise.endswith("_hidden"):
             continue
         for node in ast.walk(ast.parse(cell.source)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
-                found[gid[len("test_"):-len("_hidden")]] = [a.id for a in node.args if isinstance(a, ast.Name)]
+                found[exercise] = [a.id for a in node.args if isinstance(a, ast.Name)]
     return found
+
+
+def hidden_test_arguments(assignment: str) -> dict[str, list[str]]:
+    """exercise -> the names its hidden test cell passes to the check, in order (``check_x(x, KVCache)``)."""
+    return cell_arguments(assignment, hidden=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import math
-import warnings
 
 import pytest
 import torch
@@ -28,7 +27,6 @@ SIGNATURES = {
     "flash_attention": "(Q, K, V, block_size, is_causal=False)",
     "sliding_window_mask": "(n, window)",
 }
-EXERCISES = list(SIGNATURES)
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +34,9 @@ def solution():
     return solution_namespace(ASSIGNMENT)
 
 
-def headings() -> set[str]:
-    found = set()
-    for cell in source_notebook(ASSIGNMENT).cells:
-        if cell.cell_type == "markdown":
-            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
-    return found
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
-    fn = getattr(solution, exercise)
-    assert str(inspect.signature(fn)) == SIGNATURES[exercise]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a check that warns would zero the test cell (stderr)
-        getattr(visible, f"check_{exercise}")(fn)
-        getattr(hidden, f"check_{exercise}")(fn)
-    out = capsys.readouterr()
-    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
-    assert out.err == ""
-
-
-def test_catalogue_covers_every_exercise_and_section():
-    assert set(MISTAKES) == set(EXERCISES)
-    sections = headings()
-    for exercise, catalogue in MISTAKES.items():
-        for mistake in catalogue:
-            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
-            assert str(inspect.signature(mistake.fn)) == SIGNATURES[exercise], mistake.fn.__name__
+def test_the_interface(solution):
+    """The signatures the notebook promises (test_catalogue.py holds every catalogued mistake to the reference's)."""
+    assert {name: str(inspect.signature(getattr(solution, name))) for name in SIGNATURES} == SIGNATURES
 
 
 REQUIRED = {
@@ -80,34 +53,6 @@ REQUIRED = {
 def test_the_issue_mistakes_are_catalogued():
     for exercise, names in REQUIRED.items():
         assert names <= {m.name for m in MISTAKES[exercise]}, exercise
-
-
-CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
-IDS = [f"{e}-{i}-{n}" for e, i, n in CASES]
-
-
-def self_contained(fn):
-    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
-    namespace = {"torch": torch, "math": math, "F": F, "nn": torch.nn}
-    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed) as failure:
-        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
-    message = str(failure.value)
-    assert f"'{name}'" in message, message
-    assert mistake.section in message
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_visible_check(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn))
 
 
 # --- the visible checks' hand-computed numbers agree with the references -------------------------

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import numerical_stability as visible
 from autograder.checks.numerical_stability import (
     ReductionRecorder,
     record_reductions,
@@ -19,44 +17,14 @@ from autograder.errors import CheckFailed
 from autograder.hidden import numerical_stability as hidden
 from autograder.hidden.numerical_stability import MISTAKES
 
-from .notebook_code import solution_namespace, source_notebook
+from .notebook_code import solution_namespace
 
 ASSIGNMENT = "04_numerical_stability"
-EXERCISES = ["stable_softmax", "logsumexp", "log_softmax", "online_softmax"]
 
 
 @pytest.fixture(scope="module")
 def solution():
     return solution_namespace(ASSIGNMENT)
-
-
-def headings() -> set[str]:
-    found = set()
-    for cell in source_notebook(ASSIGNMENT).cells:
-        if cell.cell_type == "markdown":
-            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
-    return found
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
-    fn = getattr(solution, exercise)
-    getattr(visible, f"check_{exercise}")(fn)
-    getattr(hidden, f"check_{exercise}")(fn)
-    out = capsys.readouterr()
-    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
-    assert out.err == ""
-
-
-def test_catalogue_covers_every_exercise_and_section():
-    assert set(MISTAKES) == set(EXERCISES)
-    sections = headings()
-    for exercise, catalogue in MISTAKES.items():
-        for mistake in catalogue:
-            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
-            params = list(inspect.signature(mistake.fn).parameters)
-            expected = ["x", "block_size"] if exercise == "online_softmax" else ["x", "dim"]
-            assert params == expected, (mistake.name, params)
 
 
 REQUIRED = {
@@ -70,33 +38,6 @@ REQUIRED = {
 def test_the_issue_mistakes_are_catalogued():
     for exercise, names in REQUIRED.items():
         assert names <= {m.name for m in MISTAKES[exercise]}, exercise
-
-
-CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
-
-
-def self_contained(fn):
-    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
-    namespace = {"torch": torch, "math": math, "F": F, "nn": torch.nn}
-    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=[f"{e}-{n}" for e, _, n in CASES])
-def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed) as failure:
-        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
-    message = str(failure.value)
-    assert f"'{name}'" in message, message
-    assert mistake.section in message
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=[f"{e}-{n}" for e, _, n in CASES])
-def test_mistake_fails_visible_check(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn))
 
 
 def wrapper(call):

@@ -14,9 +14,7 @@ from autograder.hidden import scaling as hidden
 from .notebook_code import solution_namespace
 
 ASSIGNMENT = "02_scaling"
-EXERCISES = ["empirical_score_variance", "softmax_jacobian", "attention_entropy", "saturation_curve"]
 NUMBERS = ["std_unscaled_512", "scale_for_unit_variance", "jacobian_norm_uniform_16"]
-HEADINGS_PREFIX = "## "
 
 
 @pytest.fixture(scope="module")
@@ -24,28 +22,7 @@ def reference():
     return solution_namespace(ASSIGNMENT)
 
 
-def headings() -> set[str]:
-    from .notebook_code import source_notebook
-
-    found = set()
-    for cell in source_notebook(ASSIGNMENT).cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith(HEADINGS_PREFIX):
-                    found.add(line[len(HEADINGS_PREFIX):].strip())
-    return found
-
-
 # --- the reference ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("exercise", EXERCISES + NUMBERS)
-def test_reference_passes_visible_and_hidden(reference, exercise, capsys):
-    answer = getattr(reference, exercise)
-    getattr(visible, f"check_{exercise}")(answer)
-    getattr(hidden, f"check_{exercise}")(answer)
-    out = capsys.readouterr().out
-    assert "passes the hidden checks" in out
 
 
 def test_numeric_answers_match_the_reference(reference):
@@ -59,48 +36,7 @@ def test_numeric_answers_match_the_reference(reference):
     assert math.isclose(torch.linalg.matrix_norm(jac).item(), hidden.ANSWERS["jacobian_norm_uniform_16"])
 
 
-def test_every_mistake_points_to_a_heading():
-    sections = headings()
-    for catalogue in list(hidden.MISTAKES.values()) + list(hidden.WRONG_ANSWERS.values()):
-        for mistake in catalogue:
-            assert mistake.section in sections, mistake.section
-
-
-def test_catalogue_covers_the_exercises():
-    assert set(hidden.MISTAKES) == set(EXERCISES)
-    assert set(hidden.WRONG_ANSWERS) == set(NUMBERS)
-
-
 # --- every mistake is caught and named -------------------------------------------------------------
-
-
-def _mistakes():
-    for exercise, catalogue in hidden.MISTAKES.items():
-        for mistake in catalogue:
-            yield pytest.param(exercise, mistake, id=f"{exercise}:{mistake.fn.__name__}")
-
-
-@pytest.mark.parametrize(("exercise", "mistake"), list(_mistakes()))
-def test_mistake_fails_hidden_check_and_is_named(exercise, mistake):
-    with pytest.raises(CheckFailed) as caught:
-        getattr(hidden, f"check_{exercise}")(mistake.fn)
-    assert f"'{mistake.name}'" in str(caught.value), str(caught.value)
-    assert mistake.section in str(caught.value)
-
-
-# The visible check of saturation_curve tests the structure, exact edge cases, trends and bounds
-# that hold whatever the random numbers; the spectral norm of the Jacobian satisfies all of them
-# (it is another norm, of a similar size). Only the hidden comparison with the experiment's table
-# tells the two norms apart.
-VISIBLE_MISSES = {"saturation_spectral_norm"}
-
-
-@pytest.mark.parametrize(
-    ("exercise", "mistake"), [p for p in _mistakes() if p.values[1].fn.__name__ not in VISIBLE_MISSES]
-)
-def test_mistake_fails_visible_check(exercise, mistake):
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(mistake.fn)
 
 
 def _wrong_answers():
@@ -306,17 +242,3 @@ def test_saturation_table_agrees_with_the_reference():
             assert ((values.mean(0) - means).abs() <= 5 * sds / math.sqrt(len(seeds)) + 1e-3).all(), (scaled, key)
 
 
-@pytest.mark.parametrize(("exercise", "mistake"), list(_mistakes()))
-def test_mistake_is_self_contained(exercise, mistake):
-    """Pasted alone into a notebook (only torch, math, F and nn imported), the mistake is still named."""
-    import inspect
-
-    from torch import nn
-    from torch.nn import functional as F
-
-    namespace = {"torch": torch, "math": math, "F": F, "nn": nn}
-    source = inspect.getsource(mistake.fn).replace(f"def {mistake.fn.__name__}(", f"def {exercise}(", 1)
-    exec(compile(source, f"<{exercise}>", "exec"), namespace)
-    with pytest.raises(CheckFailed) as caught:
-        getattr(hidden, f"check_{exercise}")(namespace[exercise])
-    assert f"'{mistake.name}'" in str(caught.value)

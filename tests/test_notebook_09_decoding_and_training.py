@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import math
 import types
-import warnings
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from autograder.errors import CheckFailed
 from autograder.hidden import decoding_and_training as hidden
 from autograder.hidden.decoding_and_training import MISTAKES
 
-from .notebook_code import solution_namespace, source_notebook
+from .notebook_code import solution_namespace
 
 ASSIGNMENT = "09_decoding_and_training"
 SIGNATURES = {
@@ -30,7 +29,6 @@ SIGNATURES = {
     "DecoderBlock": "(d_model, num_heads, d_ff, rope_base=10000.0)",
     "generate": "(model, prompt, steps, use_cache=True)",
 }
-EXERCISES = list(SIGNATURES)
 #: The names each check takes after the exercise itself (the notebook's test cells pass them).
 PARTNERS = {"decode_step": ("KVCache",), "DecoderBlock": ("KVCache",), "generate": ("TinyDecoder",)}
 
@@ -41,39 +39,10 @@ def solution() -> types.SimpleNamespace:
     return solution_namespace(ASSIGNMENT)
 
 
-def partners(solution, exercise):
-    return [getattr(solution, name) for name in PARTNERS.get(exercise, ())]
-
-
-def headings() -> set[str]:
-    found = set()
-    for cell in source_notebook(ASSIGNMENT).cells:
-        if cell.cell_type == "markdown":
-            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
-    return found
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
-    fn = getattr(solution, exercise)
-    assert str(inspect.signature(fn)).replace("<class 'torch.float32'>", "torch.float32") == SIGNATURES[exercise]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a check that warns would zero the test cell (stderr)
-        getattr(visible, f"check_{exercise}")(fn, *partners(solution, exercise))
-        getattr(hidden, f"check_{exercise}")(fn, *partners(solution, exercise))
-    out = capsys.readouterr()
-    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
-    assert out.err == ""
-
-
-def test_catalogue_covers_every_exercise_and_section():
-    assert set(MISTAKES) == set(EXERCISES)
-    sections = headings()
-    for exercise, catalogue in MISTAKES.items():
-        for mistake in catalogue:
-            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
-            signature = str(inspect.signature(mistake.fn)).replace("<class 'torch.float32'>", "torch.float32")
-            assert signature == SIGNATURES[exercise], mistake.fn.__name__
+def test_the_interface(solution):
+    """The signatures the notebook promises (test_catalogue.py holds every catalogued mistake to the reference's)."""
+    found = {name: str(inspect.signature(getattr(solution, name))) for name in SIGNATURES}
+    assert {name: text.replace("<class 'torch.float32'>", "torch.float32") for name, text in found.items()} == SIGNATURES
 
 
 #: The mistakes the syllabus asks for, by the name the catalogue gives them.
@@ -91,44 +60,6 @@ REQUIRED = {
 def test_the_issue_mistakes_are_catalogued():
     for exercise, names in REQUIRED.items():
         assert names <= {m.name for m in MISTAKES[exercise]}, exercise
-
-
-CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
-IDS = [f"{e}-{i}-{n}" for e, i, n in CASES]
-
-
-def self_contained(fn):
-    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
-    namespace = {"torch": torch, "math": math, "F": F, "nn": nn}
-    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed) as failure:
-        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
-    message = str(failure.value)
-    assert f"'{name}'" in message, message
-    assert mistake.section in message
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_visible_check(solution, exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn), *partners(solution, exercise))
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), [c for c in CASES if c[0] in PARTNERS],
-                         ids=[i for c, i in zip(CASES, IDS) if c[0] in PARTNERS])
-def test_mistake_is_named_with_the_students_own_classes(solution, exercise, index, name):
-    """In a notebook the hidden checks get the student's KVCache and TinyDecoder, not the references."""
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed) as failure:
-        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn), *partners(solution, exercise))
-    assert f"'{name}'" in str(failure.value)
 
 
 # --- the KV cache ------------------------------------------------------------------------------------------

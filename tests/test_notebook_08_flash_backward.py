@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from autograder.hidden.flash_backward import MISTAKES
 from autograder.pipeline.source_check import forbidden_use
 
 from .course_copy import mistake_source
-from .notebook_code import solution_namespace, source_notebook
+from .notebook_code import solution_namespace
 
 ASSIGNMENT = "08_flash_backward"
 SIGNATURES = {
@@ -37,43 +36,15 @@ def solution():
     return solution_namespace(ASSIGNMENT)
 
 
-def headings() -> set[str]:
-    found = set()
-    for cell in source_notebook(ASSIGNMENT).cells:
-        if cell.cell_type == "markdown":
-            found |= {line[3:].strip() for line in cell.source.splitlines() if line.startswith("## ")}
-    return found
+def test_the_interface(solution):
+    """The signatures the notebook promises (test_catalogue.py holds every catalogued mistake to the reference's)."""
+    assert {name: str(inspect.signature(getattr(solution, name))) for name in SIGNATURES} == SIGNATURES
+    assert issubclass(solution.FlashAttention, torch.autograd.Function)
+    assert str(inspect.signature(solution.FlashAttention.forward)) == "(ctx, Q, K, V, block_size, is_causal=False)"
 
 
 def signature(fn) -> str:
     return str(inspect.signature(fn))
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_reference_passes_visible_and_hidden(solution, exercise, capsys):
-    fn = getattr(solution, exercise)
-    if exercise in SIGNATURES:
-        assert signature(fn) == SIGNATURES[exercise]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a check that warns would zero the test cell (stderr)
-        getattr(visible, f"check_{exercise}")(fn)
-        getattr(hidden, f"check_{exercise}")(fn)
-    out = capsys.readouterr()
-    assert "passes the visible checks" in out.out and "passes the hidden checks" in out.out
-    assert out.err == ""
-
-
-def test_catalogue_covers_every_exercise_and_section():
-    assert list(MISTAKES) == EXERCISES
-    sections = headings()
-    for exercise, catalogue in MISTAKES.items():
-        for mistake in catalogue:
-            assert mistake.section in sections, (exercise, mistake.name, mistake.section)
-            if exercise in SIGNATURES:
-                assert signature(mistake.fn) == SIGNATURES[exercise], mistake.fn.__name__
-            else:
-                assert issubclass(mistake.fn, torch.autograd.Function)
-                assert signature(mistake.fn.forward) == "(ctx, Q, K, V, block_size, is_causal=False)"
 
 
 #: The mistakes the issue lists, by exercise.
@@ -94,34 +65,6 @@ REQUIRED = {
 def test_the_issue_mistakes_are_catalogued():
     for exercise, names in REQUIRED.items():
         assert names <= {m.name for m in MISTAKES[exercise]}, exercise
-
-
-CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
-IDS = [f"{e}-{i}-{n}" for e, i, n in CASES]
-
-
-def self_contained(fn):
-    """The mistake as the end-to-end test submits it: its source alone, with torch, math, F and nn."""
-    namespace = {"torch": torch, "math": math, "F": F, "nn": torch.nn}
-    exec(compile(inspect.getsource(fn), "<mistake>", "exec"), namespace)
-    return namespace[fn.__name__]
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_hidden_check_and_is_named(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed) as failure:
-        getattr(hidden, f"check_{exercise}")(self_contained(mistake.fn))
-    message = str(failure.value)
-    assert f"'{name}'" in message, message
-    assert mistake.section in message
-
-
-@pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
-def test_mistake_fails_visible_check(exercise, index, name):
-    mistake = MISTAKES[exercise][index]
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(self_contained(mistake.fn))
 
 
 # --- the checks on the student's objects as proxies (how a notebook is graded) ---------------------
@@ -155,6 +98,10 @@ class SourceReadingChannel(remote.LocalChannel):
         return forbidden_use(self.sources, name, rules, exercise)
 
 
+CASES = [(exercise, i, m.name) for exercise, catalogue in MISTAKES.items() for i, m in enumerate(catalogue)]
+IDS = [f"{e}-{i}-{n}" for e, i, n in CASES]
+
+
 @pytest.mark.parametrize(("exercise", "index", "name"), CASES, ids=IDS)
 def test_mistake_is_named_when_graded(solution, exercise, index, name):
     """As a graded notebook runs it: the mistake's source as the answer, called through a proxy, its
@@ -172,7 +119,6 @@ def test_mistake_is_named_when_graded(solution, exercise, index, name):
     assert f"'{name}'" in message, message
     if "by autograd" in name and exercise != "FlashAttention":
         assert f"{exercise}'s code uses torch.autograd.grad" in message, message
-
 
 
 # --- the tensor watch: no n x m tensor, both axes tiled, little memory alive -------------------------

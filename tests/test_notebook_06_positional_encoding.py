@@ -2,71 +2,21 @@
 
 from __future__ import annotations
 
-import inspect
-import math
-
 import pytest
 import torch
 
 from autograder.checks import positional_encoding as visible
 from autograder.errors import CheckFailed
 from autograder.hidden import positional_encoding as hidden
-from tests.notebook_code import answer_cells, solution_namespace, source_notebook
+from tests.notebook_code import solution_namespace
 
 ASSIGNMENT = "06_positional_encoding"
 EXERCISES = ("sinusoidal_encoding", "relative_shift_matrix", "apply_rope")
-HEADINGS = {
-    line[3:].strip()
-    for cell in source_notebook(ASSIGNMENT).cells
-    if cell.cell_type == "markdown"
-    for line in cell.source.splitlines()
-    if line.startswith("## ")
-}
-
-CASES = [(exercise, mistake) for exercise in EXERCISES for mistake in hidden.MISTAKES[exercise]]
 
 
 @pytest.fixture(scope="module")
 def solution():
     return solution_namespace(ASSIGNMENT)
-
-
-def test_answer_cells_are_the_exercises():
-    assert set(answer_cells(ASSIGNMENT)) == set(EXERCISES)
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_solution_passes_visible_and_hidden(solution, exercise, capsys):
-    fn = getattr(solution, exercise)
-    getattr(visible, f"check_{exercise}")(fn)
-    getattr(hidden, f"check_{exercise}")(fn)
-    out = capsys.readouterr().out
-    assert f"{exercise} passes the visible checks." in out
-    assert f"{exercise} passes the hidden checks." in out
-
-
-@pytest.mark.parametrize("exercise,mistake", CASES, ids=[f"{e}-{m.fn.__name__}" for e, m in CASES])
-def test_mistake_is_caught_and_named(exercise, mistake):
-    with pytest.raises(CheckFailed) as caught:
-        getattr(hidden, f"check_{exercise}")(mistake.fn)
-    assert f"'{mistake.name}'" in str(caught.value), str(caught.value)
-    assert mistake.section in str(caught.value)
-
-
-@pytest.mark.parametrize("exercise,mistake", CASES, ids=[f"{e}-{m.fn.__name__}" for e, m in CASES])
-def test_mistake_fails_visible_check(exercise, mistake):
-    with pytest.raises(CheckFailed):
-        getattr(visible, f"check_{exercise}")(mistake.fn)
-
-
-@pytest.mark.parametrize("exercise,mistake", CASES, ids=[f"{e}-{m.fn.__name__}" for e, m in CASES])
-def test_mistake_is_well_formed(solution, exercise, mistake):
-    assert mistake.section in HEADINGS, f"{mistake.section!r} is not a heading of the notebook"
-    assert inspect.signature(mistake.fn) == inspect.signature(getattr(solution, exercise))
-    # Self-contained: the source runs with torch, math, F and nn only (it is pasted into a notebook).
-    namespace = {"torch": torch, "math": math, "F": torch.nn.functional, "nn": torch.nn}
-    exec(inspect.getsource(mistake.fn), namespace)
-    assert callable(namespace[mistake.fn.__name__])
 
 
 def test_issue_mistakes_are_catalogued():

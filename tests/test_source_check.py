@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograder.guard import ATTENTION_BUILTINS, MULTI_HEAD_ATTENTION, SOFTMAX_BUILTINS
@@ -110,3 +113,29 @@ def test_no_reference_solution_is_flagged_with_the_rules_its_checks_use(assignme
     print(assignment, "exercises read for forbidden built-ins:", forbidding)
     if assignment == "01_soft_lookup":
         assert forbidding == ["scaled_dot_product_attention"]
+
+
+# -- a notebook read cell by cell (tests/fixtures/scan_cells.ipynb) -------------------------------
+
+
+def fixture_cells() -> list[str]:
+    notebook = nbformat.read(Path(__file__).parent / "fixtures" / "scan_cells.ipynb", as_version=4)
+    return [c.source for c in notebook.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize(("name", "caught"), [
+    ("via_alias", True),  # through a helper of its own, to an alias made two cells earlier
+    ("rebound", True),  # the definition that runs is the second one
+    ("honest", False),  # the built-in printed at top level elsewhere in the notebook is not the exercise's
+])
+def test_a_notebook_is_read_across_its_cells(name, caught):
+    message = forbidden_use(fixture_cells(), name, ATTENTION_BUILTINS, name)
+    assert (message is not None) == caught, message
+    if caught:
+        assert message.startswith(f"{name}'s code uses"), message
+
+
+def test_the_closure_follows_globals_across_cells_past_a_cell_that_does_not_parse():
+    read = "\n".join(ast.unparse(s) for s in definition_closure(fixture_cells(), "via_alias"))
+    assert "def via_alias" in read and "def helper" in read and "impl = F.scaled_dot_product_attention" in read
+    assert "def honest" not in read and "print(" not in read

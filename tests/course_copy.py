@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
 import shutil
+import symtable
 from pathlib import Path
 
 import nbformat
@@ -14,8 +16,9 @@ import nbformat
 from autograder.diagnosis import Mistake
 from autograder.pipeline import grade, sandbox
 from autograder.pipeline.course import module_name, nbgrader
+from autograder.pipeline.source_check import definition_closure
 
-from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta
+from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.M)
 
@@ -55,17 +58,35 @@ def catalogue(assignment: str) -> dict[str, list[Mistake]]:
     return importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
 
 
+@functools.cache
+def _reached(assignment: str, name: str) -> frozenset[str]:
+    """The exercises that ``name`` reaches in the notebook answered with its references (its own cell included)."""
+    answers = reference_answers(assignment)
+    cells = [answers.get(nbgrader_meta(c).get("grade_id"), c.source) for c in source_notebook(assignment).cells
+             if c.cell_type == "code" and not nbgrader_meta(c).get("grade")]
+    defined = {s.name for s in definition_closure(cells, name) if isinstance(s, (ast.FunctionDef, ast.ClassDef))}
+    return frozenset(defined & set(catalogue(assignment)))
+
+
 def depends_on(assignment: str, exercise: str, mistake: Mistake) -> set[str]:
     """The other exercises whose answers decide what ``mistake`` (submitted as ``exercise``) is graded on.
 
-    Those its hidden test cell hands to the check (``check_decode_step(decode_step, KVCache)``
-    runs the student's own ``KVCache``) and those the mistake's code calls by name.
+    Those that the other names its hidden test cell hands to the check reach in the notebook,
+    transitively (``check_generate(generate, TinyDecoder)`` runs the notebook's TinyDecoder,
+    built on the student's DecoderBlock, decode_step and KVCache), and those the mistake's own
+    code reaches.
     """
-    exercises = set(catalogue(assignment))
-    called = {n.id for n in ast.walk(ast.parse(mistake_source(mistake, exercise))) if isinstance(n, ast.Name)}
-    return (set(hidden_test_arguments(assignment).get(exercise, ())) | called) & exercises - {exercise}
+    names = set(hidden_test_arguments(assignment).get(exercise, []))
+    table = symtable.symtable(mistake_source(mistake, exercise), "<mistake>", "exec")
+    scopes = list(table.get_children())
+    while scopes:  # the globals its functions (and the methods of its classes) read
+        scope = scopes.pop()
+        scopes += scope.get_children()
+        names |= {symbol.get_name() for symbol in scope.get_symbols() if symbol.is_global()}
+    return set().union(*(_reached(assignment, name) for name in names - {exercise})) - {exercise}
 
 
+@functools.cache
 def mistake_submissions(assignment: str) -> list[dict[str, Mistake]]:
     """Every catalogued mistake of ``assignment`` placed in exactly one submission, several exercises at once.
 

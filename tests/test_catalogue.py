@@ -3,7 +3,8 @@
 For every notebook: the reference passes its visible and hidden checks quietly; the catalogue
 covers every answer cell and points to headings of the notebook; every catalogued mistake, pasted
 alone into a notebook as the end-to-end test submits it, keeps the reference's interface, fails
-the visible check and is named by the hidden one, with its section. What is specific to one
+the visible check and is named by the hidden one, with its section, judged through the proxies
+grading uses (:mod:`autograder.remote`). What is specific to one
 notebook (its interface, the mistakes its issue asks for, its probes) is in
 ``test_notebook_NN_*.py``; the same mistakes through nbgrader are in ``test_grading_end_to_end.py``.
 """
@@ -23,6 +24,7 @@ from torch import nn
 
 from autograder.errors import CheckFailed
 from autograder.pipeline.course import assignments, module_name
+from autograder.remote import LocalChannel, lookup
 
 from .course_copy import catalogue, mistake_source
 from .notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -146,11 +148,16 @@ def test_mistake_fails_hidden_check_and_is_named(assignment, exercise, index):
     reference = interface(getattr(solution(assignment), exercise))
     assert interface(mistake.fn, set(reference) - {""}) == reference, mistake.fn.__name__
     check = getattr(module(assignment), f"check_{exercise}")
-    given = partners(assignment, exercise, True)
-    # As the hidden test cell calls it (with the student's own KVCache...), and with the check's defaults.
-    for arguments in [given, []] if given else [[]]:
+    answer = pasted(mistake, exercise)
+    # As grading calls it: what the hidden test cell names (the exercise, the student's own KVCache...),
+    # each a proxy into the student's namespace; and, where the cell passes more, the function alone.
+    channel = LocalChannel(dict(vars(solution(assignment)), **{exercise: answer}))
+    calls = [[lookup(channel, name)[1] for name in cell_arguments(assignment, True)[exercise]]]
+    if len(calls[0]) > 1:
+        calls.append([answer])
+    for arguments in calls:
         with pytest.raises(CheckFailed) as failure:
-            check(pasted(mistake, exercise), *arguments)
+            check(*arguments)
         message = str(failure.value)
         assert f"'{mistake.name}'" in message, message
         assert mistake.section in message, message

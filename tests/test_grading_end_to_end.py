@@ -135,10 +135,13 @@ def calls_split_heads(x):
 
 
 def test_what_a_mistake_depends_on():
-    """The check of decode_step runs the student's own KVCache; a mistake that calls another exercise needs it right."""
+    """The check of decode_step runs the student's own KVCache, that of generate the notebook's TinyDecoder (built on
+    the student's DecoderBlock, decode_step and KVCache); a mistake that calls another exercise needs it right."""
     decoding = "09_decoding_and_training"
     assert all(depends_on(decoding, "decode_step", m) == {"KVCache"} for m in catalogue(decoding)["decode_step"])
+    assert all(depends_on(decoding, "generate", m) == {"DecoderBlock", "decode_step", "KVCache"}
+               for m in catalogue(decoding)["generate"])
     assert all(depends_on(decoding, "alibi_bias", m) == set() for m in catalogue(decoding)["alibi_bias"])
     assert depends_on("05_multi_head", "merge_heads", types.SimpleNamespace(fn=calls_split_heads)) == {"split_heads"}
     together = [set(chosen) for chosen in mistake_submissions(decoding)]
-    assert not any({"KVCache", "decode_step"} <= names or {"KVCache", "DecoderBlock"} <= names for names in together)
+    assert not any({"KVCache", "decode_step"} <= names or {"generate", "DecoderBlock"} <= names for names in together)

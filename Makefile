@@ -34,7 +34,7 @@ lab: setup exchange ## the instructor's JupyterLab (Formgrader, Assignment List)
 
 test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/
 	$(BIN)/ruff check autograder tests bench
-	$(BIN)/python -m pytest -n 2 --dist worksteal tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder tests  # order: tests/conftest.py
 	$(BIN)/python -m pytest -p no:xdist --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
 test-fast: setup ## the quick tests only (no nbgrader runs)

@@ -15,6 +15,9 @@ from autograder.pipeline.course import assignments, module_name
 
 from .notebook_code import ROOT, answer_cells
 
+#: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("bundle")
+
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):

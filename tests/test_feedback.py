@@ -23,6 +23,9 @@ from autograder.pipeline.notes import Note, write_notes
 
 from .course_copy import make_course, released
 
+#: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("feedback")
+
 ASSIGNMENT = "01_soft_lookup"
 PAYLOADS = {  # where a student can put HTML, and what it would do if it ran
     "markdown script": "<script>window.pwned = 'markdown script'</script>",

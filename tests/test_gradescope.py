@@ -37,6 +37,9 @@ from autograder.pipeline.course import module_name
 from .course_copy import fill, mistake_source, reference_answers
 from .notebook_code import ROOT, nbgrader_meta, source_notebook
 
+#: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("gradescope")
+
 ASSIGNMENT = "01_soft_lookup"
 SCHEMA = json.loads((Path(__file__).with_name("gradescope_results.schema.json")).read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

@@ -25,6 +25,9 @@ from autograder.pipeline.course import module_name, nbgrader
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 
+#: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("postgres")
+
 A = "01_soft_lookup"
 
 

@@ -1,0 +1,29 @@
+"""The order ``make test`` hands tests to its workers: the longest first, one per worker.
+
+``make test`` runs ``pytest -n 2 --dist loadgroup --no-loadscope-reorder``: xdist gives each worker
+the next test (or group, ``xdist_group``) in collection order as it frees up. A test that grades a
+whole class takes minutes; started last it would run alone at the end. So the tests that grade
+through nbgrader start first, the two longest (measured with ``--durations``) on different workers,
+and everything else fills the time beside them. Only the order changes, never what runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: The longest tests, longest first (each grades a class through nbgrader).
+LONGEST = (
+    "test_grading_end_to_end.py::test_a_class_of_every_notebook",
+    "test_hostile_submissions.py::test_a_hostile_class",
+)
+
+
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    for rank, name in enumerate(LONGEST):
+        if item.nodeid.endswith(name):
+            return 0, rank
+    return (1 if item.get_closest_marker("slow") else 2), 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: the rest keep their order

@@ -3,9 +3,9 @@
 For every notebook: the reference passes its visible and hidden checks quietly; the catalogue
 covers every answer cell and points to headings of the notebook; every catalogued mistake, pasted
 alone into a notebook as the end-to-end test submits it, keeps the reference's interface, fails
-the visible check and is named by the hidden one, with its section, judged through the proxies
-grading uses (:mod:`autograder.remote`). What is specific to one
-notebook (its interface, the mistakes its issue asks for, its probes) is in
+the visible check (in lines ``nbgrader validate`` shows whole) and is named by the hidden one,
+with its section, judged through the proxies grading uses (:mod:`autograder.remote`). What is
+specific to one notebook (its interface, the mistakes its issue asks for, its probes) is in
 ``test_notebook_NN_*.py``; the same mistakes through nbgrader are in ``test_grading_end_to_end.py``.
 """
 
@@ -24,10 +24,11 @@ from torch import nn
 
 from autograder.errors import CheckFailed
 from autograder.pipeline.course import assignments, module_name
+from autograder.pipeline.feedback import load_config
 from autograder.remote import LocalChannel, lookup
 
 from .course_copy import catalogue, mistake_source
-from .notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
+from .notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
 
 #: Mistakes a visible check cannot see, with why; the test asserts they still pass it (so the list cannot go stale).
 VISIBLE_MISSES = {
@@ -37,6 +38,9 @@ VISIBLE_MISSES = {
     # tells the two norms apart.
     ("02_scaling", "saturation_curve", "saturation_spectral_norm"),
 }
+#: How ``nbgrader validate`` shows a failing check (nbgrader_config.py's Validator.width, its indent).
+VALIDATE_WIDTH = int(load_config(ROOT).Validator.width)
+VALIDATE_INDENT = "    "
 #: What a mistake's source may use without importing it: the notebook's own imports (as the answer cell has them).
 PASTED_INTO = {"torch": torch, "math": math, "F": F, "nn": nn}
 
@@ -170,6 +174,9 @@ def test_mistake_fails_visible_check(assignment, exercise, index):
     arguments = (pasted(mistake, exercise), *partners(assignment, exercise, False))
     if (assignment, exercise, mistake.fn.__name__) in VISIBLE_MISSES:
         check(*arguments)
-    else:
-        with pytest.raises(CheckFailed):
-            check(*arguments)
+        return
+    with pytest.raises(CheckFailed) as failure:
+        check(*arguments)
+    # nbgrader validate cuts a line at Validator.width - 3 characters (its indent included): none is that long.
+    lines = f"{type(failure.value).__name__}: {failure.value}".splitlines()
+    assert not [line for line in lines if len(VALIDATE_INDENT + line) > VALIDATE_WIDTH - 3], lines

@@ -52,14 +52,14 @@ def test_parallel_equals_serial_and_repeats(tmp_path):
     submit(course, A, "broken", fill(rel, dict(ref, soft_lookup="def soft_lookup(:\n    pass\n")))
 
     runs = []
-    for workers in (1, 2, 2):
+    for workers in (1, 2):  # two gradings of the same class: serial, then parallel over it again
         summary = grade.autograde([A], workers=workers, root=course, progress=False, options=grading_options())
         assert not summary.failed, str(summary)
         assert len(summary.graded) == 5
         runs.append((export(course, f"grades-{len(runs)}.csv"), cell_grades(course)))
-    (csv1, cells1), (csv2, cells2), (csv3, cells3) = runs
-    assert csv1 == csv2 == csv3, "grading in parallel or twice changed the exported grades"
-    assert cells1 == cells2 == cells3
+    (csv1, cells1), (csv2, cells2) = runs
+    assert csv1 == csv2, "grading in parallel or twice changed the exported grades"
+    assert cells1 == cells2
     assert csv1.count(b"\n") == 6  # a header and one row per student
     scores = {(s, g): v for s, g, v in cells1}
     assert all(v > 0 for (s, _), v in scores.items() if s == "reference")

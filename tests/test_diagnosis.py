@@ -457,7 +457,7 @@ def test_visible_checks_name_catalogued_mistakes_as_the_hidden_ones_do(monkeypat
     except CheckFailed as failure:
         in_grader = str(failure)
     else:
-        assert (name, mistake.fn.__name__) == ("scaling", "saturation_spectral_norm")  # see test_mistakes_scaling
+        assert (name, mistake.fn.__name__) == ("scaling", "saturation_spectral_norm")  # see VISIBLE_MISSES in test_catalogue.py
         return
     compared = in_grader.startswith("With the input") or "This looks like" in in_grader
     if compared:

@@ -14,6 +14,7 @@ import pytest
 
 from autograder.pipeline import staging
 from autograder.pipeline.notes import safe_tree
+from autograder.pipeline.settings import Grading
 from autograder.pipeline.staging import normalize, stage
 
 from .notebook_code import ROOT, nbgrader_meta
@@ -197,16 +198,17 @@ def test_an_unreadable_notebook_under_the_right_name_scores_nothing_but_is_said(
     assert staged.notebooks == [] and sorted(n.kind for n in staged.notes) == ["missing", "unreadable"]
 
 
-def test_oversized_files_are_left_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "MAX_FILE_BYTES", 1000)
+def test_oversized_files_are_left_out(tmp_path):
     root = course(tmp_path)
     folder = submission(root)
-    nbformat.write(answered(), folder / f"{A}.ipynb")  # about 3 kB: over the limit too
-    (folder / "big.bin").write_bytes(b"x" * 5000)
-    (folder / "small.txt").write_text("ok")
-    staged = stage(root, A, "s", tmp_path / "staging")
-    assert sorted(n.kind for n in staged.notes) == ["missing", "size", "size"]
-    assert sorted(p.name for p in (tmp_path / "staging" / "s" / A).iterdir()) == ["small.txt"]
+    nbformat.write(answered(), folder / f"{A}.ipynb")
+    (folder / "a_small.txt").write_text("ok")
+    (folder / "y_big.bin").write_bytes(b"x" * (2 * 2**20 + 1))  # over the limit of one file
+    (folder / "z_more.bin").write_bytes(b"x" * 2**20)  # within it, but past the limit of the whole submission
+    staged = stage(root, A, "s", tmp_path / "staging", Grading(max_file_mb=1, max_submission_mb=3))
+    assert staged.notebooks == [A]
+    assert [(n.kind, n.message.split()[0]) for n in staged.notes] == [("size", "y_big.bin"), ("size", "z_more.bin")]
+    assert sorted(p.name for p in (tmp_path / "staging" / "s" / A).iterdir()) == ["a_small.txt", f"{A}.ipynb"]
 
 
 def test_the_release_is_read_from_notebooks_when_nbgrader_has_not_released(tmp_path):

@@ -81,3 +81,19 @@ c.Validator.width = 640
 # A kernel started by nbgrader (validate, the Validate button) talks to it over CurveZMQ
 # instead of warning on every run that its TCP traffic is not encrypted.
 c.KernelManager.transport_encryption = "auto"
+
+# Resource limits of each sandboxed kernel (autograder/pipeline/kernel_manager.py); the
+# environment variables AUTOGRADER_MEMORY_MB, AUTOGRADER_CPU_SECONDS, ... override them.
+c.SandboxedKernelManager.memory_mb = 4096
+c.SandboxedKernelManager.cpu_seconds = 1200
+c.SandboxedKernelManager.file_mb = 256
+c.SandboxedKernelManager.tmp_mb = 256
+c.SandboxedKernelManager.processes = 256
+c.SandboxedKernelManager.threads = 1
+
+# The warm kernel pool (autograder/pipeline/kernel_pool.py): while a class is graded, the fork
+# server keeps sandboxed kernels started ahead (PyTorch and the public checks imported, nothing
+# of a student), one fresh kernel per submission. AUTOGRADER_KERNEL_POOL=0 turns it off.
+c.KernelPool.enabled = True
+c.KernelPool.max_idle = 300
+c.KernelPool.size = 4

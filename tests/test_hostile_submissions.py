@@ -24,6 +24,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.pipeline import cgroup, feedback, grade, sandbox
+from autograder.pipeline.kernel_manager import SandboxedKernelManager
 from autograder.pipeline.notes import NOTES_FILE
 
 from .course_copy import fill, make_course, reference_answers, released, submit
@@ -676,7 +677,7 @@ def test_a_kernel_starts_with_the_limits_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     async def uid_of_a_kernel() -> str:
-        km = sandbox.SandboxedKernelManager(kernel_name="python3")
+        km = SandboxedKernelManager(kernel_name="python3")
         await km.start_kernel(cwd=str(tmp_path))
         kc = km.client()
         kc.start_channels()

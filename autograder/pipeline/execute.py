@@ -78,7 +78,7 @@ class ResilientExecute(Execute):
                                   "keeps the cells already executed.").tag(config=True)
 
     def __init__(self, *args, **kwargs):
-        from .sandbox import SandboxedKernelManager
+        from .kernel_manager import SandboxedKernelManager
 
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
         super().__init__(*args, **kwargs)

@@ -26,12 +26,18 @@ import sys
 import threading
 from pathlib import Path
 
+from . import kernel_pool, sandbox
 
-def _child(request: dict) -> None:
-    """In the forked child: become ``nbgrader ARGV`` in a new session; never returns."""
+
+def _child(request: dict, prepared=None) -> None:
+    """In the forked child: become ``nbgrader ARGV`` in a new session; never returns.
+
+    ``prepared``: the kernel started ahead for it (:mod:`autograder.pipeline.kernel_pool`), if any.
+    """
     code = 1
     try:
-        os.setsid()
+        if os.getsid(0) != os.getpid():
+            os.setsid()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -42,6 +48,7 @@ def _child(request: dict) -> None:
             os.dup2(handle, fd)
         sys.argv = ["nbgrader", *request["argv"]]
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        kernel_pool.offer(prepared)
         from nbgrader.apps.nbgraderapp import main
 
         try:
@@ -55,14 +62,58 @@ def _child(request: dict) -> None:
         traceback.print_exc()
     finally:
         try:
+            kernel_pool.discard_unused()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
 
 
+def _waiting(like: dict, pipe: int) -> None:
+    """In a forked waiting process: start a kernel ahead for requests ``like`` this one, wait for one, run it.
+
+    Reading the end of ``pipe`` instead of a request discards the kernel. Never returns.
+    """
+    prepared = None
+    line = b""
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # never the server's protocol pipe; the kernel's output before "go" is dropped
+            os.dup2(null, fd)
+        os.chdir(like["cwd"])
+        os.environ.clear()
+        os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
+        try:
+            prepared = kernel_pool.prepare(like)
+        except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
+            prepared = None
+        with os.fdopen(pipe, "rb") as requests:
+            line = requests.readline()
+    except BaseException:  # noqa: BLE001 - the waiting process must not return into the server
+        line = b""
+    if not line.strip():
+        if prepared is not None:
+            prepared.discard()
+        os._exit(0)
+    _child(json.loads(line), prepared)
+
+
+def _fork(target, *args, close: list[int]) -> int:
+    """Fork a child running ``target(*args)`` (never returning), closing the server's descriptors ``close``."""
+    pid = os.fork()
+    if pid == 0:
+        for fd in close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        target(*args)
+    return pid
+
+
 def serve() -> None:
-    """The server loop: read requests on stdin, fork, report on stdout."""
+    """The server loop: read requests on stdin, fork (or hand them to a waiting process), report on stdout."""
     import pkgutil
 
     import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
@@ -75,7 +126,7 @@ def serve() -> None:
     import autograder.checks
     import autograder.hidden
 
-    from . import cgroup, execute, judge, sandbox  # noqa: F401
+    from . import cgroup, execute, judge, kernel_manager  # noqa: F401
 
     # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
     torch.set_num_threads(1)
@@ -87,30 +138,59 @@ def serve() -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     stdin = sys.stdin.buffer
     running: dict[int, str] = {}
+    pool = kernel_pool.Pool()
+    last: dict | None = None  # the last request: the waiting processes are started for requests like it
+    peak = 0
     buffer = b""
     open_input = True
-    while open_input or running:
+    while open_input or running or pool.discarded:
         ready, _, _ = select.select([stdin] if open_input else [], [], [], 0.05)
         if ready:
             chunk = os.read(stdin.fileno(), 65536)
             if not chunk:
                 open_input = False
+                for waiting in list(pool.waiting):
+                    pool.discard(waiting)
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    _child(request)
+                pid = _hand_over(pool.take(request), line)
+                if pid is None:
+                    pid = _fork(_child, request, close=[out.fileno(), *pool.fds()])
                 running[pid] = request["id"]
                 out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
-        while running:
+                last, peak = request, max(peak, len(running))
+        if open_input and last is not None:
+            pool.expire()
+            for _ in range(pool.missing(last, peak)):
+                read_end, write_end = os.pipe()
+                pid = _fork(_waiting, last, read_end, close=[out.fileno(), write_end, *pool.fds()])
+                os.close(read_end)
+                pool.waiting.append(kernel_pool.Waiting(pid, write_end, kernel_pool.key(last)))
+        while running or pool.waiting or pool.discarded:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
+            pool.gone(pid)
             ident = running.pop(pid, None)
             if ident is not None:
                 out.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:
+    """Give the request ``line`` to a waiting process; its pid, or None when there is none (or it is gone)."""
+    if waiting is None:
+        return None
+    try:
+        data = line + b"\n"
+        while data:
+            data = data[os.write(waiting.fd, data):]
+    except OSError:
+        os.close(waiting.fd)
+        return None  # it died: the server reaps it, and the request goes to a new process
+    os.close(waiting.fd)
+    return waiting.pid
 
 
 class ForkServer:

@@ -40,8 +40,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from jupyter_client.manager import AsyncKernelManager
-
 from .. import INSTRUCTOR_ONLY
 from . import cgroup
 
@@ -63,7 +61,11 @@ INPUT = "/run/submission"
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one sandboxed process tree (environment variables override the defaults)."""
+    """Resource limits of one sandboxed process tree.
+
+    Grading sets them as traits of :class:`~autograder.pipeline.kernel_manager.SandboxedKernelManager`
+    (``nbgrader_config.py``); the environment variables of :meth:`from_environment` override them.
+    """
 
     memory_mb: int = 4096  # address space of each process (RLIMIT_AS), and memory of the control group
     cpu_seconds: int = 1200  # CPU time of each process (RLIMIT_CPU)
@@ -73,12 +75,15 @@ class Limits:
     threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
 
     @classmethod
-    def from_environment(cls) -> Limits:
-        """``AUTOGRADER_MEMORY_MB``, ``AUTOGRADER_CPU_SECONDS``, ... override the defaults."""
+    def from_environment(cls, base: Limits | None = None) -> Limits:
+        """``base`` (default: the defaults), ``AUTOGRADER_MEMORY_MB``, ``AUTOGRADER_CPU_SECONDS``, ... overriding it."""
         values = {}
-        for name, default in asdict(cls()).items():
+        for name, default in asdict(base or cls()).items():
             raw = os.environ.get(f"AUTOGRADER_{name.upper()}")
-            values[name] = int(raw) if raw else default
+            try:
+                values[name] = int(raw) if raw else default
+            except ValueError:
+                raise ValueError(f"AUTOGRADER_{name.upper()} must be a whole number, not {raw!r}") from None
         return cls(**values)
 
 
@@ -206,6 +211,8 @@ def environment(limits: Limits, home: str, token: str) -> dict[str, str]:
         TMPDIR=os.path.join(os.path.dirname(home), "tmp"),
         IPYTHONDIR=f"{home}/.ipython",
         MPLCONFIGDIR=f"{home}/.matplotlib",
+        # the package the grader runs, wherever it is (an editable install may point elsewhere)
+        PYTHONPATH=str(PACKAGE.parent),
         PYTHONDONTWRITEBYTECODE="1",
         PYDEVD_DISABLE_FILE_VALIDATION="1",
         # the package grading imported (a worktree's, a cluster worker's unpacked course), not whichever one
@@ -330,7 +337,7 @@ def _nobody_runs_python() -> bool:
     return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", again])
 
 
-def _copy_font_cache(home: Path) -> None:
+def copy_font_cache(home: Path) -> None:
     """Give matplotlib in the sandbox the grader's font cache, so it need not rebuild it each time."""
     base = os.environ.get("MPLCONFIGDIR") or os.path.join(os.path.expanduser("~"), ".cache", "matplotlib")
     target = home / ".matplotlib"
@@ -361,75 +368,6 @@ def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE) -> int:
     return killed
 
 
-class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernels run in the sandbox (nbgrader: ``Execute.kernel_manager_class``)."""
-
-    def __init__(self, **kwargs):
-        self._private = Path(tempfile.mkdtemp(prefix="autograder-kernel-"))
-        self._token = uuid.uuid4().hex
-        kwargs.setdefault("transport", "ipc")
-        kwargs.setdefault("ip", str(self._private / "kernel"))
-        kwargs.setdefault("connection_file", str(self._private / "kernel.json"))
-        super().__init__(**kwargs)
-        self.limits = Limits.from_environment()
-        self._group: cgroup.Group | None = None
-
-    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        workdir = os.path.realpath(kw.get("cwd") or os.getcwd())
-        scratch = self._private / "work"
-        if scratch.exists():
-            shutil.rmtree(scratch)
-        owner = sandbox_owner()
-        prepare_scratch(workdir, scratch, owner)
-        home = self._private / "home"
-        _copy_font_cache(home)
-        if owner is not None:
-            chown_tree(home, owner)
-            os.chown(self._private, owner, owner)
-            os.chown(self.connection_file, owner, owner)
-        cmd, env = wrap(
-            kernel_cmd,
-            workdir=workdir,
-            scratch=str(scratch),
-            private=str(self._private),
-            limits=self.limits,
-            token=self._token,
-        )
-        if self._group is None:
-            self._group = control_group(self._token, self.limits)
-        cmd = cgroup.join_command(self._group, cmd)
-        if mode() == "limits only":
-            kw["cwd"] = str(scratch)
-            if RUN_VARIABLE in os.environ:
-                env[RUN_VARIABLE] = os.environ[RUN_VARIABLE]
-        else:
-            kw["cwd"] = str(self._private)
-            # A SIGINT to the process group would end bwrap itself (and with it the sandbox):
-            # interrupt through the kernel's control channel instead.
-            self.kernel_spec.interrupt_mode = "message"
-        kw["env"] = env
-        await super()._async_launch_kernel(cmd, **kw)
-
-    def seal(self) -> None:
-        """Once the kernel has made its sockets, take back its right to write in the private folder.
-
-        Where the sandbox user is ``nobody`` (a root grader) the folder goes back to root, so the
-        student's code cannot fill the grader's disk through it. Elsewhere the sandbox user is the
-        grader's own user, who could give the right back: only the tmpfs folders are capped there.
-        """
-        if sandbox_owner() is not None:
-            os.chown(self._private, 0, 0)
-            os.chmod(self._private, 0o755)
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        kill_leftovers(self._token)
-        if not restart:
-            cgroup.remove(self._group)
-            self._group = None
-            shutil.rmtree(self._private, ignore_errors=True)
-
-
 def run(
     cmd: Sequence[str],
     *,
@@ -450,7 +388,7 @@ def run(
         owner = sandbox_owner()
         prepare_scratch(None, scratch, owner)
         home = private / "home"
-        _copy_font_cache(home)
+        copy_font_cache(home)
         if owner is not None:
             chown_tree(private, owner)
         full, env = wrap(cmd, workdir=str(private / "cwd"), scratch=str(scratch), private=str(private), limits=limits,

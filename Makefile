@@ -84,7 +84,7 @@ bench: setup ## time and memory: attention, its backward pass (08), decoding wit
 	$(BIN)/python bench/flash_backward_bench.py
 	$(BIN)/python bench/decoding_and_training_bench.py
 
-bench-grading: setup ## grading throughput: serial vs parallel vs plain nbclient
+bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient
 	$(BIN)/python bench/grading_bench.py
 
 clean: ## remove the venv, caches and nbgrader's working folders

@@ -6,21 +6,24 @@
 catalogued mistake (partly wrong), one in ten the untouched release, one in ten broken (a
 syntax error and an exception). It then measures
 
-* **serial**: ``grade.autograde(workers=1)``, the whole pipeline (staging, nbgrader, the
-  student's cells in the sandbox, the test cells judged in nbgrader's process);
-* **parallel**: ``grade.autograde(workers=N)`` (default: the number of cores) on the same class;
+* **a sweep of workers**: ``grade.autograde(workers=W)`` for W = 1, 2, 4, ... up to ``--workers``
+  (default: the number of cores), the whole pipeline (staging, nbgrader, the student's cells in
+  the sandbox with the warm kernel pool, the test cells judged in nbgrader's process); W = 1 is
+  **serial**, the largest W **parallel**; each W's speedup (serial / its time) and parallel
+  efficiency (speedup / W);
+* **without the pool**: ``workers=1`` with ``AUTOGRADER_KERNEL_POOL=0`` (``--no-compare`` skips it);
 * **plain**: the same graded notebooks (hidden tests included) executed one at a time by
   plain ``nbclient`` in an ordinary kernel (no nbgrader, no sandbox), with the same one
   thread per kernel that grading uses;
 
 each over the whole class in one command, as an instructor runs it. On a machine shared with
-other work, ``--batch K`` alternates the three over batches of K students instead (serial,
-parallel, plain for each batch), so that a change in the load weighs on the three alike; each
-batch then pays once more for what a grading command does once (starting the fork server,
-preparing the gradebook) and for its last submission running alone, which lowers the speedup.
+other work, ``--batch K`` alternates the measures over batches of K students instead, so that a
+change in the load weighs on them alike; each batch then pays once more for what a grading
+command does once (starting the fork server, preparing the gradebook, the first kernel, which
+is never started ahead) and for its last submission running alone, which lowers the speedup.
 
-It prints submissions per minute, the parallel speedup (serial / parallel time) and the
-overhead of grading over plain execution (serial time / plain time). Both grading runs must
+It prints submissions per minute, the speedup and efficiency of each worker count and the
+overhead of grading over plain execution (serial time / plain time). Every grading run must
 export the same grades (``nbgrader export``). Results go to ``bench/results/grading_bench.json``.
 The figures depend on the machine and on what else runs on it (the load average is recorded).
 """
@@ -43,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import nbclient  # noqa: E402
 import nbformat  # noqa: E402
 
-from autograder.pipeline import grade, sandbox  # noqa: E402
+from autograder.pipeline import grade, kernel_pool, sandbox  # noqa: E402
 from autograder.pipeline.course import assignments, module_name, nbgrader  # noqa: E402
 from tests.course_copy import fill, make_course, mistake_source, reference_answers, released, submit  # noqa: E402
 
@@ -99,57 +102,88 @@ def plain_execution(course: Path, jobs: list[tuple[str, str]]) -> float:
     return total
 
 
+def sweep(top: int) -> list[int]:
+    """1, 2, 4, ... up to ``top``, and ``top`` itself."""
+    counts = [1]
+    while counts[-1] * 2 <= top:
+        counts.append(counts[-1] * 2)
+    return counts if counts[-1] == top else [*counts, top]
+
+
+def run(course: Path, workers: int, batch: list[str], options: grade.Options, pool: bool, name: str
+        ) -> tuple[float, bytes, int]:
+    """Grade ``batch`` with ``workers`` at once, with or without the kernel pool: (seconds, exported grades, failed)."""
+    os.environ[kernel_pool.SWITCH_VARIABLE] = "1" if pool else "0"
+    summary = grade.autograde(workers=workers, root=course, progress=False, students=batch, options=options)
+    return summary.seconds, export(course, name), len(summary.failed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--students", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="the most workers of the sweep 1, 2, 4, ... (default: the number of cores)")
     parser.add_argument("--batch", type=int, default=0,
                         help="students per batch, the measures alternating (default: the whole class at once)")
+    parser.add_argument("--no-compare", action="store_true",
+                        help="skip grading the class one at a time without the kernel pool")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grading_bench.json")
     args = parser.parse_args()
 
     names = assignments(ROOT)
+    counts = sweep(args.workers)
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
         course = make_course(Path(tmp), names)
         kinds = build_class(course, names, args.students)
         jobs = grade.submissions(course)
         print(f"{len(jobs)} submissions of {len(names)} notebooks ({kinds}); sandbox: {sandbox.mode()}; "
-              f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
+              f"workers: {counts}; load average before: {os.getloadavg()[0]:.1f}", flush=True)
 
-        # The three measures alternate over batches of the class, so that a machine whose load
-        # changes (other work on it) weighs on all three alike.
+        # The measures alternate over batches of the class, so that a machine whose load
+        # changes (other work on it) weighs on all of them alike.
         students = sorted({s for _, s in jobs})
         # the bench grades its own (trusted) class: without bubblewrap it measures grading without the sandbox
         options = grade.Options(sandbox=sandbox.mode() != "limits only")
         size = args.batch if args.batch > 0 else len(students)
-        serial_s = parallel_s = plain = 0.0
-        serial_csv, parallel_csv, failed = [], [], 0
+        seconds = dict.fromkeys(counts, 0.0)
+        cold = plain = 0.0
+        exports: dict[str, list[bytes]] = {}
+        failed = 0
         for first in range(0, len(students), size):
             batch = students[first:first + size]
-            serial = grade.autograde(workers=1, root=course, progress=False, students=batch, options=options)
-            serial_csv.append(export(course, "serial.csv"))
-            parallel = grade.autograde(workers=args.workers, root=course, progress=False, students=batch,
-                                       options=options)
-            parallel_csv.append(export(course, "parallel.csv"))
-            seconds = plain_execution(course, [(a, s) for a, s in jobs if s in batch])
-            serial_s, parallel_s, plain = serial_s + serial.seconds, parallel_s + parallel.seconds, plain + seconds
-            failed += len(serial.failed) + len(parallel.failed)
-            print(f"students {first + 1}-{first + len(batch)}: serial {serial.seconds:.1f} s, "
-                  f"parallel {parallel.seconds:.1f} s, plain nbclient {seconds:.1f} s, "
+            line = []
+            for workers in counts:
+                took, csv, bad = run(course, workers, batch, options, True, f"workers-{workers}.csv")
+                seconds[workers] += took
+                exports.setdefault(f"{workers} workers", []).append(csv)
+                failed += bad
+                line.append(f"{workers} workers {took:.1f} s")
+            if not args.no_compare:
+                took, csv, bad = run(course, 1, batch, options, False, "without-pool.csv")
+                cold += took
+                exports.setdefault("1 worker without the pool", []).append(csv)
+                failed += bad
+                line.append(f"1 worker without the pool {took:.1f} s")
+            took = plain_execution(course, [(a, s) for a, s in jobs if s in batch])
+            plain += took
+            print(f"students {first + 1}-{first + len(batch)}: {', '.join(line)}, plain nbclient {took:.1f} s, "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
     n = len(jobs)
     if failed:
         raise SystemExit(f"{failed} gradings of the class failed: the figures would mean nothing (run make autograde on "
                          "a copy of the class to see why)")
+    serial_s, parallel_s = seconds[1], seconds[counts[-1]]
+    same = len({tuple(v) for v in exports.values()}) == 1
     results = {
         "submissions": n,
         "notebooks": names,
         "kinds": kinds,
-        "workers": args.workers,
+        "workers": counts[-1],
         "batch": size,
         "cores": os.cpu_count(),
         "sandbox": sandbox.mode(),
+        "kernel_pool": kernel_pool.wanted(kernel_pool.settings(ROOT), {}),
         "serial_seconds": round(serial_s, 1),
         "parallel_seconds": round(parallel_s, 1),
         "plain_nbclient_seconds": round(plain, 1),
@@ -157,23 +191,31 @@ def main() -> None:
         "parallel_per_minute": round(n / parallel_s * 60, 2),
         "speedup": round(serial_s / parallel_s, 2),
         "overhead_vs_plain_nbclient": round(serial_s / plain, 2),
-        "seconds_per_submission": {"serial": round(serial_s / n, 1), "plain": round(plain / n, 1)},
+        "seconds_per_submission": {"serial": round(serial_s / n, 2), "plain": round(plain / n, 2)},
+        "sweep": [{"workers": w, "seconds": round(seconds[w], 1), "per_minute": round(n / seconds[w] * 60, 2),
+                   "speedup": round(serial_s / seconds[w], 2), "efficiency": round(serial_s / seconds[w] / w, 2)}
+                  for w in counts],
         "failed": failed,
-        "same_grades": serial_csv == parallel_csv,
+        "same_grades": same,
         "load_average_after": round(os.getloadavg()[0], 1),
         "machine": f"{platform.machine()}, {platform.python_version()}",
     }
+    if not args.no_compare:
+        results["without_pool"] = {"serial_seconds": round(cold, 1), "seconds_per_submission": round(cold / n, 2),
+                                   "overhead_vs_plain_nbclient": round(cold / plain, 2)}
+    print("\nworkers  submissions/min  speedup  efficiency")
+    for row in results["sweep"]:
+        print(f"{row['workers']:>7}  {row['per_minute']:>15}  {row['speedup']:>6}x  {row['efficiency']:>10}")
     print(
-        f"\nserial:   {results['serial_per_minute']} submissions/min ({results['serial_seconds']} s)\n"
-        f"parallel: {results['parallel_per_minute']} submissions/min ({results['parallel_seconds']} s, "
-        f"{args.workers} workers)\n"
-        f"speedup:  {results['speedup']}x (target >= 1.8x on 2 cores)\n"
+        f"\nspeedup:  {results['speedup']}x with {counts[-1]} workers (target >= 1.9x on 2 cores)\n"
         f"overhead: {results['overhead_vs_plain_nbclient']}x plain nbclient "
         f"({results['seconds_per_submission']['serial']} s vs {results['seconds_per_submission']['plain']} s "
-        "per submission; target <= 1.3x)\n"
-        f"same grades serial and parallel: {results['same_grades']}; "
-        f"failed: {results['failed']}"
+        "per submission; target <= 0.8x)"
     )
+    if not args.no_compare:
+        print(f"without the kernel pool: {results['without_pool']['seconds_per_submission']} s per submission "
+              f"({results['without_pool']['overhead_vs_plain_nbclient']}x plain nbclient)")
+    print(f"same grades in every run ({', '.join(exports)}): {same}; failed: {failed}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")

@@ -36,7 +36,6 @@ the student reads why in the feedback. The kernel runs in the sandbox of
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import json
 from queue import Empty
@@ -52,6 +51,7 @@ from traitlets import Bool, Integer
 from .. import remote
 from . import judge, source_check
 from .judge import error_output
+from .kernel_requests import KernelRequests
 from .notes import KERNEL_DIED, NOT_RUN, TIMEOUT, describe_exit, output_cut, safe_tree
 
 #: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
@@ -63,7 +63,7 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
 
 
-class ResilientExecute(Execute):
+class ResilientExecute(KernelRequests, Execute):
     """``Execute`` that survives dead kernels, runaway cells and output floods (see the module doc)."""
 
     notebook_timeout = Integer(600, help="Seconds the whole notebook may take, restarts included.").tag(config=True)
@@ -219,10 +219,6 @@ class ResilientExecute(Execute):
     def _cut_note(self, stream: str) -> str:
         return output_cut(self.max_output_bytes, stream)
 
-    def request(self, message: bytes) -> bytes:
-        """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
-        return run_sync(self._async_request)(message)
-
     def forbidden_use(self, name: str, rules, exercise: str) -> str | None:
         """The forbidden built-ins the student's source of ``name`` uses (:mod:`autograder.pipeline.source_check`)."""
         key = (name, tuple(rules), exercise, self._index)
@@ -230,60 +226,6 @@ class ResilientExecute(Execute):
             sources = [c.source for c in self.nb.cells[: self._index] if c.cell_type == "code" and not is_test_cell(c)]
             self._forbidden[key] = source_check.forbidden_use(sources, name, rules, exercise)
         return self._forbidden[key]
-
-    async def _async_request(self, message: bytes) -> bytes:
-        payload = base64.b64encode(message).decode("ascii")
-        expression = f"__import__('autograder.remote', fromlist=['serve']).serve({payload!r})"
-        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
-                                 allow_stdin=False)
-        reply = await self._async_reply_to(msg_id)
-        await self._async_collect_streams(msg_id)
-        if self._asks_exit(reply):
-            self._asked_exit = True
-            raise remote.KernelDied()  # the student's function called exit(): the kernel stops in a moment
-        content = reply.get("content", {})
-        result = content.get("user_expressions", {}).get("r", {}) if content.get("status") == "ok" else {}
-        if result.get("status") != "ok":
-            why = result.get("ename") or content.get("ename") or "no answer"
-            return remote.wire.encode({"failed": f"The kernel could not run the check's request ({why}): did your "
-                                                 "code change how the notebook's kernel runs code?"})
-        text = str(result.get("data", {}).get("text/plain", ""))
-        try:
-            return base64.b64decode(text, validate=True)
-        except ValueError:
-            return remote.wire.encode({"failed": "The kernel's answer to the check's request could not be read."})
-
-    async def _async_reply_to(self, msg_id: str) -> dict:
-        """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
-        while True:
-            left = self._deadline - monotonic()
-            if left <= 0:
-                await ensure_async(self.km.interrupt_kernel())
-                raise remote.CallTimedOut()
-            try:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.5)))
-            except Empty:
-                if not await ensure_async(self.km.is_alive()):
-                    raise remote.KernelDied() from None
-                continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                return msg
-
-    async def _async_collect_streams(self, msg_id: str) -> None:
-        """What the student's code printed while answering ``msg_id``, into the cell's streams."""
-        deadline = monotonic() + 5
-        while monotonic() < deadline:
-            try:
-                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=max(0.01, deadline - monotonic())))
-            except Empty:
-                return
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            content = msg.get("content", {})
-            if msg.get("msg_type") == "stream":
-                self._streams.append((content.get("name", "stdout"), str(content.get("text", ""))))
-            elif msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
-                return
 
     def _timeout_message(self, timeout: int) -> str:
         if timeout < (self.timeout or 10**9):
@@ -304,12 +246,6 @@ class ResilientExecute(Execute):
         )
 
     # -- kernels ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _asks_exit(reply: dict | None) -> bool:
-        """Whether an execute reply carries IPython's request to end the kernel (``exit()``, ``quit()``)."""
-        payload = (reply or {}).get("content", {}).get("payload") or []
-        return any(isinstance(p, dict) and p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload)
 
     def _after_cell(self, cell, cell_index, execute_reply) -> None:
         """nbclient's ``on_cell_executed`` hook: note a cell that asked its kernel to end."""

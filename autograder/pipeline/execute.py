@@ -306,6 +306,8 @@ class ResilientExecute(KernelRequests, Execute):
                 self._run(copy.deepcopy(cell), index, store_history=False)
             except DeadKernelError:
                 return index
+            finally:
+                self.nb.cells[index] = cell  # nbclient keeps the copy it ran: the first run's outputs stay
             if self._timed_out and not run_sync(self._async_responsive)(5):
                 return index
         return None

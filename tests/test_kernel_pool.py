@@ -219,10 +219,10 @@ def test_the_limits_are_traits_and_the_environment_overrides_them(monkeypatch):
 
 
 def test_the_course_config_sets_the_limits_and_the_pool():
-    from traitlets.config.loader import PyFileConfigLoader
+    from autograder.pipeline.settings import course_config
 
     from .notebook_code import ROOT
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    config = course_config(ROOT)
     assert set(config.SandboxedKernelManager) == set(sandbox.Limits.__dataclass_fields__)
     assert kernel_pool.settings(ROOT).max_idle == config.KernelPool.max_idle

@@ -38,10 +38,10 @@ from time import monotonic
 
 from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable
-from traitlets.config.loader import Config, PyFileConfigLoader
 
 from . import cgroup
 from .sandbox import INPUT, RUN_VARIABLE, Limits, kill_leftovers, mode
+from .settings import course_config
 
 #: Set to 0 (or off, no) to grade without the pool, whatever ``nbgrader_config.py`` says.
 SWITCH_VARIABLE = "AUTOGRADER_KERNEL_POOL"
@@ -60,10 +60,7 @@ class KernelPool(Configurable):
 
 def settings(course: str | os.PathLike) -> KernelPool:
     """The pool's settings from ``course``'s ``nbgrader_config.py`` (defaults where it has none)."""
-    config = Config()
-    if os.path.isfile(os.path.join(course, "nbgrader_config.py")):
-        config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    return KernelPool(config=config)
+    return KernelPool(config=course_config(Path(course)))
 
 
 def wanted(pool: KernelPool, env: dict[str, str]) -> bool:
@@ -172,10 +169,7 @@ def prepare(request: dict) -> PreparedKernel | None:
     """In a waiting process: start its sandboxed kernel for requests like ``request`` (None if it cannot)."""
     from .kernel_manager import SandboxedKernelManager
 
-    config = Config()
-    if os.path.isfile(os.path.join(request["cwd"], "nbgrader_config.py")):
-        config = PyFileConfigLoader("nbgrader_config.py", path=request["cwd"]).load_config()
-    return SandboxedKernelManager(config=config).prestart()
+    return SandboxedKernelManager(config=course_config(Path(request["cwd"]))).prestart()
 
 
 @dataclass

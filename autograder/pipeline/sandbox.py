@@ -211,8 +211,6 @@ def environment(limits: Limits, home: str, token: str) -> dict[str, str]:
         TMPDIR=os.path.join(os.path.dirname(home), "tmp"),
         IPYTHONDIR=f"{home}/.ipython",
         MPLCONFIGDIR=f"{home}/.matplotlib",
-        # the package the grader runs, wherever it is (an editable install may point elsewhere)
-        PYTHONPATH=str(PACKAGE.parent),
         PYTHONDONTWRITEBYTECODE="1",
         PYDEVD_DISABLE_FILE_VALIDATION="1",
         # the package grading imported (a worktree's, a cluster worker's unpacked course), not whichever one

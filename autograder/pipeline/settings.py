@@ -3,7 +3,8 @@
 The course is configured the way nbgrader is: ``c.Class.trait = value`` in ``nbgrader_config.py``.
 The course's own settings are traits of :class:`Grading` (how ``make autograde`` runs a class),
 of :class:`~autograder.pipeline.execute.ResilientExecute` (how one notebook runs) and of
-:class:`~autograder.pipeline.sandbox.SandboxedKernelManager` (the sandbox's limits); nbgrader's
+:class:`~autograder.pipeline.kernel_manager.SandboxedKernelManager` (the sandbox's limits) and of
+:class:`~autograder.pipeline.kernel_pool.KernelPool` (kernels started ahead); nbgrader's
 own (``Execute.timeout``, ...) are set in the same file. A command-line flag overrides a trait
 for one run (:data:`FLAGS`); a few environment variables override one for a whole machine
 (:data:`ENVIRONMENT`). :func:`table` lists them all, with their values in this course:
@@ -62,6 +63,9 @@ FLAGS = {
 #: Environment variables that override a trait on a machine (read where the setting is used).
 ENVIRONMENT = {
     "Grading.forkserver": "`AUTOGRADER_FORKSERVER=0`",
+    "KernelPool.enabled": "`AUTOGRADER_KERNEL_POOL=0`",
+    **{f"SandboxedKernelManager.{name}": f"`AUTOGRADER_{name.upper()}`"
+       for name in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "processes", "threads")},
     "CourseDirectory.db_url": "`NBGRADER_DB_URL`",
     "Exchange.root": "`NBGRADER_EXCHANGE`",
 }
@@ -81,7 +85,8 @@ HELP = {
 }
 #: The course's own configurable classes, then nbgrader's and Jupyter's that it sets, by section name.
 COURSE_CLASSES = ("autograder.pipeline.settings.Grading", "autograder.pipeline.execute.ResilientExecute",
-                  "autograder.pipeline.sandbox.SandboxedKernelManager")
+                  "autograder.pipeline.kernel_manager.SandboxedKernelManager",
+                  "autograder.pipeline.kernel_pool.KernelPool")
 OTHER_CLASSES = ("nbgrader.coursedir.CourseDirectory", "nbgrader.exchange.default.exchange.Exchange",
                  "nbgrader.preprocessors.Execute", "nbgrader.converters.Autograde",
                  "nbgrader.preprocessors.IgnorePattern", "nbgrader.preprocessors.LimitOutput",

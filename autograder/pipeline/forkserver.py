@@ -9,6 +9,12 @@ forks a child that runs ``nbgrader ARGS`` in its own session, working folder and
 exactly as a new process would. The server is single-threaded (forking is safe) and only
 forks, reaps and reports; :class:`ForkServer` is its client, safe to share between threads.
 
+The server also keeps the warm kernel pool (:mod:`autograder.pipeline.kernel_pool`): after a
+request, it forks waiting processes (as many as requests run at once, up to ``KernelPool.size``)
+that start a sandboxed kernel ahead and wait on a pipe; the next request like it is written to
+one of them, which then runs nbgrader as above. Closing its pipe discards it (too old, another
+course or environment, the end of the input).
+
 Protocol (one JSON object per line): the client sends ``{"id", "argv", "cwd", "env", "out",
 "err"}``; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
 when it ends (``out`` and ``err`` are files for its output).

@@ -5,11 +5,12 @@ fork server (:mod:`autograder.pipeline.forkserver`) therefore keeps, for each su
 graded, a forked process that waits for the next grading request, having already started its
 own sandboxed kernel process (:meth:`SandboxedKernelManager.prestart
 <autograder.pipeline.kernel_manager.SandboxedKernelManager.prestart>`). That process imports
-ipykernel, PyTorch and the public checks, nothing of any student, and then blocks until it is
-told to become a kernel. When a request comes, the waiting process runs nbgrader as a fresh one
-would; its kernel manager adopts the waiting kernel (:func:`take`): the submission's files are
-copied into the sandbox's input folder, and the kernel is told "go" (the connection file to
-use), copies them into its working folder and starts ipykernel.
+ipykernel, PyTorch, matplotlib and the public module the checks call (:data:`PRELOAD`), nothing
+of any student, and then blocks until it is told to become a kernel. When a request comes, the
+waiting process runs nbgrader as a fresh one would; its kernel manager adopts the waiting kernel
+(:func:`take`): the submission's files are copied into the sandbox's input folder, and the kernel
+is told "go" (the connection file to use), copies them into its working folder and starts
+ipykernel.
 
 - A kernel is a child of the process whose kernel manager manages it, as jupyter_client expects.
 - Each kernel serves one submission; a restart after a crash starts a cold kernel.
@@ -83,13 +84,18 @@ def python_kernel(kernel_cmd: list[str]) -> bool:
     return list(kernel_cmd[:3]) == [sys.executable, "-m", "ipykernel_launcher"]
 
 
-# In the sandbox: import what every notebook imports, wait for "go" (the kernel's arguments), then
-# copy the submission's files in and become ipykernel. Nothing before "go" comes from a student.
+#: What a kernel started ahead imports: ipykernel, what every notebook imports, and what the checks call
+#: into (the test cells, and so the checks, run in nbgrader's process: autograder.pipeline.judge).
+PRELOAD = ("ipykernel.kernelapp", "torch", "torch.nn.functional", "matplotlib.pyplot", "autograder.remote")
+
+# In the sandbox: import PRELOAD, wait for "go" (the kernel's arguments), then copy the submission's
+# files in and become ipykernel. Nothing before "go" comes from a student. The matplotlib backend
+# is the one ipykernel would choose (it sets MPLBACKEND the same way, only where it is unset).
 _WAITING = (
-    "import json,os,pkgutil,runpy,shutil,sys\n"
-    "import ipykernel.kernelapp, torch, torch.nn.functional, autograder.checks\n"
-    "for m in pkgutil.iter_modules(autograder.checks.__path__):\n"
-    "    __import__('autograder.checks.'+m.name)\n"
+    "import json,os,runpy,shutil,sys\n"
+    "os.environ.get('MPLBACKEND') or os.environ.update(MPLBACKEND='module://matplotlib_inline.backend_inline')\n"
+    f"for name in {PRELOAD!r}:\n"
+    "    __import__(name)\n"
     "line=sys.stdin.readline()\n"
     "line.strip() or sys.exit(0)\n"
     f"os.path.isdir({INPUT!r}) and shutil.copytree({INPUT!r},'.',dirs_exist_ok=True)\n"

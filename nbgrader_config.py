@@ -92,8 +92,8 @@ c.SandboxedKernelManager.processes = 256
 c.SandboxedKernelManager.threads = 1
 
 # The warm kernel pool (autograder/pipeline/kernel_pool.py): while a class is graded, the fork
-# server keeps sandboxed kernels started ahead (PyTorch, matplotlib and autograder.remote
-# imported, nothing of a student), one fresh kernel per submission. AUTOGRADER_KERNEL_POOL=0
+# server keeps sandboxed kernels started ahead (PyTorch and matplotlib imported, nothing of a
+# student), one fresh kernel per submission. AUTOGRADER_KERNEL_POOL=0
 # turns it off.
 c.KernelPool.enabled = True
 c.KernelPool.max_idle = 300

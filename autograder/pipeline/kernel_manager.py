@@ -10,7 +10,7 @@ A kernel starts in one of two ways:
 - **cold**: the kernel command, wrapped in the sandbox, is started when nbclient asks for it
   (and again after each restart);
 - **warm**: in a process forked by the fork server's kernel pool (:mod:`autograder.pipeline.kernel_pool`),
-  a sandboxed process was started ahead and has imported PyTorch, matplotlib and autograder.remote
+  a sandboxed process was started ahead and has imported PyTorch and matplotlib
   (``kernel_pool.PRELOAD``), nothing of any student. The first launch of this manager adopts it:
   the submission's files are copied into its (until then empty) input folder, and it is told to
   become the kernel. A pooled kernel is used for one submission only; a restart always starts a

@@ -5,12 +5,11 @@ fork server (:mod:`autograder.pipeline.forkserver`) therefore keeps, for each su
 graded, a forked process that waits for the next grading request, having already started its
 own sandboxed kernel process (:meth:`SandboxedKernelManager.prestart
 <autograder.pipeline.kernel_manager.SandboxedKernelManager.prestart>`). That process imports
-ipykernel, PyTorch, matplotlib and the public module the checks call (:data:`PRELOAD`), nothing
-of any student, and then blocks until it is told to become a kernel. When a request comes, the
-waiting process runs nbgrader as a fresh one would; its kernel manager adopts the waiting kernel
-(:func:`take`): the submission's files are copied into the sandbox's input folder, and the kernel
-is told "go" (the connection file to use), copies them into its working folder and starts
-ipykernel.
+ipykernel, PyTorch and matplotlib (:data:`PRELOAD`), nothing of any student, and then blocks
+until it is told to become a kernel. When a request comes, the waiting process runs nbgrader as
+a fresh one would; its kernel manager adopts the waiting kernel (:func:`take`): the submission's
+files are copied into the sandbox's input folder, and the kernel is told "go" (the connection
+file to use), copies them into its working folder and starts ipykernel.
 
 - A kernel is a child of the process whose kernel manager manages it, as jupyter_client expects.
 - Each kernel serves one submission; a restart after a crash starts a cold kernel.
@@ -84,9 +83,11 @@ def python_kernel(kernel_cmd: list[str]) -> bool:
     return list(kernel_cmd[:3]) == [sys.executable, "-m", "ipykernel_launcher"]
 
 
-#: What a kernel started ahead imports: ipykernel, what every notebook imports, and what the checks call
-#: into (the test cells, and so the checks, run in nbgrader's process: autograder.pipeline.judge).
-PRELOAD = ("ipykernel.kernelapp", "torch", "torch.nn.functional", "matplotlib.pyplot", "autograder.remote")
+#: What a kernel started ahead imports: ipykernel and what every notebook imports. Not the autograder
+#: package: a cold kernel imports it from its path when the first check calls in (a submission's own
+#: ``autograder/`` folder then shadows it, and the grader reads its forged answers as such), so a warm
+#: one must too. A preloaded module cannot be shadowed by a submission's files, unlike in a cold kernel.
+PRELOAD = ("ipykernel.kernelapp", "torch", "torch.nn.functional", "matplotlib.pyplot")
 
 # In the sandbox: import PRELOAD, wait for "go" (the kernel's arguments), then copy the submission's
 # files in and become ipykernel. Nothing before "go" comes from a student. The matplotlib backend

@@ -324,9 +324,8 @@ def startup_file(rel, ref, course):
     return with_cell(notebook, "test_hard_lookup_hidden", plant)
 
 
-def shadow(rel, ref, course):
-    """An autograder/ package in the submission, first on the kernel's path, whose server forges answers."""
-    folder = course / "submitted" / "shadow" / A / "autograder"
+def _forging_package(course, student):
+    folder = course / "submitted" / student / A / "autograder"
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text("")
     (folder / "remote.py").write_text(
@@ -334,6 +333,19 @@ def shadow(rel, ref, course):
         "def serve(request, namespace=None):\n"
         "    header = json.dumps({'dict': [['value', {'bool': True}]]}).encode()\n"
         "    return base64.b64encode(b'AGW1' + struct.pack('<Q', len(header)) + header).decode()\n")
+
+
+def shadow(rel, ref, course):
+    """An autograder/ package in the submission, put first on the kernel's path, whose server forges answers."""
+    _forging_package(course, "shadow")
+    first = "import os, sys\nsys.path.insert(0, os.getcwd())\n" \
+            "for name in [m for m in sys.modules if m.split('.')[0] == 'autograder']:\n    del sys.modules[name]\n"
+    return with_cell(fill(rel, WRONG), "hard_lookup", first)
+
+
+def shadow_folder(rel, ref, course):
+    """The same package left in the submission's folder only: the kernel imports the grader's, not it."""
+    _forging_package(course, "shadow_folder")
     return fill(rel, WRONG)
 
 
@@ -451,6 +463,7 @@ CASES = {
     "evade_scan": (evade_scan, ALL, ["not what it should be"]),
     "startup_file": (startup_file, TESTS_OF["hard_lookup"] + TESTS_OF["nadaraya_watson"], ["exited with code 3"]),
     "shadow": (shadow, ALL, ["could not be read"]),
+    "shadow_folder": (shadow_folder, ALL, ["not what it should be"]),
     "guard_thread": (guard_thread, TESTS_OF["scaled_dot_product_attention"], ["Thread", "another thread"]),
     "guard_off": (guard_off, TESTS_OF["scaled_dot_product_attention"], ["DisableTorchFunction"]),
     "leak": (leak, [], []),

@@ -1,12 +1,12 @@
-"""How ``make test`` hands tests to its workers: the longest first, one per worker; a notebook's cells together.
+"""How ``make test`` hands tests to its workers: the longest first, one per worker.
 
-``make test`` runs ``pytest -n 2 --dist loadgroup --no-loadscope-reorder tests --nbval solutions``:
+``make test`` runs ``pytest -n 2 --dist loadgroup --no-loadscope-reorder tests``:
 xdist gives each worker the next test (or group, ``xdist_group``) in collection order as it frees
 up. A test that grades a whole class takes minutes; started last it would run alone at the end. So
 the tests that grade through nbgrader start first, the two longest (measured with ``--durations``)
-on different workers, and everything else fills the time beside them. nbval's cells of one notebook
-share a kernel: each notebook is one group, run on one worker in order. Only the order and the
-placement change, never what runs.
+on different workers, and everything else fills the time beside them. Only the order and the
+placement change, never what runs. (nbval runs the solutions after, in one process: a notebook's
+cells share one kernel and must run in order.)
 """
 
 from __future__ import annotations
@@ -31,9 +31,5 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
 collect_ignore = ["fixtures"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(item.config.rootpath))))
     items.sort(key=_rank)  # stable: the rest keep their order

@@ -5,8 +5,8 @@ xdist gives each worker the next test (or group, ``xdist_group``) in collection 
 up. A test that grades a whole class takes minutes; started last it would run alone at the end. So
 the tests that grade through nbgrader start first, the two longest (measured with ``--durations``)
 on different workers, and everything else fills the time beside them. Only the order and the
-placement change, never what runs. (nbval runs the solutions after, in one process: a notebook's
-cells share one kernel and must run in order.)
+placement change, never what runs. (nbval runs the solutions after, with ``--dist loadfile``: a
+notebook's cells share one kernel and must run in order on one worker; ``loadgroup`` spread them.)
 """
 
 from __future__ import annotations

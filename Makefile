@@ -18,10 +18,14 @@ CLUSTER ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
+	@# rfc3987-syntax (pulled in by jupyter-events) builds ~35 parsers whenever nbformat is imported:
+	@# 2 s of CPU in every nbgrader process, for a URI format no notebook schema uses. jsonschema
+	@# skips that format without it (tests/test_environment.py checks that it is gone).
+	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install everything (fast when already done)

@@ -24,6 +24,7 @@ reading the code.
 from __future__ import annotations
 
 import ast
+import functools
 import symtable
 from collections.abc import Iterable, Sequence
 
@@ -52,16 +53,19 @@ NAMING_ONLY = {"isinstance", "issubclass", "type"}
 
 
 def _statements(sources: Iterable[str]) -> list[ast.stmt]:
+    return [statement for source in sources for statement in _cell_statements(source)]
+
+
+# Every check of a notebook reads the cells before it again: each cell is parsed once per process
+# (a grading process serves one submission), and the parsed statements are only read, never changed.
+@functools.lru_cache(maxsize=4096)
+def _cell_statements(source: str) -> tuple[ast.stmt, ...]:
     from IPython.core.inputtransformer2 import TransformerManager
 
-    found = []
-    transformer = TransformerManager()
-    for source in sources:
-        try:
-            found += ast.parse(transformer.transform_cell(source)).body
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue  # a cell that does not parse defines nothing the kernel could run either
-    return found
+    try:
+        return tuple(ast.parse(TransformerManager().transform_cell(source)).body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()  # a cell that does not parse defines nothing the kernel could run either
 
 
 def _bound_names(statement: ast.stmt) -> set[str]:
@@ -77,12 +81,13 @@ def _bound_names(statement: ast.stmt) -> set[str]:
     return names
 
 
-def _globals_read(statement: ast.stmt) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def _globals_read(statement: ast.stmt) -> frozenset[str]:
     """The global names a top-level statement reads (in its own body and in nested functions and classes)."""
     try:
         table = symtable.symtable(ast.unparse(statement), "<cell>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set()
+        return frozenset()
     names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
     todo = list(table.get_children())
     while todo:
@@ -90,7 +95,7 @@ def _globals_read(statement: ast.stmt) -> set[str]:
         todo += child.get_children()
         names |= {s.get_name() for s in child.get_symbols() if s.is_global() or (
             child.get_type() == "class" and s.is_referenced() and not s.is_assigned())}
-    return names
+    return frozenset(names)
 
 
 def definition_closure(sources: Sequence[str], name: str) -> list[ast.stmt]:

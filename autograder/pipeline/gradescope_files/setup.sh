@@ -26,6 +26,9 @@ python3.11 -m venv "$VENV"
 # build when PyTorch's CPU index has that version (a local version such as 2.13.0+cpu meets the pin).
 "$VENV/bin/python" -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu \
     @PINS@
+# Pulled in by jupyter-events, it builds ~35 parsers whenever nbformat is imported (2 s of CPU in
+# every grading); no notebook schema uses the format it checks, and jsonschema skips it without it.
+"$VENV/bin/python" -m pip uninstall --quiet --yes rfc3987-syntax
 
 # The grader and the student's kernel import the course's package from $SOURCE (no copy elsewhere).
 PURELIB="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

@@ -292,5 +292,5 @@ def test_a_wrong_model_is_reported_before_generate(solution):
 @pytest.mark.parametrize("examine", [visible.cache_scenario, visible.cache_allocations, visible.module_parameters,
                                      visible.train_block, visible.model_calls])
 def test_probes_live_in_the_public_checks(examine):
-    assert examine.__module__ == "autograder.references.decoding_and_training"  # public, shared with the hidden checks
+    assert examine.__module__.startswith("autograder.references.")  # public, shared with the hidden checks
     assert "<locals>" not in examine.__qualname__

@@ -20,35 +20,37 @@ from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
 from ..references.decoding_and_training import (
-    BLOCK_ARGS,
     COPY_STEPS,
     DECODE_ARGS,
     DECODE_OUTPUTS,
-    Weights,
     allocation_problem,
+    cache_allocations,
+    cache_chunks,
+    check_cache_cases,
+    check_full_cache,
+    decode_case,
+    decode_reference,
+    require_cache,
+    run_decode,
+)
+from ..references.decoding_and_training import cache_scenario as cache_scenario  # the tests import them from here
+from ..references.masking import lower_right_pattern
+from ..references.tiny_decoder import (
+    BLOCK_ARGS,
+    Weights,
     block_reference,
     block_shapes,
     build_model,
-    cache_allocations,
-    cache_chunks,
     calls_problem,
-    check_cache_cases,
-    check_full_cache,
     check_model,
     check_parameters,
-    decode_case,
-    decode_reference,
     greedy_reference,
     model_calls,
-    require_cache,
     run_block,
-    run_decode,
     run_generate,
 )
-from ..references.decoding_and_training import cache_scenario as cache_scenario  # the tests import them from here
-from ..references.decoding_and_training import module_parameters as module_parameters
-from ..references.decoding_and_training import train_block as train_block
-from ..references.masking import lower_right_pattern
+from ..references.tiny_decoder import module_parameters as module_parameters
+from ..references.tiny_decoder import train_block as train_block
 from ..student import call_student, probe
 from ..verify import Case, verify
 from ..watches import AllocationMeter as AllocationMeter  # the notebook imports it from here

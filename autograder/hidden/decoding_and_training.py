@@ -20,34 +20,36 @@ from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
 from ..references.decoding_and_training import (
-    BLOCK_ARGS,
     COPY_STEPS,
     DECODE_ARGS,
     DECODE_OUTPUTS,
-    Weights,
     allocation_problem,
+    cache_allocations,
+    cache_chunks,
+    check_cache_cases,
+    check_full_cache,
+    decode_case,
+    decode_reference,
+    require_cache,
+    rope_reference,
+    run_decode,
+)
+from ..references.masking import lower_right_pattern
+from ..references.tiny_decoder import (
+    BLOCK_ARGS,
+    Weights,
     block_reference,
     block_shapes,
     build_model,
-    cache_allocations,
-    cache_chunks,
     calls_problem,
-    check_cache_cases,
-    check_full_cache,
     check_model,
     check_parameters,
-    decode_case,
-    decode_reference,
     greedy_reference,
     model_calls,
-    require_cache,
-    rope_reference,
     run_block,
-    run_decode,
     run_generate,
     train_block,
 )
-from ..references.masking import lower_right_pattern
 from ..student import attempt, call_student, expect_error, probe
 from ..verify import Case, verify
 from . import hidden

@@ -38,7 +38,7 @@ lab: setup exchange ## the instructor's JupyterLab (Formgrader, Assignment List)
 
 test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/ (two workers each)
 	$(BIN)/ruff check autograder tests bench
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder tests  # the order: tests/conftest.py
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=12 tests  # the order: tests/conftest.py
 	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
 
 test-fast: setup ## the quick tests only (no nbgrader runs)

@@ -35,6 +35,9 @@ c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = False
 c.Execute.execute_retries = 1
+# Nothing a kernel does after the last cell is graded: it is stopped at once, without the second
+# or so a graceful shutdown (the student's atexit hooks, ipykernel's own) takes.
+c.Execute.shutdown_kernel = "immediate"
 
 # Grading a class safely (README): nbgrader's Execute is replaced by one that runs the kernel
 # in a sandbox, keeps grading after the student's code kills or hangs its kernel, limits the

@@ -20,3 +20,34 @@ def test_the_kernel_imports_the_graders_package():
     path, hidden = out.decode().splitlines()
     assert path == str(sandbox.PACKAGE / "__init__.py")
     assert hidden == "[]"  # the instructor-only part is an empty folder there
+
+
+
+PROBED = """
+import sys
+from autograder.pipeline import sandbox
+code, out, err = sandbox.run([sys.executable, "-c", "import autograder; print('imported')"], stdin=b"", timeout=120)
+print(sandbox.mode(), code, out.decode().strip(), err.decode(errors="replace")[-300:], sandbox.PACKAGE, sep="|")
+"""
+
+
+def test_a_package_nobody_may_read_is_graded_in_a_sandbox_that_can(tmp_path):
+    """A course in a folder only root may enter (pytest's own tmp folders are) is still graded in a sandbox.
+
+    Where a root grader's Python is readable by ``nobody``, the mode probe would pick "bwrap as nobody", whose
+    bubblewrap cannot bind such a package: every kernel died before its first cell. The probe reads the package too,
+    so grading there falls back to bubblewrap started by root (the sandbox user is still ``nobody`` inside).
+    """
+    import os
+    import shutil
+    import subprocess
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    shutil.copytree(sandbox.PACKAGE, private / "autograder", ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(private))
+    done = subprocess.run([sys.executable, "-c", PROBED], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert str(private) in done.stdout, "the copy was not the package imported"
+    mode, code, out, err, _ = (done.stdout.strip().split("|") + [""] * 5)[:5]
+    assert mode != "limits only" and code == "0" and out == "imported", done.stdout + done.stderr[-1000:]

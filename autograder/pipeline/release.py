@@ -46,6 +46,8 @@ def normalise(path: Path) -> None:
             # Timings differ on every run: keep the cell, not its numbers.
             cell.outputs = []
     nb.metadata.pop("widgets", None)
+    # The patch version of the Python that ran the release (3.11.2, 3.11.7, ...): not the course's.
+    nb.metadata.get("language_info", {}).pop("version", None)
     nbformat.write(nb, path)
 
 

@@ -95,9 +95,13 @@ def _run_quiet(cmd: Sequence[str]) -> bool:
 
 
 def _probe() -> list[str]:
-    """A sandbox that must be able to start this Python (its prefix may be unreadable for nobody)."""
-    return ["--unshare-all", "--die-with-parent", *_system_binds(), *_python_binds(), "--proc", "/proc", "--dev", "/dev",
-            sys.executable, "-S", "-c", "pass"]
+    """A sandbox that must be able to start this Python and read the package (either may be unreadable for nobody:
+    a Python under /root, a course in a folder only root may enter)."""
+    # A Dask worker imports the package from the uploaded zip; its grading processes, from the unpacked folder.
+    package = _package_binds() if PACKAGE.is_dir() else []
+    read = f"import os; os.listdir({str(PACKAGE)!r})" if package else "pass"
+    return ["--unshare-all", "--die-with-parent", *_system_binds(), *_python_binds(), *package, "--proc", "/proc",
+            "--dev", "/dev", sys.executable, "-S", "-c", read]
 
 
 def mode() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -137,8 +138,26 @@ def replace_source(page, target, source: str) -> None:
 
 
 def run(page, target) -> None:
-    target.locator(".cm-content").click()
-    page.keyboard.press("Control+Enter")
+    """Run one cell and wait until it has run: its prompt shows a new execution count.
+
+    On a loaded machine a key press can reach the page before the editor has focus and be
+    lost (CI once ran a check with the imports cell never run: NameError for ``torch``);
+    the press is repeated once if the prompt has not moved, and a cell that never runs
+    fails here, by its prompt, rather than as a puzzling check message later.
+    """
+    prompt = target.locator(".jp-InputPrompt")
+    before = prompt.inner_text().strip()
+    for _ in range(2):
+        target.locator(".cm-content").click()
+        expect(target.locator(".cm-editor")).to_have_class(re.compile(r"\bcm-focused\b"), timeout=30_000)
+        page.keyboard.press("Control+Enter")
+        deadline = time.monotonic() + 10
+        while prompt.inner_text().strip() == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if prompt.inner_text().strip() != before:
+            break
+    expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=300_000)
+    assert prompt.inner_text().strip() != before, f"the cell did not run (its prompt stayed {before!r})"
 
 
 def no_overflow(locator) -> bool:
@@ -179,7 +198,7 @@ def test_student_first_run(student_lab, browser, tmp_path):
         visible.check_scaled_dot_product_attention(mistake.fn)
     shown = " ".join(output.inner_text().split())
     for line in str(failure.value).splitlines():
-        assert " ".join(line.split()) in shown, line
+        assert " ".join(line.split()) in shown, f"{line!r} is not in the output, which reads: {shown!r}"
     assert no_overflow(check)
     steps.shot("check-message")
 

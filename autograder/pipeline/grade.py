@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -183,13 +182,6 @@ def _progress(done: int, total: int, failed: int, start: float) -> None:
     sys.stderr.flush()
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 def _reason(output: str, code: int) -> str:
     """The line of nbgrader's output that says why it failed (its last error line), else its exit code."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
@@ -219,11 +211,11 @@ def _run_nbgrader(assignment: str, student: str, root: Path, staged: Path, optio
                 out, err = proc.communicate(timeout=limit)
                 code = proc.returncode
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                sandbox.kill_group(proc.pid)
                 out, err = proc.communicate()
                 code = None
             finally:
-                _kill_group(proc.pid)
+                sandbox.kill_group(proc.pid)
     finally:
         sandbox.kill_leftovers(token, RUN_VARIABLE)
     if code is None:

@@ -36,18 +36,8 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import Integer
 
 from . import cgroup, kernel_pool
-from .sandbox import (
-    RUN_VARIABLE,
-    Limits,
-    chown_tree,
-    control_group,
-    copy_font_cache,
-    kill_leftovers,
-    mode,
-    prepare_scratch,
-    sandbox_owner,
-    wrap,
-)
+from .sandbox import RUN_VARIABLE, Limits, control_group, kill_leftovers, mode, sandbox_owner, wrap
+from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
 
 
 def _limit(name: str, text: str) -> Integer:

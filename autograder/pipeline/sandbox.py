@@ -42,6 +42,7 @@ from pathlib import Path
 
 from .. import INSTRUCTOR_ONLY
 from . import cgroup
+from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
 
 #: The user the sandboxed code runs as when the grader is root.
 NOBODY = 65534
@@ -53,8 +54,6 @@ RUN_VARIABLE = "AUTOGRADER_RUN"
 PASSED_ENVIRONMENT = ("LANG", "LC_ALL", "TZ", "PYTHONWARNINGS", "PYTHONHASHSEED", "SOURCE_DATE_EPOCH")
 #: The package whose public part the sandboxed code may import.
 PACKAGE = Path(__file__).resolve().parents[1]
-#: Largest copy of a submission folder's other files given to the kernel.
-MAX_WORKDIR_BYTES = 100 * 2**20
 #: Where the sandbox sees the read-only copy of the submission's files, copied from there into its working folder.
 INPUT = "/run/submission"
 
@@ -289,34 +288,6 @@ def control_group(token: str, limits: Limits) -> cgroup.Group | None:
     return cgroup.create(token, processes=limits.processes, memory_bytes=limits.memory_mb * 2**20)
 
 
-def prepare_scratch(workdir: str | None, into: Path, owner: int | None) -> None:
-    """Copy the regular files of ``workdir`` (no notebooks, no links) to ``into``, capped in size."""
-    into.mkdir(parents=True, exist_ok=True)
-    total = 0
-    if workdir and os.path.isdir(workdir):
-        for dirpath, dirnames, filenames in os.walk(workdir, followlinks=False):
-            rel = os.path.relpath(dirpath, workdir)
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            target = into / rel
-            target.mkdir(parents=True, exist_ok=True)
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                if name.endswith(".ipynb") or not os.path.isfile(path) or os.path.islink(path):
-                    continue
-                total += os.path.getsize(path)
-                if total <= MAX_WORKDIR_BYTES:
-                    shutil.copyfile(path, target / name)
-    if owner is not None:
-        chown_tree(into, owner)
-
-
-def chown_tree(path: Path, owner: int) -> None:
-    """Give ``path`` and everything in it to ``owner`` (the sandbox user)."""
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            os.lchown(name, owner, owner)
-
-
 def sandbox_owner() -> int | None:
     """The uid the sandboxed code runs as and that must own its writable folders (None: the grader's own).
 
@@ -337,19 +308,6 @@ def _nobody_runs_python() -> bool:
     setpriv = shutil.which("setpriv")
     again = "import os, sys; os.execv(sys.executable, [sys.executable, '-c', 'import json'])"
     return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", again])
-
-
-def copy_font_cache(home: Path) -> None:
-    """Give matplotlib in the sandbox the grader's font cache, so it need not rebuild it each time."""
-    base = os.environ.get("MPLCONFIGDIR") or os.path.join(os.path.expanduser("~"), ".cache", "matplotlib")
-    target = home / ".matplotlib"
-    target.mkdir(parents=True, exist_ok=True)
-    (home / ".ipython").mkdir(exist_ok=True)
-    (home.parent / "tmp").mkdir(exist_ok=True)
-    if os.path.isdir(base):
-        for name in os.listdir(base):
-            if name.startswith("fontlist") and name.endswith(".json"):
-                shutil.copyfile(os.path.join(base, name), target / name)
 
 
 def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE) -> int:
@@ -402,10 +360,10 @@ def run(
             out, err = proc.communicate(stdin, timeout=timeout)
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             out, err = proc.communicate()
             code = None
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         return code, out, err
     finally:
         kill_leftovers(token)
@@ -413,7 +371,8 @@ def run(
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL the process group ``pgid``; a group already gone is not an error."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:

@@ -70,19 +70,25 @@ def assert_shape(x: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
 
 
 def assert_dtype(x: torch.Tensor, expected: torch.dtype, what: str) -> None:
-    """Fail unless ``x`` has dtype ``expected`` (dtype follows the inputs)."""
-    if x.dtype != expected:
-        fail(
-            f"{what} should have dtype {expected} (the dtype of the inputs), but it has dtype {x.dtype}. "
-            "Avoid creating new tensors with a fixed dtype; use the inputs' dtype."
-        )
+    """Fail unless ``x`` has dtype ``expected``; the advice depends on the kind of dtype expected."""
+    if x.dtype == expected:
+        return
+    if expected == torch.bool:
+        fail(f"{what} should be a boolean tensor (dtype torch.bool), but it has dtype {x.dtype}: a comparison "
+             "(<, >=, ==) or a logical operation (&, |, ~) gives one; keep it boolean, without .int() or .float().")
+    if expected.is_floating_point and x.dtype.is_floating_point:
+        fail(f"{what} should have dtype {expected}, but it has dtype {x.dtype}. A tensor made with a fixed dtype "
+             "(torch.tensor(...), torch.zeros(...), .float(), .double()) is the usual cause: where the result "
+             "follows the inputs' dtype, make new tensors with dtype=x.dtype.")
+    fail(f"{what} should have dtype {expected}, but it has dtype {x.dtype}.")
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, tuple[int, ...]]:
-    """Largest absolute difference and the index where it occurs (NaN counts as infinite)."""
-    diff = (actual.detach().double() - expected.detach().double()).abs()
-    # Equal infinities give NaN differences; they are not errors.
-    same = actual.detach().double() == expected.detach().double()
+    """Largest absolute difference and the index where it occurs (an unexpected NaN counts as infinite)."""
+    a, e = actual.detach().double(), expected.detach().double()
+    diff = (a - e).abs()
+    # Equal infinities give NaN differences, and NaN where NaN is expected is right: neither is an error.
+    same = (a == e) | (a.isnan() & e.isnan())
     diff = torch.where(same, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=float("inf"))
     if diff.numel() == 0:
@@ -90,6 +96,13 @@ def max_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, tupl
     flat = int(diff.argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
     return float(diff.reshape(-1)[flat]), index
+
+
+def _flat_index(index: tuple[int, ...], shape: torch.Size) -> int:
+    flat = 0
+    for i, size in zip(index, shape):
+        flat = flat * size + i
+    return flat
 
 
 def is_close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
@@ -135,10 +148,17 @@ def assert_close(
     if expected.device.type == "meta" or is_close(actual, expected, rtol, atol):
         return
     err, where = max_error(actual, expected)
+    # The largest error may be within its tolerance (rtol scales with the expected value): then the
+    # entry shown is the worst of those outside it, where the answer really fails.
+    largest = "the largest error"
+    outside = ~torch.isclose(actual.detach().double(), expected.detach().double(), rtol=rtol, atol=atol, equal_nan=True)
+    if not bool(outside.reshape(-1)[_flat_index(where, actual.shape)]):
+        err, where = max_error(torch.where(outside, actual.detach().double(), expected.detach().double()), expected)
+        largest = "the largest error beyond the tolerance"
     got = actual.detach()[where].item() if where or actual.dim() == 0 else actual.detach().item()
     want = expected.detach()[where].item() if where or expected.dim() == 0 else expected.detach().item()
     message = (
-        f"{what} is not what it should be: the largest error is {err:.3g} at index {list(where)}, "
+        f"{what} is not what it should be: {largest} is {err:.3g} at index {list(where)}, "
         f"where you return {got:.6g} and the expected value is {want:.6g} "
         f"(tolerance: rtol={rtol:g}, atol={atol:g})."
     )

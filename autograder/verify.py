@@ -17,7 +17,7 @@ import torch
 
 from .compare import Mismatch, assert_matches, describe, is_close
 from .diagnoses import explain_mutation, explain_number
-from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching
+from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching, run
 from .errors import CheckFailed, fail
 from .guard import Forbidden
 from .student import attempt, describe_error
@@ -96,16 +96,14 @@ def verify(
         expected = reference(*case.args, **case.kwargs)
 
         def right(value: Any, expected: Any = expected) -> bool:
-            try:
-                _compare(value, expected, outputs, exercise, rtol, atol)
-            except CheckFailed:
-                return False
-            return True
+            return _passes(value, expected, outputs, exercise, rtol, atol)
 
-        def others(case: Case = case) -> Iterator[tuple[Case, Outcome]]:
+        def others(case: Case = case) -> Iterator[Other]:
             for other in cases:
                 if other is not case:
-                    yield other, attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)[0]
+                    outcome = attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)[0]
+                    expected_there = reference(*other.args, **other.kwargs)
+                    yield Other(other, outcome, lambda v, e=expected_there: _passes(v, e, outputs, exercise, rtol, atol))
 
         problem, notes, same_mutation = None, [], False
         if error is not None:
@@ -123,27 +121,57 @@ def verify(
             found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right,
                              forbid=forbid)
             message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
-            raise MistakeFound(message, narrowed(found, others()) if found else ()) from None
+            raise MistakeFound(message, narrowed(found, others(), forbid) if found else ()) from None
 
 
-def narrowed(found: list[Mistake], others: Iterable[tuple[Case, Outcome]]) -> list[Mistake]:
-    """Of several mistakes that fit one input, those that also fit the student's results on the other inputs.
+@dataclass
+class Other:
+    """The student's outcome on another input of the same check, and what passes there."""
 
-    Two mistakes can give the same result on one input (4 bytes assumed and two matrices counted,
-    on float16): the student's answers to the other inputs tell them apart. When no mistake fits
-    them all, every one that fit the failing input is kept: each may be the student's.
-    """
-    if len(found) < 2:
-        return found
-    remaining = list(found)
+    case: Case
+    outcome: Outcome
+    right: Callable[[Any], bool]
+
+
+def _passes(value: Any, expected: Any, outputs: Sequence[str] | None, exercise: str, rtol: float, atol: float) -> bool:
     try:
-        for other, outcome in others:
-            still = matching(outcome, remaining, other.args, other.kwargs)
-            if not still:
-                return found
-            remaining = still
-            if len(remaining) == 1:
+        _compare(value, expected, outputs, exercise, rtol, atol)
+    except CheckFailed:
+        return False
+    return True
+
+
+def _wrong_there(mistake: Mistake, other: Other, forbid: Sequence[Forbidden]) -> bool:
+    """Whether ``mistake`` gives a failing answer (or an error) on ``other``'s input."""
+    theirs = run(mistake.fn, other.case.args, other.case.kwargs, forbid)
+    return theirs.error is not None or not other.right(theirs.value)
+
+
+def narrowed(found: list[Mistake], others: Iterable[Other], forbid: Sequence[Forbidden] = ()) -> list[Mistake]:
+    """Of the mistakes that fit one input, those the student's answers to the other inputs do not rule out.
+
+    A mistake is ruled out by an input the student gets right and the mistake gets wrong: an
+    answer that matched "argmin instead of argmax" on one input by chance, and is right where
+    argmin is not, is not told it used argmin. Of several mistakes left (4 bytes assumed and two
+    matrices counted give the same number on float16), those that also fit the student's wrong
+    answers to the other inputs; when none fits them all, every one left is kept: each may be
+    the student's (with another mistake besides).
+    """
+    try:
+        others = list(others)
+        remaining = [m for m in found if not any(
+            o.outcome.error is None and not o.outcome.mutated and o.right(o.outcome.value) and _wrong_there(m, o, forbid)
+            for o in others)]
+        kept = remaining
+        for other in others:
+            if len(remaining) < 2:
                 break
+            if other.outcome.error is None and other.right(other.outcome.value):
+                continue
+            still = matching(other.outcome, remaining, other.case.args, other.case.kwargs)
+            if not still:
+                return kept
+            remaining = still
     except CheckFailed:  # a forbidden call or an unwritten exercise on another input: keep what fits this one
         return found
     return remaining

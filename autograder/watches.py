@@ -182,6 +182,8 @@ def _reduction(name: str, args: tuple, kwargs: dict) -> Reduction | None:
     t = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("input")
     if not isinstance(t, torch.Tensor):
         return None
+    if not (t.is_floating_point() or t.is_complex()):  # counting (a check for NaN, a length) is not softmax's work
+        return None
     if name in ("topk", "kthvalue"):
         dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
     elif name == "norm":

@@ -26,6 +26,26 @@ def test_assert_close_treats_nan_as_an_error_and_equal_infinities_as_equal():
     assert max_error(torch.tensor([float("-inf")]), torch.tensor([float("-inf")])) == (0.0, (0,))
     with pytest.raises(CheckFailed, match="largest error is inf"):
         assert_close(torch.tensor([float("nan")]), torch.tensor([0.0]), "x")
+    nan = float("nan")  # NaN where NaN is expected is right: the error shown is elsewhere
+    assert max_error(torch.tensor([nan, 5.001]), torch.tensor([nan, 5.0]))[1] == (1,)
+
+
+def test_the_entry_shown_is_outside_the_tolerance():
+    """rtol scales with the expected value: the largest error can be right, and is then not the one shown."""
+    expected = torch.tensor([1000.0, 0.001], dtype=torch.float64)
+    actual = expected + torch.tensor([1e-6, 1e-9], dtype=torch.float64)  # 1e-6 is within rtol * 1000
+    with pytest.raises(CheckFailed, match=r"the largest error beyond the tolerance is 1e-09 at index \[1\]"):
+        assert_close(actual, expected, "x", rtol=1e-8, atol=1e-12)
+
+
+def test_the_dtype_advice_fits_the_dtype_expected():
+    with pytest.raises(CheckFailed, match="should be a boolean tensor") as failure:
+        assert_dtype(torch.ones(2, dtype=torch.int32), torch.bool, "The mask")
+    assert "dtype=x.dtype" not in str(failure.value)
+    with pytest.raises(CheckFailed, match="make new tensors with dtype=x.dtype"):
+        assert_dtype(torch.ones(2, dtype=torch.float32), torch.float64, "The output")
+    with pytest.raises(CheckFailed, match=r"should have dtype torch.int64, but it has dtype torch.float32\.$"):
+        assert_dtype(torch.ones(2), torch.int64, "The index")
 
 
 def test_shape_and_dtype_messages():

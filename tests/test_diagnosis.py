@@ -117,6 +117,55 @@ def sdpa_wrong_on_batch_1(Q, K, V):
     return output, weights
 
 
+def sdpa_scaled_by_sqrt_n(Q, K, V):
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-2]), dim=-1)
+    return weights @ V, weights
+
+
+def logsumexp_is_the_max(x, dim=-1):
+    return x.amax(dim=dim)
+
+
+def test_a_wrong_constant_is_not_called_imprecision():
+    """A wrong scale or a missing log-sum-exp term can have the size of a lower precision's rounding; it moves the
+    entries together, which rounding does not."""
+    for check in (visible01.check_scaled_dot_product_attention, hidden01.check_scaled_dot_product_attention):
+        assert "loses precision" not in message_of(check, sdpa_scaled_by_sqrt_n)
+    for check in (visible04.check_logsumexp, hidden04.check_logsumexp):
+        assert "loses precision" not in message_of(check, logsumexp_is_the_max)
+
+
+def hard_lookup_largest_magnitude(query, keys, values):
+    return values[(keys @ query).abs().argmax()]
+
+
+def causal_mask_offset_clamped(n, m=None, align="top_left", device=None):
+    m = n if m is None else m
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril(0 if align == "top_left" else max(m - n, 0))
+
+
+def test_a_mistake_is_not_named_where_the_student_is_right_and_it_is_wrong():
+    """|score| instead of the score matches argmin on one random input by chance, and is right where argmin is
+    not; a causal mask whose offset is clamped is right on the bottom-right cases the ignored-alignment mistake
+    gets wrong."""
+    assert "This looks like" not in message_of(hidden01.check_hard_lookup, hard_lookup_largest_magnitude)
+    for check in (visible03.check_causal_mask, hidden03.check_causal_mask):
+        assert "This looks like" not in message_of(check, causal_mask_offset_clamped)
+
+
+def soft_lookup_weights_alone_when_cold(query, keys, values, temperature=1.0):
+    scores = keys @ query / temperature
+    weights = torch.softmax(scores, dim=-1)
+    if temperature < 1e-2:  # the cold limit written by hand, returning the weights alone
+        return torch.zeros_like(weights).index_fill(0, scores.argmax(), 1.0)
+    return weights @ values, weights
+
+
+def test_a_result_that_is_not_a_pair_is_told_so_before_it_is_unpacked():
+    message = message_of(visible01.check_soft_lookup, soft_lookup_weights_alone_when_cold)
+    assert message.startswith("soft_lookup(..., temperature=1e-3) should return a tuple (output, weights)")
+
+
 def test_an_error_on_one_batch_element_is_not_called_imprecision():
     message = message_of(visible01.check_scaled_dot_product_attention, sdpa_wrong_on_batch_1)
     assert "loses precision" not in message
@@ -723,9 +772,12 @@ def alt_log_softmax(x, dim=-1):
 
 
 def alt_online_softmax(x, block_size):
-    """torch.split into blocks, running statistics kept in float64."""
+    """torch.split into blocks, running statistics kept in float64; the blocks counted with a boolean sum (a count
+    is not a reduction of the row)."""
     if x.dim() == 0 or block_size < 1:
         raise ValueError("need a last dimension and block_size >= 1")
+    starts = torch.arange(x.shape[-1]) % block_size == 0
+    assert int(starts.sum()) == math.ceil(x.shape[-1] / block_size)
     x64 = x.double()
     running_max = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
     running_sum = torch.zeros(x.shape[:-1] + (1,), dtype=torch.float64)

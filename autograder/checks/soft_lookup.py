@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compare import assert_close
+from ..compare import assert_close, assert_pair
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..references.soft_lookup import (
@@ -36,6 +36,8 @@ def check_hard_lookup(hard_lookup) -> None:
         Case((query, keys, values), label="the best key is the third"),
         Case((first, keys, values), label="the best key is the first"),
         Case((tie, keys, values), label="keys 2 and 3 tie: the first of them wins"),
+        Case((torch.tensor([0.0, 1.0, 2.0, 2.0], dtype=torch.float64), keys, values),
+             label="the first key has the highest dot product, though the second points more nearly the query's way"),
     ]
     verify(
         hard_lookup,
@@ -59,12 +61,12 @@ def check_soft_lookup(soft_lookup) -> None:
     one_hot = torch.zeros(len(keys), dtype=torch.float64).index_fill(0, torch.tensor(best), 1.0)
     cold_case = Case((query, keys, values), {"temperature": 1e-3})
     with naming_mistakes(soft_lookup, cold_case, (values[best], one_hot), exercise="soft_lookup", notebook=NOTEBOOK):
-        cold, _ = call_student(soft_lookup, query, keys, values, temperature=1e-3,
-                               what="soft_lookup(..., temperature=1e-3)")
+        cold, _ = assert_pair(call_student(soft_lookup, query, keys, values, temperature=1e-3,
+                                           what="soft_lookup(..., temperature=1e-3)"), "soft_lookup(..., temperature=1e-3)")
         assert_close(cold, values[best], "soft_lookup at temperature 1e-3", atol=1e-6,
                      hint="As the temperature goes to 0 the soft lookup should become the hard one.")
-        hot, _ = call_student(soft_lookup, query, keys, values, temperature=1e6,
-                              what="soft_lookup(..., temperature=1e6)")
+        hot, _ = assert_pair(call_student(soft_lookup, query, keys, values, temperature=1e6,
+                                          what="soft_lookup(..., temperature=1e6)"), "soft_lookup(..., temperature=1e6)")
         assert_close(hot, values.mean(dim=0), "soft_lookup at temperature 1e6", atol=1e-5,
                      hint="As the temperature grows the output should tend to the mean of the values.")
     print("soft_lookup passes the visible checks.")

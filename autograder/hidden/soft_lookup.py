@@ -47,6 +47,11 @@ def hard_lookup_softmax(query, keys, values):
     return torch.softmax(keys @ query, dim=-1) @ values
 
 
+def hard_lookup_cosine(query, keys, values):
+    scores = (keys @ query) / (keys.norm(dim=-1) * query.norm())
+    return values[int(torch.argmax(scores))]
+
+
 def soft_lookup_times_temperature(query, keys, values, temperature=1.0):
     weights = torch.softmax(keys @ query * temperature, dim=-1)
     return weights @ values, weights
@@ -152,6 +157,10 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("softmax weights instead of one-hot weights", "a hard lookup puts all its weight on one key; "
                 "softmax spreads it over all of them.", LOOKUP, hard_lookup_softmax,
                 id="soft_lookup/hard_lookup/softmax-weights-instead-of-one-hot-weights"),
+        Mistake("cosine similarity instead of the dot product", "the score is the dot product k . q itself: "
+                "dividing by the lengths of the vectors (cosine similarity) ignores that a longer key matches a "
+                "query more strongly.", LOOKUP, hard_lookup_cosine,
+                id="soft_lookup/hard_lookup/cosine-similarity-instead-of-the-dot-product"),
     ],
     "soft_lookup": [
         Mistake("scores multiplied by the temperature", "the scores are divided by the temperature, so a low "
@@ -222,8 +231,12 @@ def _lookup_cases(seed: int) -> list[Case]:
 
 @hidden
 def check_hard_lookup(hard_lookup) -> None:
-    """Random keys, values of another width, and a four-way tie."""
-    verify(hard_lookup, _lookup_cases(101), hard_lookup_reference, exercise="hard_lookup",
+    """Random keys, values of another width, a four-way tie, and keys of different lengths."""
+    gen = generator(105)
+    keys = torch.tensor([[1.0, 0.0], [3.0, 3.0], [0.0, 1.0]], dtype=torch.float64)
+    longer = Case((torch.tensor([1.0, 0.0], dtype=torch.float64), keys, randn(3, 2, gen=gen)),
+                  label="the longer key [3, 3] has the higher dot product; [1, 0] points the query's way")
+    verify(hard_lookup, [*_lookup_cases(101), longer], hard_lookup_reference, exercise="hard_lookup",
            arg_names=("query", "keys", "values"), outputs=None, mistakes=MISTAKES["hard_lookup"])
     print("hard_lookup passes the hidden checks.")
 

@@ -132,10 +132,21 @@ def test_allocation_count_separates_preallocation_from_copies(solution):
     assert "This looks like the mistake" not in str(failure.value)  # not torch.cat: no mistake is named
 
 
+class CacheAlwaysFloat32(CacheWithTerseError):
+    """Right but for its dtype argument, which it ignores."""
+
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        super().__init__(batch, kv_heads, max_len, d_head)
+
+
 def test_views_changed_by_later_appends_are_caught():
     with pytest.raises(CheckFailed) as failure:
         visible.check_KVCache(CacheWritingAtTheStart)
     assert "must not be changed by later appends" in str(failure.value)
+    for check in (visible.check_KVCache, hidden.check_KVCache):  # its earlier views are right, in float32
+        with pytest.raises(CheckFailed, match="should have the cache's dtype torch.float64") as failure:
+            check(CacheAlwaysFloat32)
+        assert "later appends" not in str(failure.value)
 
 
 def test_a_full_cache_must_name_both_lengths():

@@ -113,7 +113,10 @@ def judge_cache(got, expected, chunks) -> str | None:
                 elif tuple(g.shape[:2]) == tuple(w.shape[:2]) and g.shape[2] != w.shape[2]:
                     hints.append(f"Return the views storage[:, :, :len] of the first len(cache) = "
                                  f"{int(want_lengths[step + 1])} positions, not the whole storage.")
-                if step + 1 < len(got_all) and g.shape == w.shape and torch.equal(g, got_all[-1][:, :, :g.shape[2]]):
+                last = chunks[-1][0 if name == "keys" else 1].to(w.dtype)
+                shown = min(g.shape[2], last.shape[2])
+                if (step + 1 < len(got_all) and g.shape == w.shape and g.dtype == w.dtype
+                        and torch.equal(g[:, :, :shown], last[:, :, :shown])):
                     hints.append("These are the values of the last append: a view returned earlier must not be "
                                  "changed by later appends.")
                 return str(problem) + ("\n" + " ".join(hints) if hints else "")

@@ -90,7 +90,7 @@ def max_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, tupl
     # Equal infinities give NaN differences, and NaN where NaN is expected is right: neither is an error.
     same = (a == e) | (a.isnan() & e.isnan())
     diff = torch.where(same, torch.zeros_like(diff), diff)
-    diff = torch.nan_to_num(diff, nan=float("inf"))
+    diff = torch.nan_to_num(diff, nan=float("inf"), posinf=float("inf"))  # a finite number for -inf is inf away
     if diff.numel() == 0:
         return 0.0, ()
     flat = int(diff.argmax())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -28,6 +30,15 @@ def test_assert_close_treats_nan_as_an_error_and_equal_infinities_as_equal():
         assert_close(torch.tensor([float("nan")]), torch.tensor([0.0]), "x")
     nan = float("nan")  # NaN where NaN is expected is right: the error shown is elsewhere
     assert max_error(torch.tensor([nan, 5.001]), torch.tensor([nan, 5.0]))[1] == (1,)
+
+
+def test_a_finite_number_for_minus_infinity_is_infinitely_wrong_and_not_rearranged():
+    expected = torch.tensor([[0.0, -math.inf], [-1.0, 0.0]])
+    actual = torch.nan_to_num(expected, neginf=-1e4)
+    with pytest.raises(CheckFailed, match=r"the largest error is inf at index \[0, 1\]") as failure:
+        assert_close(actual, expected, "The bias", rtol=1e-6, atol=0)
+    assert "A large negative number such as -1e9" in str(failure.value)
+    assert "arranged differently" not in str(failure.value)  # rtol * inf once made -1e4 "close" to -inf
 
 
 def test_the_entry_shown_is_outside_the_tolerance():

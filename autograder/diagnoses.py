@@ -244,6 +244,9 @@ def explain_factor(actual: torch.Tensor, expected: torch.Tensor, rtol: float, at
     tol = max(10 * rtol, 1e-9) * float(a.abs().max().clamp(min=1e-300)) + atol
     if float(e.abs().max()) > 0:
         c = float(_least_squares_factor(a, e, None))
+        if abs(c + 1) <= 1e-6 and float((a + e).abs().max()) <= tol:
+            return ["Your result is the expected one with the opposite sign, everywhere: a subtraction the wrong way "
+                    "round, or a minus sign missing or added?"]
         if abs(c - 1) > 1e-6 and c != 0 and float((a - c * e).abs().max()) <= tol:
             return [f"Your result is the expected one multiplied by {_factor(c)}, everywhere: the computation is "
                     "right but for a constant factor (a scale applied twice, missing, or the wrong one?)."]

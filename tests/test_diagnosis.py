@@ -206,6 +206,17 @@ def test_a_constant_factor_is_measured_and_recognised():
     assert simple_number(1 / math.log(2)) == "1/ln 2" and simple_number(0.123456) is None
 
 
+def log_softmax_upside_down(x, dim=-1):
+    top = x.amax(dim=dim, keepdim=True)
+    return top + torch.log(torch.exp(x - top).sum(dim=dim, keepdim=True)) - x
+
+
+def test_a_sign_error_is_called_a_sign_error():
+    message = message_of(visible04.check_log_softmax, log_softmax_upside_down)
+    assert "the expected one with the opposite sign, everywhere" in message
+    assert "multiplied by -1" not in message
+
+
 def test_a_factor_or_an_offset_per_row():
     message = message_of(visible04.check_stable_softmax, softmax_over_sum_and_max)
     assert "Each row (along the last axis) of your result is the expected row times a number" in message

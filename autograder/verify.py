@@ -188,13 +188,15 @@ def naming_mistakes(
     forbid: Sequence[Forbidden] = (),
     rtol: float = 1e-7,
     atol: float = 1e-9,
+    confirm: Sequence[tuple[Case, Any]] = (),
 ) -> Iterator[None]:
     """Checks of properties inside: when one fails, name the catalogued mistakes that ``fn``'s result on ``case`` matches.
 
     A check of a property (a norm kept, a row that sums to one) says what is wrong in
     general; the student's result on ``case``, whose right answer is ``expected``, says which
     catalogued mistake it is, when the grader has the catalogue (the bundle does not, and
-    nothing more runs there).
+    nothing more runs there). A mistake named must also reproduce ``fn``'s result on each input of
+    ``confirm`` (pairs of an input and its right answer): on one small table two mistakes can coincide.
     """
     try:
         yield
@@ -208,6 +210,15 @@ def naming_mistakes(
             raise failure from None
         found = matching(outcome, mistakes, case.args, case.kwargs, right=lambda v: is_close(v, expected, rtol, atol),
                          forbid=forbid)
+        for other, right_there in confirm:  # each (input, right answer) a named mistake must also reproduce
+            if not found:
+                break
+            try:
+                theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)
+            except CheckFailed:
+                raise failure from None
+            found = matching(theirs, found, other.args, other.kwargs,
+                             right=lambda v, w=right_there: is_close(v, w, rtol, atol), forbid=forbid)
         if not found:
             raise
         raise MistakeFound(str(failure), found) from None

@@ -600,6 +600,20 @@ def test_visible_multi_head_attention_runs_catalogued_classes_as_the_student_cla
     assert first.message() in message_of(visible05.check_MultiHeadAttention, first.fn)
 
 
+def sinusoidal_base_over_ten(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]
+    angle = position * (base / 10) ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).to(dtype)
+
+
+def test_a_mistake_that_fits_one_small_table_by_chance_is_not_named():
+    """With base 100 a base of 10 gives the numbers of the exponent i/d (10^(2i/d) = 100^(i/d))."""
+    from autograder.checks import positional_encoding as visible06
+
+    message = message_of(visible06.check_sinusoidal_encoding, sinusoidal_base_over_ten)
+    assert "exponent i/d" not in message
+
+
 def test_the_visible_tables_are_the_reference():
     from autograder.checks import positional_encoding as visible06
 
@@ -607,6 +621,8 @@ def test_the_visible_tables_are_the_reference():
     assert torch.allclose(ref.relative_shift_matrix(2, 4, 100.0, dtype=torch.float64), visible06.SHIFT_2_4_BASE_100,
                           rtol=0, atol=visible06.TABLE_ATOL)
     assert torch.allclose(ref.sinusoidal_encoding(6, 4, 100.0, dtype=torch.float64), visible06.PE_6_4_BASE_100,
+                          rtol=0, atol=visible06.TABLE_ATOL)
+    assert torch.allclose(ref.sinusoidal_encoding(3, 4, 1000.0, dtype=torch.float64), visible06.PE_3_4_BASE_1000,
                           rtol=0, atol=visible06.TABLE_ATOL)
     ids = {m.id for m in hidden04.MISTAKES["online_softmax"]}
     assert set(visible04.RULE_MISTAKE_IDS.values()) <= ids

@@ -23,6 +23,13 @@ PE_6_4_BASE_100 = torch.tensor([
     [-0.958924274663, 0.283662185463, 0.479425538604, 0.877582561890],
 ], dtype=torch.float64)
 
+#: sinusoidal_encoding(3, 4, base=1000.0): names a mistake only where it also fits this table (with base 100 a base
+#: of 10 gives the numbers of the exponent i/d instead of 2i/d: 10^(2i/d) = 100^(i/d)).
+PE_3_4_BASE_1000 = torch.tensor([
+    [0.000000000000, 1.000000000000, 0.000000000000, 1.000000000000],
+    [0.841470984808, 0.540302305868, 0.031617506402, 0.999500041665],
+    [0.909297426826, -0.416146836547, 0.063203397933, 0.998000666578],
+], dtype=torch.float64)
 #: apply_rope(ROPE_X, torch.tensor([3, 7]), base=100.0)
 ROPE_X = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-1.0, 0.5, 2.0, -3.0]], dtype=torch.float64)
 ROPE_X_AT_3_7_BASE_100 = torch.tensor([
@@ -51,8 +58,9 @@ def _result(fn, *args, what, **kwargs) -> torch.Tensor:
 def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
     """Shape and dtype, PE[0], range, sin/cos pairs, the frequency of each pair, reference values."""
     table = Case((6, 4, 100.0), {"dtype": torch.float64})
+    other = Case((3, 4, 1000.0), {"dtype": torch.float64})
     with naming_mistakes(sinusoidal_encoding, table, PE_6_4_BASE_100, exercise="sinusoidal_encoding",
-                         notebook=NOTEBOOK, rtol=0, atol=TABLE_ATOL):
+                         notebook=NOTEBOOK, rtol=0, atol=TABLE_ATOL, confirm=[(other, PE_3_4_BASE_1000)]):
         _sinusoidal_properties(sinusoidal_encoding)
     print("sinusoidal_encoding passes the visible checks.")
 

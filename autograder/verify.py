@@ -204,23 +204,16 @@ def naming_mistakes(
         mistakes = catalogue(notebook, exercise)
         if not mistakes:
             raise
-        try:
-            outcome, _ = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
-        except CheckFailed:
-            raise failure from None
-        found = matching(outcome, mistakes, case.args, case.kwargs, right=lambda v: is_close(v, expected, rtol, atol),
-                         forbid=forbid)
-        for other, right_there in confirm:  # each (input, right answer) a named mistake must also reproduce
-            if not found:
-                break
+        found = list(mistakes)
+        for other, right_there in [(case, expected), *confirm]:  # a named mistake reproduces every one of them
             try:
                 theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)
             except CheckFailed:
                 raise failure from None
             found = matching(theirs, found, other.args, other.kwargs,
                              right=lambda v, w=right_there: is_close(v, w, rtol, atol), forbid=forbid)
-        if not found:
-            raise
+            if not found:
+                raise
         raise MistakeFound(str(failure), found) from None
 
 

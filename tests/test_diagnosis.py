@@ -217,6 +217,17 @@ def test_a_sign_error_is_called_a_sign_error():
     assert "multiplied by -1" not in message
 
 
+def padding_mask_of_ints(lengths, max_len=None):
+    max_len = int(lengths.max()) if max_len is None else max_len
+    return (torch.arange(max_len)[None, :] < lengths[:, None]).int()
+
+
+def test_a_mask_of_ints_is_not_called_a_float_mask():
+    message = message_of(hidden03.check_padding_mask, padding_mask_of_ints)
+    assert "should be a boolean tensor" in message and "a 0/1 mask of numbers instead of a boolean one" in message
+    assert "float" not in message.split("This looks like")[1].split(":")[0]
+
+
 def test_a_factor_or_an_offset_per_row():
     message = message_of(visible04.check_stable_softmax, softmax_over_sum_and_max)
     assert "Each row (along the last axis) of your result is the expected row times a number" in message

@@ -258,7 +258,7 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="masking/to_additive_mask/the-dtype-argument-ignored"),
     ],
     "causal_mask": [
-        Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor: a float mask is added "
+        Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor: a float mask is added "
                 "to the scores, so ones and zeros would shift scores instead of masking them.", BOOL_VS_ADDITIVE,
                 causal_mask_float, id="masking/causal_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a causal mask that excludes the diagonal", "a token may attend to itself: query i sees keys "
@@ -277,7 +277,7 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="masking/causal_mask/the-diagonal-shifted-the-wrong-way"),
     ],
     "padding_mask": [
-        Mistake("a 0/1 float mask instead of a boolean one", "return a torch.bool tensor (True = real token).",
+        Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor (True = real token).",
                 PADDING, padding_mask_float, id="masking/padding_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,

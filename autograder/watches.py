@@ -124,6 +124,12 @@ def watch_allocations(fn: Callable[..., Any], args: tuple, kwargs: dict, rows: i
     return value, {"offender": offender, "peak": tensors.peak, "numpy": arrays.used}
 
 
+def tiled_budget(inputs: Sequence[torch.Tensor], block: int) -> int:
+    """The bytes a blocked attention may hold at once: four times its input tensors (its outputs, and any copy of
+    the inputs it makes, are no bigger) and sixteen ``block`` x ``block`` tiles of float64."""
+    return 4 * sum(t.numel() * t.element_size() for t in inputs) + 16 * block * block * 8
+
+
 def watched_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int,
                  max_elements: int, forbid: Sequence[Forbidden] = ()) -> tuple[Any, dict]:
     """The student's ``fn`` run under ``forbid`` and :func:`watch_allocations`, where the student's code runs.

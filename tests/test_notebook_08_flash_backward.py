@@ -200,6 +200,44 @@ def test_blocks_kept_at_once_are_caught_by_the_peak(solution):
         hidden._check_peak(backward, "flash_attention_backward")
 
 
+def one_row_of_blocks_kept(solution, exercise: str, along: str):
+    """Right values (the solution's), but first the blocks of P along one block of queries (``along="keys"``) or
+    one block of keys (``along="queries"``) are computed into a list, freed before the next one."""
+    def kept(Q, K, V, *rest, is_causal=False):
+        block_size = rest[-1]
+        n, m = Q.shape[-2], K.shape[-2]
+        outer, inner = (n, m) if along == "keys" else (m, n)
+        for a in range(0, outer, block_size):
+            blocks = []
+            for b in range(0, inner, block_size):
+                q0, k0 = (a, b) if along == "keys" else (b, a)
+                s = Q[..., q0:q0 + block_size, :] @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+                blocks.append(torch.exp(s / math.sqrt(Q.shape[-1])))
+            del blocks
+        return getattr(solution, exercise)(Q, K, V, *rest, is_causal=is_causal)
+    return kept
+
+
+@pytest.mark.parametrize(("exercise", "side", "n", "m"), [("flash_attention_forward", "key", 32, 4096),
+                                                          ("flash_attention_backward", "key", 32, 4096),
+                                                          ("flash_attention_backward", "query", 4096, 32)])
+def test_a_row_of_blocks_kept_is_caught_by_the_long_rows(solution, exercise, side, n, m):
+    """The 96 x 96 peak (block 8, d = 2) let these through: 8 x 96 blocks are below half a matrix."""
+    kept = one_row_of_blocks_kept(solution, exercise, "keys" if side == "key" else "queries")
+    hidden._check_peak(kept, exercise)
+    with pytest.raises(CheckFailed, match=f"every {side} block of a block"):
+        hidden._check_long_rows(kept, exercise, n, m)
+    with pytest.raises(CheckFailed, match="alive at once"):
+        getattr(hidden, f"check_{exercise}")(kept)
+
+
+@pytest.mark.parametrize(("n", "m"), [(32, 4096), (4096, 32)])
+def test_tiled_answers_fit_the_long_rows(solution, n, m):
+    hidden._check_long_rows(solution.flash_attention_forward, "flash_attention_forward", n, m)
+    for backward in (solution.flash_attention_backward, rowsum_p_dp_backward):
+        hidden._check_long_rows(backward, "flash_attention_backward", n, m)
+
+
 def rowsum_p_dp_backward(Q, K, V, O, dO, lse, block_size, is_causal=False):
     """Right, and tiled, with D = rowsum(P * dP) summed over the key blocks in a first pass (the other form of D)."""
     if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or block_size < 1:

@@ -28,7 +28,7 @@ from ..references.complexity import (
 )
 from ..student import expect_error
 from ..verify import Case, verify, verify_number
-from ..watches import watched_call
+from ..watches import tiled_budget, watched_call
 from . import hidden
 
 FLOPS = "1. Counting the work: FLOPs"
@@ -659,6 +659,26 @@ def _check_peak(flash_attention) -> None:
     _check_value(value, args, True, "flash_attention")
 
 
+def _check_long_rows(flash_attention) -> None:
+    """Config D: 32 queries, 4096 keys, blocks of 32, d = 1: the key blocks of a block of queries are not all kept.
+
+    Keeping them (to take the row's max first, then the exponentials) holds block_size x m scores, four times
+    more than the inputs here; the online softmax holds a few block x block tiles and per-query statistics.
+    """
+    gen = generator(730)
+    args = (randn(1, 32, 1, gen=gen), randn(1, 4096, 1, gen=gen), randn(1, 4096, 1, gen=gen), 32)
+    value, watch = watched_call(flash_attention, args, {}, forbid=ATTENTION_BUILTINS, exercise="flash_attention",
+                                rows=32, cols=4096, max_elements=32 * 4096)
+    budget = tiled_budget(args[:3], 32)
+    if watch["offender"] is not None or watch["peak"] > budget:
+        fail(f"With {_shapes(args)}, block_size=32: flash_attention had {watch['peak']} bytes of tensors alive at "
+             f"once, more than {budget} (four times its inputs and sixteen 32 x 32 blocks of scores). Did it keep "
+             "the scores of every key block of a block of queries (in a list, to take their max first)? That is "
+             "block_size x m numbers; FlashAttention folds each key block in as it comes (online softmax: running "
+             "max, rescaled running sum, rescaled output accumulator) and then forgets it.")
+    _check_value(value, args, False, "flash_attention")
+
+
 # --- hidden checks -------------------------------------------------------------------------------
 
 
@@ -778,6 +798,7 @@ def check_flash_attention(flash_attention) -> None:
         _check_no_n_by_m(flash_attention, "flash_attention", "block_size", is_causal=causal)
     _check_keys_tiled(flash_attention)
     _check_peak(flash_attention)
+    _check_long_rows(flash_attention)
     print("flash_attention passes the hidden checks.")
 
 

@@ -40,7 +40,7 @@ from ..references.flash_backward import (
 )
 from ..student import expect_error
 from ..verify import Case, verify
-from ..watches import watched_call
+from ..watches import tiled_budget, watched_call
 from . import hidden
 
 SOFTMAX = "1. The gradient of softmax, row by row"
@@ -1085,6 +1085,28 @@ def _check_peak(fn, exercise: str) -> None:
     _check_value(value, args, kwargs, exercise)
 
 
+def _check_long_rows(fn, exercise: str, n: int, m: int) -> None:
+    """n x m with one side 4096 long, blocks of 32, d = 1: the blocks along the long side are not all kept.
+
+    Keeping them (a list of the blocks of S or P of one block of queries, or of one block of keys) holds
+    32 x 4096 numbers, several times the inputs here; a tiled pass holds a few 32 x 32 tiles at once.
+    """
+    make, _, _, names, forbid = _KINDS[exercise]
+    gen = generator(870 + (n > m))
+    args, kwargs = make(*qkv(gen, (1,), n, m, 1, 1), 32, False)
+    longest = max(n, m)
+    value, seen = watched_call(fn, args, kwargs, exercise=exercise, forbid=forbid, rows=min(n, m), cols=longest,
+                               max_elements=n * m)
+    budget = tiled_budget([a for a in args if isinstance(a, torch.Tensor)], 32)
+    if seen["offender"] is not None or seen["peak"] > budget:
+        side = "key block of a block of queries" if m > n else "query block of a block of keys"
+        fail(f"With {_shapes(args, names)}, block_size=32: {exercise} had {seen['peak']} bytes of tensors alive at "
+             f"once, more than {budget} (four times its inputs and sixteen 32 x 32 blocks). Did it keep every "
+             f"{side} (in a list)? That is 32 x {longest} numbers; use each block as it comes and then "
+             "forget it.")
+    _check_value(value, args, kwargs, exercise)
+
+
 def _check_flash_values(fn, exercise: str, seed: int) -> None:
     make, reference, outputs, names, forbid = _KINDS[exercise]
     cases = []
@@ -1117,6 +1139,7 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
         _check_no_n_by_m(flash_attention_forward, exercise, is_causal=causal)
     _check_tiled(flash_attention_forward, exercise, 20, 70)
     _check_peak(flash_attention_forward, exercise)
+    _check_long_rows(flash_attention_forward, exercise, 32, 4096)
     gen = generator(855)
     Q, K, V, _ = qkv(gen, (2,), 3, 5, 4, 2)
     for args, shapes, why in [((Q, K[..., :3], V, 2), "K (2, 5, 3)", "Q and K have different d_k (4 and 3)"),
@@ -1137,6 +1160,8 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     _check_tiled(flash_attention_backward, exercise, 20, 70)
     _check_tiled(flash_attention_backward, exercise, 70, 20)
     _check_peak(flash_attention_backward, exercise)
+    _check_long_rows(flash_attention_backward, exercise, 32, 4096)
+    _check_long_rows(flash_attention_backward, exercise, 4096, 32)
     gen = generator(865)
     (Q, K, V, O, dO, lse, _), _ = _backward_args(*qkv(gen, (2,), 3, 5, 4, 2), 2, False)
     for args, shapes, why in [((Q, K, V, O, dO[..., :1], lse, 2), "dO (2, 3, 1)",

@@ -10,12 +10,14 @@ import torch.nn.functional as F
 
 from autograder.checks.numerical_stability import (
     ReductionRecorder,
+    check_stable_softmax,
     record_reductions,
     streaming_problem,
 )
 from autograder.errors import CheckFailed
 from autograder.hidden import numerical_stability as hidden
 from autograder.hidden.numerical_stability import MISTAKES
+from autograder.references.numerical_stability import softmax_tolerance_of
 
 from .notebook_code import solution_namespace
 
@@ -133,3 +135,29 @@ def test_half_precision_sum_really_stalls():
     wrong = hidden.online_softmax_half_precision_sum(x, 1)
     right = torch.softmax(x.double(), dim=-1)
     assert abs(wrong[0, 0].item() - 1.0) < 1e-3 and right[0, 0].item() < 0.95
+
+
+def own_logsumexp(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+
+
+def softmax_through_lse(x, dim=-1):
+    """Right and stable: exp(x - logsumexp(x)), rows entirely -inf giving zeros; in float32 near 1e4 its
+    probabilities carry the rounding of x - lse (relative 4e-4); in float16 near 1000 they are wrong."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"x has no dimension {dim}")
+    lse = own_logsumexp(x, dim)
+    return torch.where(lse == -math.inf, 0.0, torch.exp(x - lse))
+
+
+def test_softmax_through_logsumexp_is_right_until_half_precision():
+    """Every float64 and float32 case passes (the hidden cases are in that order, the float16 ones last but one),
+    and the first float16 case where lse rounds away is named as the half-precision mistake in both checks."""
+    x = hidden._rows(torch.Generator().manual_seed(0), [1e4, -1e4, 0.0], 8).float()
+    error = (softmax_through_lse(x) - torch.softmax(x.double(), -1)).abs() / torch.softmax(x.double(), -1)
+    assert 1e-5 < float(error.max()) <= softmax_tolerance_of(x, torch.softmax(x, -1))[0]
+    for check, case in [(check_stable_softmax, "float16 near 1000"), (hidden.check_stable_softmax, "float16, rows near 1e4")]:
+        with pytest.raises(CheckFailed, match=rf"(?s){case}.*'exp\(x - logsumexp\(x\)\) in half precision'"):
+            check(softmax_through_lse)

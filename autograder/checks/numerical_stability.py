@@ -64,6 +64,7 @@ def _softmax_cases() -> list[Case]:
         Case((randn(4, 3, gen=gen),), {"dim": 0}, label="softmax over dim 0"),
         Case(((randn(2, 3, 4, gen=gen) * 30).float(),), label="float32 with a leading batch dimension"),
         Case(((randn(2, 6, gen=gen) * 4).half(),), label="float16"),
+        Case(((randn(2, 6, gen=gen) * 2 + 1000).half(),), label="float16 near 1000"),
     ]
 
 

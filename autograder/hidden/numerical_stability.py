@@ -100,6 +100,13 @@ def stable_softmax_detached(x, dim=-1):
     return e / torch.where(s == 0, 1.0, s)
 
 
+def stable_softmax_exp_of_x_minus_lse(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    lse = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+    return torch.where(lse == -math.inf, 0.0, torch.exp(x - lse))
+
+
 def stable_softmax_builtin(x, dim=-1):
     return torch.softmax(x, dim=dim)
 
@@ -310,6 +317,12 @@ DIM_IGNORED = (
     "the dim argument must be used everywhere (max and sum over dim), not a hard-coded -1: with dim=0 the "
     "reduction runs down the columns."
 )
+X_MINUS_LSE = (
+    "softmax(x) = exp(x - logsumexp(x)) holds exactly, but a float16 of about 1000 is a multiple of 0.5 (of 8 near "
+    "1e4): lse is rounded by up to that much, x - lse with it, and exp turns the error into a factor on every "
+    "probability (the rows no longer sum to 1). x - max is exact (the max is one of the entries): subtract the "
+    "max, exponentiate, divide by the sum."
+)
 BUILTIN = "the exercise is to build it from exp, max, sum and log; PyTorch's built-in is only the referee."
 
 MISTAKES: dict[str, list[Mistake]] = {
@@ -335,6 +348,8 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("the result detached from autograd", "the gradient must flow from the result back to x: no "
                 ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, stable_softmax_detached,
                 id="numerical_stability/stable_softmax/the-result-detached-from-autograd"),
+        Mistake("exp(x - logsumexp(x)) in half precision", X_MINUS_LSE, HALF, stable_softmax_exp_of_x_minus_lse,
+                id="numerical_stability/stable_softmax/exp-of-x-minus-logsumexp-in-half-precision"),
         Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin,
                 id="numerical_stability/stable_softmax/a-built-in-softmax"),
         Mistake("the input modified in place", "x -= m (or x.sub_(m), x[...] = ...) changes the caller's "

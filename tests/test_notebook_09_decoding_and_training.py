@@ -188,7 +188,7 @@ def test_a_constant_shift_of_positions_is_seen_in_the_cache_only(solution):
     assert not torch.allclose(keys, expected[2], atol=1e-6)
     with pytest.raises(CheckFailed) as failure:
         visible.check_decode_step(decode_positions_from_one, solution.KVCache)
-    assert "The cached keys of decode_step" in str(failure.value)
+    assert "The key cache of decode_step is not" in str(failure.value)
 
 
 def decode_with_sdpa(q, k_new, v_new, cache, rope_base=10000.0):

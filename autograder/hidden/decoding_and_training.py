@@ -327,6 +327,27 @@ def decode_keys_cached_unrotated(q, k_new, v_new, cache, rope_base=10000.0):
     return weights @ values, weights
 
 
+def decode_keys_rotated_on_every_read(q, k_new, v_new, cache, rope_base=10000.0):
+    def rotate(x, positions):
+        d = x.shape[-1]
+        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+    h, t, d = q.shape[1], q.shape[2], q.shape[3]
+    positions = torch.arange(len(cache), len(cache) + t)
+    keys, values = cache.append(k_new, v_new)  # cached as they came...
+    m = keys.shape[2]
+    keys = rotate(keys, torch.arange(m))  # ...and every one rotated at its position at every step
+    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return weights @ values, weights
+
+
 def decode_keys_rotated_twice(q, k_new, v_new, cache, rope_base=10000.0):
     def rotate(x, positions):
         d = x.shape[-1]
@@ -694,6 +715,11 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("keys cached before the rotation but used after it", ROTATE_ONCE, ROPE,
                 decode_keys_cached_unrotated,
                 id="decoding_and_training/decode_step/keys-cached-before-the-rotation-but-used-after"),
+        Mistake("keys cached unrotated and rotated at every step", "the outputs are right, but each key is rotated "
+                "once, at its own position, before it enters the cache, and the cache holds it rotated: rotating "
+                "every cached key again at every step costs len(cache) rotations per new token, and whoever reads "
+                "the cache gets keys without their positions.", ROPE, decode_keys_rotated_on_every_read,
+                id="decoding_and_training/decode_step/keys-cached-unrotated-and-rotated-at-every-step"),
         Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE, decode_keys_rotated_twice,
                 id="decoding_and_training/decode_step/keys-rotated-before-caching-and-again-after"),
         Mistake("key/value heads tiled with repeat instead of repeat_interleave", "query head i uses key/value head "

@@ -222,7 +222,7 @@ def require_cache(KVCache, exercise: str) -> None:  # noqa: N803
 def run_decode(decode_step, KVCache) -> Callable[..., Any]:  # noqa: N803
     """How a check runs ``decode_step``: a fresh cache, the sequence fed in ``steps``, then the cache read back.
 
-    Returns ``(output, weights, cached keys)``: the outputs of every step side by side
+    Returns ``(output, weights, key cache)``: the outputs of every step side by side
     ``(B, h, T, d)``, the weights of every step gathered in one ``(B, h, T, T)`` matrix (row i
     is the token at position i; keys that did not exist yet get 0), and the first T keys the
     cache holds at the end.
@@ -257,7 +257,7 @@ def run_decode(decode_step, KVCache) -> Callable[..., Any]:  # noqa: N803
 DECODE_ARGS = ("q", "k", "v", "steps")
 
 
-DECODE_OUTPUTS = ("output", "weights", "cached keys")
+DECODE_OUTPUTS = ("output", "weights", "key cache")
 
 
 def decode_case(gen, B, h, g, d, steps, label, rope_base=None, dtype=torch.float64) -> Case:

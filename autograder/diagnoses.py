@@ -159,13 +159,20 @@ def explain_nonfinite(actual: torch.Tensor, expected: torch.Tensor) -> list[str]
     if not (actual.is_floating_point() and expected.is_floating_point()):
         return []
     a, e = _plain(actual), _plain(expected)
+    nan_number = a.isnan() & e.isfinite() & (e != 0)
+    # NaN in whole rows, the rest right: the signature of a softmax over a row of scores all -inf.
+    whole_rows = a.dim() >= 1 and a.shape[-1] > 1 and bool(nan_number.any()) and bool(
+        (a.isnan().all(dim=-1) == a.isnan().any(dim=-1)).all())
     kinds = [
         (a.isnan() & (e == 0), "NaN where the expected value is 0",
          "0/0 or 0 * inf? A softmax over a row whose scores are all -inf gives 0/0."),
         (a.isnan() & (e == -math.inf), "NaN where the expected value is -inf",
          "-inf - (-inf) is NaN: was a maximum of -inf subtracted?"),
-        (a.isnan() & e.isfinite() & (e != 0), "NaN where the expected value is a finite number",
-         "inf / inf, inf - inf or 0 * inf: did an exponential overflow?"),
+        (nan_number, "NaN where the expected value is a finite number",
+         "Whole rows are NaN: a softmax over a row of scores that are all -inf (a query that may attend to "
+         "nothing) gives 0/0, and one that overflows gives inf / inf. A mask applied along the wrong axis (to the "
+         "queries instead of the keys), or no maximum subtracted?"
+         if whole_rows else "inf / inf, inf - inf or 0 * inf: did an exponential overflow?"),
         (a.isinf() & e.isfinite(), "an infinity where the expected value is finite",
          "An overflow (exp of a large number: subtract the maximum first) or a division by 0?"),
         (a.isfinite() & (e == -math.inf), "a finite number where the expected value is -inf",

@@ -328,7 +328,7 @@ def additive_minus_1e4(mask, dtype):
 def test_nan_and_infinities_say_what_was_expected_there():
     message = message_of(visible04.check_stable_softmax, softmax_without_shift)
     assert "NaN where the expected value is a finite number at 10 entries" in message
-    assert "did an exponential overflow?" in message
+    assert "Whole rows are NaN" in message and "no maximum subtracted?" in message
     message = message_of(visible04.check_logsumexp, logsumexp_without_shift)
     assert "an infinity where the expected value is finite" in message
     message = message_of(visible04.check_log_softmax, log_softmax_nan_rows)
@@ -1111,3 +1111,21 @@ def test_a_correct_answer_in_another_style_passes_through_the_proxies(fn):
     exercise = exercise_of(fn)
     for kind in ("checks", "hidden"):
         getattr(importlib.import_module(f"autograder.{kind}.{name}"), f"check_{exercise}")(proxy(exercise, fn))
+
+
+def test_whole_rows_of_nan_point_at_a_mask_on_the_wrong_axis():
+    """The padding mask applied to the queries (self-attention): a padded query sees no key, a row of NaN."""
+    mha = solution_namespace("05_multi_head").MultiHeadAttention(12, 3).double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 12, generator=gen, dtype=torch.float64)
+    real = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    q, k, v = (p(x).unflatten(-1, (3, 4)).transpose(1, 2) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~real[:, None, :, None], -math.inf)
+    wrong = mha.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).flatten(2))
+    with pytest.raises(CheckFailed) as failure:
+        assert_close(wrong, mha(x, x, x, key_padding_mask=real)[0], "The output")
+    assert "Whole rows are NaN" in str(failure.value) and "wrong axis" in str(failure.value), str(failure.value)
+    scattered = torch.tensor([[0.5, math.nan, 0.5], [0.2, 0.3, math.nan]], dtype=torch.float64)
+    with pytest.raises(CheckFailed) as failure:
+        assert_close(scattered, torch.full((2, 3), 1 / 3, dtype=torch.float64), "The result")
+    assert "Whole rows" not in str(failure.value) and "did an exponential overflow?" in str(failure.value)

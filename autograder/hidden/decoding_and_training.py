@@ -623,6 +623,18 @@ def generate_whole_sequence_each_step(model, prompt, steps, use_cache=True):
     return torch.stack(new, dim=1)
 
 
+def generate_whole_sequence_into_one_cache(model, prompt, steps, use_cache=True):
+    tokens, new = prompt, []
+    length = steps * prompt.shape[1] + steps * (steps - 1) // 2  # every step appends the whole sequence
+    caches = model.new_caches(prompt.shape[0], length) if use_cache else None
+    with torch.no_grad():
+        for _ in range(steps):
+            choice = model(tokens, caches)[:, -1].argmax(dim=-1)  # the whole sequence again, after what is cached
+            new.append(choice)
+            tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    return torch.stack(new, dim=1)
+
+
 def generate_cache_ignored(model, prompt, steps, use_cache=True):
     tokens, new = prompt, []
     with torch.no_grad():
@@ -777,11 +789,12 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="decoding_and_training/DecoderBlock/rope-applied-to-the-values"),
     ],
     "generate": [
-        Mistake("generate that feeds the whole sequence at every step when use_cache=True", "with a cache each "
-                "step feeds only the token just chosen: the keys and values of all the others are in the cache. "
-                "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache is "
-                "there to avoid.", GENERATE, generate_whole_sequence_each_step,
-                id="decoding_and_training/generate/generate-that-feeds-the-whole-sequence-at-every"),
+        *(Mistake("generate that feeds the whole sequence at every step when use_cache=True", "with a cache each "
+                  "step feeds only the token just chosen: the keys and values of all the others are in the cache. "
+                  "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache "
+                  "is there to avoid (into the same caches, it also appends every earlier token again).", GENERATE,
+                  fn, id="decoding_and_training/generate/generate-that-feeds-the-whole-sequence-at-every")
+          for fn in (generate_whole_sequence_each_step, generate_whole_sequence_into_one_cache)),
         Mistake("use_cache ignored", "with use_cache=True, make caches with model.new_caches(batch, prompt length "
                 "+ steps), feed the prompt once with them, then one token per step.", GENERATE,
                 generate_cache_ignored, id="decoding_and_training/generate/use-cache-ignored"),

@@ -32,7 +32,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import kernel_pool, sandbox
+from . import kernel_pool, sandbox, zygote
 
 
 def _child(request: dict, prepared=None) -> None:
@@ -75,10 +75,11 @@ def _child(request: dict, prepared=None) -> None:
             os._exit(code)
 
 
-def _waiting(like: dict, pipe: int) -> None:
+def _waiting(like: dict, pipe: int, zygote_address: str | None) -> None:
     """In a forked waiting process: start a kernel ahead for requests ``like`` this one, wait for one, run it.
 
-    Reading the end of ``pipe`` instead of a request discards the kernel. Never returns.
+    Reading the end of ``pipe`` instead of a request discards the kernel. ``zygote_address``: the
+    server's zygote, which forks the kernel (None: the kernel imports in its sandbox). Never returns.
     """
     prepared = None
     line = b""
@@ -91,7 +92,7 @@ def _waiting(like: dict, pipe: int) -> None:
         os.environ.clear()
         os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
         try:
-            prepared = kernel_pool.prepare(like)
+            prepared = kernel_pool.prepare(like, zygote_address)
         except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
             prepared = None
         with os.fdopen(pipe, "rb") as requests:
@@ -147,6 +148,7 @@ def serve() -> None:
     pool = kernel_pool.Pool()
     last: dict | None = None  # the last request: the waiting processes are started for requests like it
     peak = 0
+    forker: zygote.Zygote | None = None  # started when the pool first needs a kernel
     buffer = b""
     open_input = True
     while open_input or running or pool.discarded:
@@ -169,9 +171,13 @@ def serve() -> None:
                 last, peak = request, max(peak, len(running))
         if open_input and last is not None:
             pool.expire()
-            for _ in range(pool.missing(last, peak)):
+            missing = pool.missing(last, peak)
+            if missing and zygote.usable() and (forker is None or not forker.alive()):
+                forker = zygote.Zygote(kernel_pool.PRELOAD)
+            for _ in range(missing):
                 read_end, write_end = os.pipe()
-                pid = _fork(_waiting, last, read_end, close=[out.fileno(), write_end, *pool.fds()])
+                pid = _fork(_waiting, last, read_end, forker and forker.address,
+                            close=[out.fileno(), write_end, *pool.fds()])
                 os.close(read_end)
                 pool.waiting.append(kernel_pool.Waiting(pid, write_end, kernel_pool.key(last)))
         while running or pool.waiting or pool.discarded:
@@ -182,6 +188,8 @@ def serve() -> None:
             ident = running.pop(pid, None)
             if ident is not None:
                 out.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+    if forker is not None:
+        forker.close()
 
 
 def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:

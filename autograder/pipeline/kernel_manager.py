@@ -35,8 +35,8 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Integer
 
-from . import cgroup, kernel_pool
-from .sandbox import RUN_VARIABLE, Limits, control_group, kill_leftovers, mode, sandbox_owner, wrap
+from . import cgroup, kernel_pool, zygote
+from .sandbox import RUN_VARIABLE, Limits, control_group, environment, kill_leftovers, mode, sandbox_owner, wrap
 from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
 
 
@@ -139,12 +139,51 @@ class SandboxedKernelManager(AsyncKernelManager):
         provisioner.cwd = str(self._private)
         self._reconcile_connection_info(provisioner.connection_info)
 
-    def prestart(self) -> kernel_pool.PreparedKernel:
-        """Start, in the sandbox, a process that imports what a kernel needs and waits to become one (the pool)."""
+    def prestart(self, zygote_address: str | None = None) -> kernel_pool.PreparedKernel:
+        """Start a sandboxed process that has imported what a kernel needs and waits to become one (the pool).
+
+        With ``zygote_address`` (where :func:`zygote.usable`) it is forked from the zygote; else, or
+        when that fails, it starts in the sandbox and imports there.
+        """
+        if zygote_address is not None and zygote.usable():
+            try:
+                return self._prestart_forked(zygote_address)
+            except zygote.ZygoteError as error:
+                self.log.warning("Starting a kernel the usual way: %s", error)
         kw: dict = {}
         cmd = self._sandboxed(kernel_pool.waiting_command(), str(self._private / "cwd"), None, kw)
         process = launch_kernel(cmd, stdin=subprocess.PIPE, **kw)  # its stdin says "go" (then closes, as a cold one's)
         return kernel_pool.PreparedKernel(process, self._private, self._token, self._group, self.limits, monotonic())
+
+    def _prestart_forked(self, address: str) -> kernel_pool.PreparedKernel:
+        """A sandbox around a holder, and a kernel forked into it by the zygote at ``address``."""
+        kw: dict = {}
+        workdir = str(self._private / "cwd")
+        cmd = self._sandboxed(zygote.HOLDER_COMMAND, workdir, None, kw)
+        status_read, status_write = os.pipe()
+        go_read, go_write = os.pipe()
+        try:
+            process = launch_kernel(cmd, stdin=status_read, **kw)
+        except BaseException:
+            os.close(go_read)
+            os.close(go_write)
+            raise
+        finally:
+            os.close(status_read)
+        limits = self.limits
+        prepared = kernel_pool.PreparedKernel(process, self._private, self._token, self._group, limits, monotonic(),
+                                              go_pipe=os.fdopen(go_write, "wb"))
+        try:
+            zygote.fork_kernel(address, process, limits=limits, workdir=workdir, group=self._group,
+                               env=environment(limits, str(self._private / "home"), self._token),
+                               fds=[go_read, 1, 2, status_write])  # output before "go" goes where a cold one's does
+        except BaseException:
+            prepared.stop()
+            raise
+        finally:
+            os.close(go_read)
+            os.close(status_write)
+        return prepared
 
     def seal(self) -> None:
         """Once the kernel has made its sockets, take back its right to write in the private folder.

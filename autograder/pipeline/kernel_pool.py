@@ -19,6 +19,8 @@ file to use), copies them into its working folder and starts ipykernel.
   when the kernel command and the limits are those it was started with, else it is stopped and
   the kernel starts cold.
 - The pool runs only where the kernel is in a bubblewrap sandbox (never with the limits only).
+- Where :func:`zygote.usable <autograder.pipeline.zygote.usable>`, the process in the sandbox has
+  imported nothing: it is forked from the fork server's zygote, which imported :data:`PRELOAD` once.
 
 What this does NOT protect: a kernel started ahead carries no mark of the grading run that will
 use it (``AUTOGRADER_RUN``); it dies with the process that started it (bubblewrap's
@@ -35,6 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
+from typing import IO
 
 from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable
@@ -120,6 +123,7 @@ class PreparedKernel:
     group: cgroup.Group | None
     limits: Limits
     started: float
+    go_pipe: IO[bytes] | None = None  # where "go" is written (None: the process's stdin)
     taken: bool = field(default=False)
     launched: bool = field(default=False)
 
@@ -130,13 +134,16 @@ class PreparedKernel:
     def go(self, kernel_cmd: list[str]) -> None:
         """Tell it to become ``kernel_cmd`` (its arguments: the connection file)."""
         self.launched = True
-        assert self.process.stdin is not None
-        self.process.stdin.write((json.dumps(list(kernel_cmd[3:])) + "\n").encode())
-        self.process.stdin.close()  # a cold kernel's stdin is closed too (jupyter_client's launch_kernel)
+        pipe = self.go_pipe or self.process.stdin
+        assert pipe is not None
+        pipe.write((json.dumps(list(kernel_cmd[3:])) + "\n").encode())
+        pipe.close()  # a cold kernel's stdin is closed too (jupyter_client's launch_kernel)
 
     def stop(self) -> None:
         """Kill its process and everything in its sandbox (its folder and group stay, for a cold kernel)."""
         self.launched = True
+        if self.go_pipe is not None and not self.go_pipe.closed:
+            self.go_pipe.close()
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
@@ -172,11 +179,14 @@ def discard_unused() -> None:
         _offered.discard()
 
 
-def prepare(request: dict) -> PreparedKernel | None:
-    """In a waiting process: start its sandboxed kernel for requests like ``request`` (None if it cannot)."""
+def prepare(request: dict, zygote: str | None = None) -> PreparedKernel | None:
+    """In a waiting process: start its sandboxed kernel for requests like ``request`` (None if it cannot).
+
+    ``zygote``: the address of the fork server's zygote (:mod:`autograder.pipeline.zygote`), if it has one.
+    """
     from .kernel_manager import SandboxedKernelManager
 
-    return SandboxedKernelManager(config=course_config(Path(request["cwd"]))).prestart()
+    return SandboxedKernelManager(config=course_config(Path(request["cwd"]))).prestart(zygote)
 
 
 @dataclass

@@ -152,18 +152,23 @@ _LIMIT_SNIPPET = (
 )
 
 
-def limited(cmd: Sequence[str], limits: Limits, python: str = sys.executable) -> list[str]:
-    """``cmd`` run under ``limits`` (a tiny exec wrapper: no dependency on ``prlimit``)."""
+def rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
+    """The per-process resource limits (``resource`` module names, soft and hard) of ``limits``."""
     mb = 2**20
-    rlimits = {
+    found = {
         "RLIMIT_AS": (limits.memory_mb * mb, limits.memory_mb * mb),
         "RLIMIT_CPU": (limits.cpu_seconds, limits.cpu_seconds + 5),
         "RLIMIT_FSIZE": (limits.file_mb * mb, limits.file_mb * mb),
         "RLIMIT_CORE": (0, 0),
     }
     if sandbox_owner() is not None or os.geteuid() != 0:
-        rlimits["RLIMIT_NPROC"] = (limits.processes, limits.processes)
-    return [python, "-S", "-c", _LIMIT_SNIPPET, json.dumps(rlimits), *cmd]
+        found["RLIMIT_NPROC"] = (limits.processes, limits.processes)
+    return found
+
+
+def limited(cmd: Sequence[str], limits: Limits, python: str = sys.executable) -> list[str]:
+    """``cmd`` run under ``limits`` (a tiny exec wrapper: no dependency on ``prlimit``)."""
+    return [python, "-S", "-c", _LIMIT_SNIPPET, json.dumps(rlimits(limits)), *cmd]
 
 
 #: What of /etc the code may see: enough to run, nothing secret (no shadow, no keys).

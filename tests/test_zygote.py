@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 
 import pytest
 
@@ -124,10 +126,19 @@ def test_the_sandbox_ends_with_its_forked_kernel_and_says_how(forker, tmp_path, 
     assert codes[0] == codes[1] != 0
 
 
-def test_without_a_zygote_the_kernel_starts_in_its_sandbox(tmp_path):
-    prepared = SandboxedKernelManager().prestart(str(tmp_path / "no-zygote-here"))
+def test_when_the_zygote_is_gone_the_kernel_starts_in_its_sandbox():
+    gone = zygote.Zygote(kernel_pool.PRELOAD)
     try:
-        assert prepared.go_pipe is None and prepared.process.poll() is None
+        while not os.path.exists(gone.address):  # it listens, then dies
+            assert gone.alive()
+            time.sleep(0.1)
+        gone.process.kill()
+        gone.process.wait()
+        prepared = SandboxedKernelManager().prestart(gone.address)
+        try:
+            assert prepared.go_pipe is None and prepared.process.poll() is None
+        finally:
+            prepared.discard()
     finally:
-        prepared.discard()
+        gone.close()
 

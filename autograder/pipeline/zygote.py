@@ -108,7 +108,7 @@ def _holder(process: subprocess.Popen, timeout: float) -> int:
 
 
 def fork_kernel(address: str, sandboxed: subprocess.Popen, *, limits: sandbox.Limits, env: dict[str, str],
-                workdir: str, group: cgroup.Group | None, fds: list[int], timeout: float = 60.0) -> None:
+                workdir: str, group: cgroup.Group | None, fds: list[int], timeout: float = 30.0) -> None:
     """Have the zygote at ``address`` fork a kernel into the sandbox of ``sandboxed`` (started on the holder).
 
     ``fds``: the kernel's stdin, stdout, stderr, and the write end of the holder's stdin.
@@ -127,14 +127,16 @@ def fork_kernel(address: str, sandboxed: subprocess.Popen, *, limits: sandbox.Li
     }
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-        while True:  # the zygote may still be importing
+        while True:
             try:
                 conn.connect(address)
                 break
-            except (FileNotFoundError, ConnectionRefusedError) as error:
+            except FileNotFoundError:  # still importing: it listens once it has
                 if time.monotonic() > deadline:
-                    raise ZygoteError(f"no zygote at {address}: {error}") from None
+                    raise ZygoteError(f"no zygote listens at {address} after {timeout} s") from None
                 time.sleep(0.02)
+            except OSError as error:  # it listened and is gone
+                raise ZygoteError(f"the zygote at {address} is gone: {error}") from None
         conn.settimeout(max(1.0, deadline - time.monotonic()))
         try:
             socket.send_fds(conn, [json.dumps(request).encode()], fds)

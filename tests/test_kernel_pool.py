@@ -15,7 +15,7 @@ import psutil
 import pytest
 from traitlets.config import Config
 
-from autograder.pipeline import grade, kernel_pool, sandbox
+from autograder.pipeline import grade, kernel_pool, sandbox, zygote
 from autograder.pipeline.course import module_name, nbgrader, tool_env
 from autograder.pipeline.kernel_manager import SandboxedKernelManager
 from autograder.pipeline.notes import KERNEL_DIED
@@ -141,6 +141,7 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
             raise AssertionError("no kernel was started ahead")
 
         first, first_folders = waiting()
+        assert any(_is_zygote(p) for p in psutil.Process(server.process.pid).children()) == zygote.usable()
         time.sleep(6)
         second, second_folders = waiting()
         assert first and not first & second, "the waiting process outlived the limit"
@@ -153,6 +154,24 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
         server.close()
     assert server.process.returncode == 0
     assert not any(Path(f).exists() for f in second_folders), "closing the server left a kernel's folder"
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_the_zygote_can_be_switched_off(tmp_path):
+    from autograder.pipeline.forkserver import ForkServer
+
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.zygote = False\n")
+    server = ForkServer()
+    try:
+        assert server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)[0] == 0
+        deadline = time.monotonic() + 60
+        while not _kernel_folders(_descendants(server.process.pid)):
+            assert time.monotonic() < deadline, "no kernel was started ahead"
+            time.sleep(0.2)
+        assert not any(_is_zygote(p) for p in _descendants(server.process.pid))
+    finally:
+        server.close()
 
 
 def test_the_pool_is_off_when_switched_off_or_without_bubblewrap(monkeypatch):

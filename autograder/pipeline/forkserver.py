@@ -172,7 +172,7 @@ def serve() -> None:
         if open_input and last is not None:
             pool.expire()
             missing = pool.missing(last, peak)
-            if missing and zygote.usable() and (forker is None or not forker.alive()):
+            if missing and pool.settings_for(last).zygote and zygote.usable() and (forker is None or not forker.alive()):
                 forker = zygote.Zygote(kernel_pool.PRELOAD)
             for _ in range(missing):
                 read_end, write_end = os.pipe()

@@ -57,6 +57,9 @@ class KernelPool(Configurable):
                               "bubblewrap. AUTOGRADER_KERNEL_POOL=0 turns it off.").tag(config=True)
     max_idle = Float(300.0, help="Seconds a kernel started ahead may wait for a submission before it is discarded "
                                  "and replaced.").tag(config=True)
+    zygote = Bool(True, help="Fork the kernels started ahead from a process that imported PyTorch once (the zygote), "
+                             "where bubblewrap runs as root with --uid; else each imports in its sandbox."
+                  ).tag(config=True)
     size = Integer(4, help="Most kernels kept waiting at once (as many as submissions are being graded at once, "
                            "up to this).").tag(config=True)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pkgutil
 import shutil
 import signal
 import socket
@@ -38,8 +39,16 @@ import psutil
 from . import cgroup, sandbox
 from .sandbox_folders import copy_font_cache
 
-#: The zygote's program (run with ``-c``: like a cold kernel's, its ``sys.path`` starts with the working folder).
-SOURCE = (Path(__file__).with_name("zygote_main.py")).read_text()
+
+def source() -> str:
+    """The zygote's program (run with ``-c``: like a cold kernel's, its ``sys.path`` starts with the working folder).
+
+    Read through the import system: a Dask worker imports the package from a zip.
+    """
+    data = pkgutil.get_data(__package__, "zygote_main.py")
+    assert data is not None
+    return data.decode()
+
 
 # The holder: wait for the kernel's exit status on stdin, then end the same way (killed by the
 # same signal, or exit with the same code); end with 1 when the zygote's side is gone unsaid.
@@ -75,7 +84,7 @@ class Zygote:
         copy_font_cache(home)
         env = sandbox.environment(sandbox.Limits(), str(home), token="")
         env.pop(sandbox.TOKEN_VARIABLE)
-        self.process = subprocess.Popen([sys.executable, "-c", SOURCE, self.address, *preload], env=env,
+        self.process = subprocess.Popen([sys.executable, "-c", source(), self.address, *preload], env=env,
                                         cwd=str(self.folder), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def alive(self) -> bool:

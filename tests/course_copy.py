@@ -12,6 +12,7 @@ import symtable
 from pathlib import Path
 
 import nbformat
+from IPython.core.inputtransformer2 import TransformerManager
 
 from autograder.diagnosis import Mistake
 from autograder.pipeline import grade, sandbox
@@ -76,14 +77,59 @@ def depends_on(assignment: str, exercise: str, mistake: Mistake) -> set[str]:
     built on the student's DecoderBlock, decode_step and KVCache), and those the mistake's own
     code reaches.
     """
-    names = set(hidden_test_arguments(assignment).get(exercise, []))
-    table = symtable.symtable(mistake_source(mistake, exercise), "<mistake>", "exec")
+    names = set(hidden_test_arguments(assignment).get(exercise, [])) | globals_read(mistake_source(mistake, exercise))
+    return set().union(*(_reached(assignment, name) for name in names - {exercise})) - {exercise}
+
+
+def globals_read(source: str) -> set[str]:
+    """The global names ``source`` reads: at its top level and in its functions (and their classes' methods)."""
+    table = symtable.symtable(source, "<cell>", "exec")
+    names = {symbol.get_name() for symbol in table.get_symbols() if symbol.is_referenced()}
     scopes = list(table.get_children())
-    while scopes:  # the globals its functions (and the methods of its classes) read
+    while scopes:
         scope = scopes.pop()
         scopes += scope.get_children()
         names |= {symbol.get_name() for symbol in scope.get_symbols() if symbol.is_global()}
-    return set().union(*(_reached(assignment, name) for name in names - {exercise})) - {exercise}
+    return names
+
+
+def _bound(source: str) -> set[str]:
+    """The names a cell binds at its top level (``def``, ``class``, imports, assignments, loop targets)."""
+    names = set()
+    for statement in ast.parse(source).body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(statement.name)
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in statement.names}
+        else:
+            names |= {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return names
+
+
+def without_demonstrations(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of ``notebook`` without the code cells nbgrader does not grade and no graded cell needs.
+
+    What a student who deletes the notebook's demonstrations hands in: the answer and test
+    cells stay, and every other code cell that defines a name they read (the imports, a class
+    a check is given), transitively; the cells that only print, plot, time or train go. Their
+    cost is most of a notebook's grading time (09 trains a model), and they grade nothing.
+    """
+    notebook = nbformat.from_dict(notebook)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    python = {id(c): TransformerManager().transform_cell(c.source) for c in code}  # %magics become calls
+    try:
+        bound = {id(c): _bound(python[id(c)]) for c in code}
+        reads = {id(c): globals_read(python[id(c)]) for c in code}
+    except SyntaxError:
+        return notebook  # a cell Python cannot read: keep everything
+    kept = {id(c) for c in code if nbgrader_meta(c)}
+    needed = set().union(*(reads[k] for k in kept))
+    while more := [c for c in code if id(c) not in kept and bound[id(c)] & needed]:
+        for cell in more:
+            kept.add(id(cell))
+            needed |= reads[id(cell)]
+    notebook.cells = [c for c in notebook.cells if c.cell_type != "code" or id(c) in kept]
+    return notebook
 
 
 @functools.cache

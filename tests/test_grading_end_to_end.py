@@ -2,7 +2,10 @@
 
 Each notebook is submitted as its reference, untouched, and as a few submissions that carry
 every catalogued mistake between them (:func:`~tests.course_copy.mistake_submissions`: one
-mistake per exercise at once). Each mistake is judged on its own exercise's hidden test cell:
+mistake per exercise at once). The submissions with mistakes leave out the demonstrations no
+graded cell needs, as a student may (:func:`~tests.course_copy.without_demonstrations`): they
+grade nothing and are most of the time a notebook takes; the reference and untouched
+submissions run them all, and nbval runs every solution. Each mistake is judged on its own exercise's hidden test cell:
 that cell scores 0 and its output names the mistake; the feedback page names it too and shows
 no hidden test. One test, so that the class is graded once whatever pytest worker runs it;
 every problem found is reported at the end.
@@ -33,8 +36,9 @@ from .course_copy import (
     reference_answers,
     released,
     submit,
+    without_demonstrations,
 )
-from .notebook_code import nbgrader_meta
+from .notebook_code import ROOT, nbgrader_meta
 
 ASSIGNMENTS = assignments()
 NOISY = "import sys; sys.stderr.write('UserWarning: this API is deprecated\\n')"
@@ -68,7 +72,7 @@ def submit_the_class(course) -> dict[tuple[str, str], dict]:
         submit(course, assignment, "untouched", student_version)
         for k, mistakes in enumerate(mistake_submissions(assignment)):
             answers = dict(reference, **{e: mistake_source(m, e) for e, m in mistakes.items()})
-            submit(course, assignment, f"mistakes_{k}", fill(student_version, answers))
+            submit(course, assignment, f"mistakes_{k}", without_demonstrations(fill(student_version, answers)))
             expected[(assignment, f"mistakes_{k}")] = mistakes
     # A correct answer whose library prints a warning to stderr keeps its points.
     first = ASSIGNMENTS[0]
@@ -145,3 +149,20 @@ def test_what_a_mistake_depends_on():
     assert depends_on("05_multi_head", "merge_heads", types.SimpleNamespace(fn=calls_split_heads)) == {"split_heads"}
     together = [set(chosen) for chosen in mistake_submissions(decoding)]
     assert not any({"KVCache", "decode_step"} <= names or {"generate", "DecoderBlock"} <= names for names in together)
+
+
+def test_a_submission_without_demonstrations_keeps_what_graded_cells_need():
+    """09's check of generate is handed the notebook's TinyDecoder; its training demonstration is needed by nothing."""
+    decoding = "09_decoding_and_training"
+    full = fill(nbformat.read(ROOT / "notebooks" / f"{decoding}.ipynb", as_version=4), reference_answers(decoding))
+    short = without_demonstrations(full)
+    sources = [c.source for c in short.cells if c.cell_type == "code"]
+    graded = [c.source for c in full.cells if nbgrader_meta(c)]
+    assert [s for s in sources if s in graded] == graded
+    assert any(s.startswith("class TinyDecoder") for s in sources) and any("import torch" in s for s in sources)
+    assert not any("training_seconds" in s for s in sources)
+    assert len(sources) < len([c for c in full.cells if c.cell_type == "code"]) - 10
+    magic = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%matplotlib inline\nimport torch"),
+                                            nbformat.v4.new_code_cell("print(1)")])
+    magic.cells.append(nbformat.v4.new_code_cell("torch.ones(1)", metadata={"nbgrader": {"grade": True}}))
+    assert [c.source for c in without_demonstrations(magic).cells] == ["%matplotlib inline\nimport torch", "torch.ones(1)"]

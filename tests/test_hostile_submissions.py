@@ -31,7 +31,7 @@ from .course_copy import fill, make_course, reference_answers, released, submit
 from .notebook_code import ROOT, nbgrader_meta
 
 A = "01_soft_lookup"
-CELL_TIMEOUT = 25
+CELL_TIMEOUT = 10
 NOTEBOOK_TIMEOUT = 300
 MARKER = f"hostile-{uuid.uuid4().hex}"
 POINTS = {

@@ -1,4 +1,4 @@
-"""environment.yml pins exactly what pyproject.toml pins."""
+"""The environment: pins (environment.yml pins exactly what pyproject.toml pins), and what make test relies on."""
 
 from __future__ import annotations
 
@@ -28,3 +28,31 @@ def test_nbformat_does_not_build_the_iri_parsers():
     loaded = subprocess.run([sys.executable, "-c", "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"],
                             capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "False", "rfc3987-syntax is installed: run `make setup` (it uninstalls it)"
+
+
+GROUPED = """
+import os, pytest
+pytestmark = pytest.mark.xdist_group("one")
+
+@pytest.mark.parametrize("k", range(6))
+def test_where(k):
+    with open(os.environ["WHERE"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+"""
+
+
+def test_an_xdist_group_runs_on_one_worker(tmp_path):
+    """make test shares a module's costly fixtures by grouping its tests (``xdist_group``, ``--dist loadgroup``):
+    pytest 9 with pytest-xdist 3.8 ignores the groups and builds those fixtures on every worker."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    where = tmp_path / "workers.txt"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadgroup", str(tmp_path / "test_grouped.py")],
+                         capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, WHERE=str(where)))
+    assert run.returncode == 0, run.stdout + run.stderr
+    workers = where.read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers

@@ -89,11 +89,13 @@ def python_kernel(kernel_cmd: list[str]) -> bool:
     return list(kernel_cmd[:3]) == [sys.executable, "-m", "ipykernel_launcher"]
 
 
-#: What a kernel started ahead imports: ipykernel and what every notebook imports. Not the autograder
+#: What a kernel started ahead imports: ipykernel, what every notebook imports, and what a notebook's first
+#: cell imports that costs a second of its own (``torch.nn.attention.bias``, in 03 and 09, imports TorchDynamo).
+#: Not the autograder
 #: package: a cold kernel imports it from its path when the first check calls in (a submission's own
 #: ``autograder/`` folder then shadows it, and the grader reads its forged answers as such), so a warm
 #: one must too. A preloaded module cannot be shadowed by a submission's files, unlike in a cold kernel.
-PRELOAD = ("ipykernel.kernelapp", "torch", "torch.nn.functional", "matplotlib.pyplot")
+PRELOAD = ("ipykernel.kernelapp", "torch", "torch.nn.functional", "matplotlib.pyplot", "torch.nn.attention.bias")
 
 # In the sandbox: import PRELOAD, wait for "go" (the kernel's arguments), then copy the submission's
 # files in and become ipykernel. Nothing before "go" comes from a student. The matplotlib backend

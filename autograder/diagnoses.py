@@ -379,17 +379,6 @@ def explain_device(actual: torch.Tensor, expected: torch.Tensor) -> list[str]:
     ]
 
 
-def explain_mutation(positions: Sequence[int | str], arg_names: Sequence[str], subject: str = "Your function") -> str:
-    """The sentence for a function that changed some of its tensor arguments in place."""
-    names = [arg_names[p] if isinstance(p, int) and p < len(arg_names) else
-             (f"argument {p}" if isinstance(p, int) else str(p)) for p in positions]
-    return (
-        f"{subject} changed its input(s) {', '.join(names)} in place (an operation such as x -= m, x /= s, "
-        "x.add_(...), x.masked_fill_(...) or x[...] = ... on an argument). The caller's tensors must stay as they "
-        "were: compute into a new tensor (x - m, x.masked_fill(...)), or work on x.clone()."
-    )
-
-
 # --- numbers ----------------------------------------------------------------------------------------
 
 

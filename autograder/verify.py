@@ -16,11 +16,22 @@ from typing import Any
 import torch
 
 from .compare import Mismatch, assert_matches, describe, is_close
-from .diagnoses import explain_mutation, explain_number
+from .diagnoses import explain_number
 from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching, run
 from .errors import CheckFailed, fail
 from .guard import Forbidden
 from .student import attempt, describe_error
+
+
+def explain_mutation(positions: Sequence[int | str], arg_names: Sequence[str], subject: str = "Your function") -> str:
+    """The sentence for a function that changed some of its tensor arguments in place."""
+    names = [arg_names[p] if isinstance(p, int) and p < len(arg_names) else
+             (f"argument {p}" if isinstance(p, int) else str(p)) for p in positions]
+    return (
+        f"{subject} changed its input(s) {', '.join(names)} in place (an operation such as x -= m, x /= s, "
+        "x.add_(...), x.masked_fill_(...) or x[...] = ... on an argument). The caller's tensors must stay as they "
+        "were: compute into a new tensor (x - m, x.masked_fill(...)), or work on x.clone()."
+    )
 
 
 @dataclass

@@ -142,9 +142,14 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
 
         first, first_folders = waiting()
         assert any(_is_zygote(p) for p in psutil.Process(server.process.pid).children()) == zygote.usable()
-        time.sleep(6)
-        second, second_folders = waiting()
-        assert first and not first & second, "the waiting process outlived the limit"
+        # past the limit (4 s) it is told to go; under load, ending its kernel and starting the next one takes a while
+        deadline = time.monotonic() + 60
+        while True:
+            time.sleep(1)
+            second, second_folders = waiting()
+            if not first & second or time.monotonic() > deadline:
+                break
+        assert first and not first & second, "the waiting process outlived the limit by a minute"
         assert not first_folders & second_folders
         for folder in first_folders:
             assert not Path(folder).exists(), f"the discarded kernel's folder {folder} is left"

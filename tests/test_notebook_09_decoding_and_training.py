@@ -1,6 +1,6 @@
 """Notebook 09: the reference passes every check, every catalogued mistake is caught and named, and
 each protection of the checks (the allocation count, the cached keys, the calls of the model, the
-training probe, the parameter names, the message of a full cache, the guard) catches what it must."""
+training probe, the parameter names, the norms' eps, the message of a full cache, the guard) catches what it must."""
 
 from __future__ import annotations
 
@@ -239,6 +239,24 @@ def test_parameter_names_are_checked_by_name(solution):
         visible.check_DecoderBlock(BlockWithOtherNames, solution.KVCache)
     message = str(failure.value)
     assert "missing: q_proj.weight (8, 8)" in message and "not expected: qkv.weight (24, 8)" in message
+
+
+def default_eps_block(solution):
+    class DefaultEps(solution.DecoderBlock):
+        def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
+            super().__init__(d_model, num_heads, d_ff, rope_base)
+            self.norm1, self.norm2 = nn.RMSNorm(d_model), nn.RMSNorm(d_model)  # eps=None: the dtype's machine epsilon
+
+    return DefaultEps
+
+
+@pytest.mark.parametrize("check", [visible.check_DecoderBlock, hidden.check_DecoderBlock])
+def test_norms_with_the_default_eps_are_named_not_taken_for_float32(solution, check):
+    with pytest.raises(CheckFailed) as failure:
+        check(default_eps_block(solution), solution.KVCache)
+    message = str(failure.value)
+    assert "norm1 is nn.RMSNorm with eps=None, norm2 is nn.RMSNorm with eps=None" in message
+    assert "nn.RMSNorm(d_model, eps=1e-6)" in message and "Was part of it computed in torch.float32" not in message
 
 
 def detached_block(solution):

@@ -28,6 +28,7 @@ forked kernel shares the zygote's hash seed (Python's ``random`` and NumPy's are
 """
 
 import ctypes
+import gc
 import json
 import os
 import random
@@ -142,6 +143,9 @@ def serve(address: str, modules: list[str]) -> None:
     os.environ.get("MPLBACKEND") or os.environ.update(MPLBACKEND="module://matplotlib_inline.backend_inline")
     for name in modules:
         __import__(name)
+    # What was imported lives as long as every kernel: the garbage collector need never scan it (a full
+    # collection would take 0.15 s in each kernel, and copy the pages it touches).
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per request
     server.bind(address)

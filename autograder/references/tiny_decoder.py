@@ -108,12 +108,18 @@ def greedy_reference(weights: Weights, prompt: torch.Tensor, steps: int, use_cac
     return tokens[:, prompt.shape[1]:]
 
 
+#: The epsilon of every norm of the course's decoder, 1e-6 (nn.RMSNorm's default, None, is the dtype's machine epsilon).
+NORM_EPS = 1e-6
+
+
 def module_parameters(module) -> dict:
-    """Probe: whether ``module`` is an nn.Module, and the shape of each of its parameters, by name."""
+    """Probe: whether ``module`` is an nn.Module, the shape of each of its parameters and the eps of its norms, by name."""
     if not isinstance(module, nn.Module):
-        return {"is_module": False, "type": type(module).__name__, "parameters": {}}
+        return {"is_module": False, "type": type(module).__name__, "parameters": {}, "norms": {}}
     return {"is_module": True, "type": type(module).__name__,
-            "parameters": {name: list(p.shape) for name, p in module.named_parameters()}}
+            "parameters": {name: list(p.shape) for name, p in module.named_parameters()},
+            "norms": {name: (type(m).__name__, m.eps) for name, m in module.named_modules()
+                      if isinstance(m, (nn.RMSNorm, nn.LayerNorm))}}
 
 
 def check_parameters(module, expected: dict[str, tuple[int, ...]], what: str) -> None:
@@ -134,6 +140,14 @@ def check_parameters(module, expected: dict[str, tuple[int, ...]], what: str) ->
              f"{'; '.join(parts)}. The checks load reference weights by these names (nn.RMSNorm(d_model, eps=1e-6) "
              "for norm1 and norm2, nn.Linear(d_model, d_model, bias=False) for the projections, nn.Linear with "
              "biases for fc1 and fc2).")
+    off = {name: (kind, eps) for name, (kind, eps) in summary["norms"].items()
+           if not isinstance(eps, float) or not math.isclose(eps, NORM_EPS, rel_tol=1e-9)}
+    if off:
+        fail(f"The norms of {what} should be made with eps=1e-6, but "
+             + ", ".join(f"{name} is nn.{kind} with eps={eps}" for name, (kind, eps) in off.items())
+             + ": write nn.RMSNorm(d_model, eps=1e-6). Without it, nn.RMSNorm adds the machine epsilon of the "
+             "input's dtype, and every output moves slightly: an error the size of float32 rounding, though "
+             "nothing was computed in float32.")
 
 
 def run_block(DecoderBlock, KVCache) -> Callable[..., Any]:  # noqa: N803

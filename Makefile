@@ -45,7 +45,7 @@ test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests
 
 lint: setup ## ruff on the package and the tests
-	$(BIN)/ruff check autograder tests
+	$(BIN)/ruff check autograder tests bench
 
 release: setup ## regenerate notebooks/ and solutions/ from source/ (ASSIGNMENTS="01_soft_lookup" for one)
 	$(BIN)/python -m autograder release $(ASSIGNMENTS)

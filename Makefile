@@ -36,10 +36,10 @@ exchange: ## make the nbgrader exchange folder (the Assignment List needs it)
 lab: setup exchange ## the instructor's JupyterLab (Formgrader, Assignment List) on the course, opened at notebooks/
 	$(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-test: setup ## run every test: lint, unit, drift, grading end to end, then nbval on solutions/ (two workers each)
+test: setup ## run every test on two workers: lint, unit, drift, grading end to end, and nbval on solutions/
 	$(BIN)/ruff check autograder tests bench
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=12 tests  # the order: tests/conftest.py
-	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg solutions
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=12 \
+	  --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests solutions  # the order: tests/conftest.py
 
 test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests

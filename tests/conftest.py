@@ -5,13 +5,17 @@ xdist gives each worker the next test (or group, ``xdist_group``) in collection 
 up. A test that grades a whole class takes minutes; started last it would run alone at the end. So
 the tests that grade through nbgrader start first, the two longest (measured with ``--durations``)
 on different workers, and everything else fills the time beside them. Only the order and the
-placement change, never what runs. (nbval runs the solutions after, with ``--dist loadfile``: a
-notebook's cells share one kernel and must run in order on one worker; ``loadgroup`` spread them.)
+placement change, never what runs. nbval's notebooks (``make test`` passes ``solutions`` with
+``--nbval``) run in the same session, each as one group (:mod:`tests.nbval_figures`: a notebook's
+cells share one kernel and must run in order on one worker), started beside the slow tests.
 """
 
 from __future__ import annotations
 
 import pytest
+from nbval.plugin import IPyNbCell
+
+from . import nbval_figures
 
 #: The longest tests, longest first (each grades a class through nbgrader).
 LONGEST = (
@@ -24,12 +28,14 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
     for rank, name in enumerate(LONGEST):
         if item.nodeid.endswith(name):
             return 0, rank
-    return (1 if item.get_closest_marker("slow") else 2), 0
+    return (1 if item.get_closest_marker("slow") or isinstance(item, IPyNbCell) else 2), 0
 
 
 #: Notebooks the tests read (some break on purpose); nbval never runs them.
 collect_ignore = ["fixtures"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_rank)  # stable: the rest keep their order
+    nbval_figures.prepare(items)
+    items.sort(key=_rank)  # stable: the rest keep their order (a notebook's cells too)

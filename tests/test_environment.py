@@ -56,3 +56,57 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     workers = where.read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, workers
+
+
+def _png(gray: int) -> bytes:
+    """A 1 x 1 grey PNG."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes([0, gray]))) + \
+        chunk(b"IEND", b"")
+
+
+def _figure_notebook(shown: int, committed: int):
+    """A notebook whose cells share a name (one kernel), then show a PNG: ``committed`` is the one its output holds."""
+    import base64
+
+    import nbformat
+
+    cells = [nbformat.v4.new_code_cell("x = 1")]
+    cells += [nbformat.v4.new_code_cell("x += 1\nprint(x)", outputs=[nbformat.v4.new_output(
+        "stream", name="stdout", text=f"{k}\n")]) for k in range(2, 8)]
+    cells.append(nbformat.v4.new_code_cell(
+        f"from IPython.display import Image, display\ndisplay(Image(data={_png(shown)!r}))",
+        outputs=[nbformat.v4.new_output("display_data", data={
+            "image/png": base64.b64encode(_png(committed)).decode(), "text/plain": "<IPython.core.display.Image object>"})]))
+    for count, cell in enumerate(cells, 1):
+        cell.execution_count = count
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def test_nbval_compares_figures_and_keeps_a_notebook_on_one_worker(tmp_path):
+    """make test runs the solutions with nbval in its own session (tests/nbval_figures.py): a notebook's cells must
+    share one kernel on one worker, and a figure that changed must fail (plain nbval skips images)."""
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+
+    nbformat.write(_figure_notebook(shown=10, committed=10), tmp_path / "same.ipynb")
+    nbformat.write(_figure_notebook(shown=10, committed=200), tmp_path / "changed.ipynb")
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\nfrom tests import nbval_figures\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(items):\n    nbval_figures.prepare(items)\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                          "--nbval", "-rf", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    failed = re.findall(r"^FAILED (.*?)(?:@| - |$)", run.stdout, re.M)
+    assert failed == ["changed.ipynb::Cell 7"], run.stdout[-3000:]
+    assert "a PNG of" in run.stdout and "sha256" in run.stdout, run.stdout[-3000:]
+    assert "15 passed" in run.stdout, run.stdout[-3000:]

@@ -51,11 +51,20 @@ def normalise(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def release_one(assignment: str, root: Path = ROOT) -> None:
-    """Generate ``notebooks/<assignment>.ipynb`` and ``solutions/<assignment>/`` from source."""
+#: ``generate_solution``'s steps without ``Execute`` (nbgrader's default list, ``GenerateSolution.preprocessors``).
+UNEXECUTED = [f"--GenerateSolution.preprocessors=nbgrader.preprocessors.{name}"
+              for name in ("IncludeHeaderFooter", "LockCells", "ClearOutput", "ClearMarkScheme")]
+
+
+def release_one(assignment: str, root: Path = ROOT, execute: bool = True) -> None:
+    """Generate ``notebooks/<assignment>.ipynb`` and ``solutions/<assignment>/`` from source.
+
+    ``execute=False`` leaves the solutions without outputs (the drift test: nbval checks the outputs).
+    """
     try:
         nbgrader("generate_assignment", assignment, "--force", "--log-level=WARN", root=root)
-        nbgrader("generate_solution", assignment, "--force", "--log-level=WARN", root=root)
+        nbgrader("generate_solution", assignment, "--force", "--log-level=WARN", *([] if execute else UNEXECUTED),
+                 root=root)
     except subprocess.CalledProcessError as error:
         raise SystemExit(f"nbgrader failed on {assignment}:\n{error.stdout}\n{error.stderr}") from None
     student = root / "build" / "release" / assignment / f"{assignment}.ipynb"

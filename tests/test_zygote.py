@@ -151,3 +151,69 @@ def test_when_the_zygote_is_gone_the_kernel_starts_in_its_sandbox():
     finally:
         gone.close()
 
+
+
+async def _probes_across_a_restart(prepared: kernel_pool.PreparedKernel, cwd: str, before_restart=None) -> list:
+    """Adopt ``prepared``, probe it, restart it as grading does after a crash, probe the new kernel.
+
+    ``before_restart`` is called between the two (e.g. to take the zygote away).
+    """
+    kernel_pool.offer(prepared)
+    manager = SandboxedKernelManager()
+    await manager.start_kernel(cwd=cwd)
+    probes = []
+    try:
+        for restart in (False, True):
+            if restart:
+                if before_restart is not None:
+                    before_restart()
+                await manager.restart_kernel(now=True)
+            client = manager.client()
+            client.start_channels()
+            printed: list[str] = []
+            try:
+                await client.wait_for_ready(timeout=120)
+                await client.execute_interactive(PROBE + "print(json.dumps(open('data.txt').read()))", timeout=120,
+                                                 output_hook=lambda m, out=printed: out.append(
+                                                     m["content"].get("text", "")))
+            finally:
+                client.stop_channels()
+            lines = "".join(printed).strip().splitlines()
+            probes.append({**json.loads(lines[-2]), "data": json.loads(lines[-1]), "kernel": manager.provisioner.pid})
+    finally:
+        await manager.shutdown_kernel(now=True)
+    return probes
+
+
+@pytest.mark.slow
+def test_a_restarted_kernel_is_forked_again_and_confined_as_the_first(forker, tmp_path, monkeypatch):
+    """After a crash or a swallowed interrupt, the kernel of a forked one is forked too (not a cold start)."""
+    monkeypatch.setenv("NBGRADER_DB_URL", "postgresql://grader-secret@localhost/gradebook")
+    (tmp_path / "data.txt").write_text("a file of the submission")
+    first, restarted = asyncio.run(_probes_across_a_restart(SandboxedKernelManager().prestart(forker.address),
+                                                            str(tmp_path)))
+    assert first.pop("kernel") != restarted.pop("kernel")  # a new sandbox
+    assert first["forked"] and restarted["forked"] and restarted["torch imported"]
+    assert restarted == first  # the same confinement, folder, environment and files
+    assert restarted["data"] == "a file of the submission"
+
+
+@pytest.mark.slow
+def test_a_restart_starts_cold_when_the_zygote_is_gone(tmp_path):
+    (tmp_path / "data.txt").write_text("a file of the submission")
+    gone = zygote.Zygote(kernel_pool.PRELOAD)
+
+    def kill():  # it dies; its socket stays
+        gone.process.kill()
+        gone.process.wait()
+
+    try:
+        first, restarted = asyncio.run(_probes_across_a_restart(SandboxedKernelManager().prestart(gone.address),
+                                                                str(tmp_path), before_restart=kill))
+    finally:
+        gone.close()
+    assert first["forked"] and not restarted["forked"] and not restarted["torch imported"]
+    assert restarted["data"] == "a file of the submission"
+    for name in ("forked", "torch imported", "kernel", "cwd", "environment"):  # as a cold kernel's differ
+        first.pop(name), restarted.pop(name)
+    assert restarted == first

@@ -13,8 +13,12 @@ A kernel starts in one of two ways:
   a sandboxed process was started ahead and has imported PyTorch and matplotlib
   (``kernel_pool.PRELOAD``), nothing of any student. The first launch of this manager adopts it:
   the submission's files are copied into its (until then empty) input folder, and it is told to
-  become the kernel. A pooled kernel is used for one submission only; a restart always starts a
-  cold one.
+  become the kernel. A pooled kernel is used for one submission only.
+
+A restart (after a crash or a cell that ignores its interrupt) starts a cold kernel, except where
+the first kernel was forked from the fork server's zygote (:mod:`autograder.pipeline.zygote`): the
+new one is forked from it too, into a new sandbox made as the first one was (same folder, same
+control group, the submission's files copied in again), or starts cold when the zygote cannot.
 
 What this does NOT protect: the sandbox's own limits are those of ``sandbox.py`` (its docstring
 says what they leave open); a warm kernel has been running since it was started ahead, so its CPU
@@ -71,6 +75,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         kwargs.setdefault("connection_file", str(self._private / "kernel.json"))
         super().__init__(**kwargs)
         self._group: cgroup.Group | None = pooled.group if pooled else None
+        self._zygote: str | None = None  # where a restarted kernel is forked from (the first one's zygote)
 
     @property
     def limits(self) -> Limits:
@@ -120,6 +125,12 @@ class SandboxedKernelManager(AsyncKernelManager):
                 self._adopt(pooled, kernel_cmd, workdir)
                 return
             pooled.stop()  # started for other settings: this kernel starts cold, in the same folder
+        elif self._zygote is not None and kernel_pool.python_kernel(kernel_cmd):
+            try:
+                self._adopt(self._prestart_forked(self._zygote), kernel_cmd, workdir)
+                return
+            except zygote.ZygoteError as error:
+                self.log.warning("Restarting the kernel the usual way: %s", error)
         cmd = self._sandboxed(kernel_cmd, workdir, workdir, kw)
         await super()._async_launch_kernel(cmd, **kw)
 
@@ -130,6 +141,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         if owner is not None:
             os.chown(self.connection_file, owner, owner)
         pooled.go(kernel_cmd)
+        self._zygote = pooled.zygote
         self.kernel_spec.interrupt_mode = "message"
         provisioner = self.provisioner
         assert provisioner is not None
@@ -172,7 +184,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             os.close(status_read)
         limits = self.limits
         prepared = kernel_pool.PreparedKernel(process, self._private, self._token, self._group, limits, monotonic(),
-                                              go_pipe=os.fdopen(go_write, "wb"))
+                                              go_pipe=os.fdopen(go_write, "wb"), zygote=address)
         try:
             zygote.fork_kernel(address, process, limits=limits, workdir=workdir, group=self._group,
                                env=environment(limits, str(self._private / "home"), self._token),

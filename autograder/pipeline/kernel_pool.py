@@ -12,7 +12,8 @@ files are copied into the sandbox's input folder, and the kernel is told "go" (t
 file to use), copies them into its working folder and starts ipykernel.
 
 - A kernel is a child of the process whose kernel manager manages it, as jupyter_client expects.
-- Each kernel serves one submission; a restart after a crash starts a cold kernel.
+- Each kernel serves one submission; a restart after a crash starts a cold kernel, or one forked
+  from the zygote where the first was (:mod:`autograder.pipeline.kernel_manager`).
 - A waiting process older than :attr:`KernelPool.max_idle` seconds is discarded and replaced.
 - A waiting process is only handed a request from the same course folder with the same
   environment (the run's mark aside) as the one it was started for; its kernel is only adopted
@@ -129,6 +130,7 @@ class PreparedKernel:
     limits: Limits
     started: float
     go_pipe: IO[bytes] | None = None  # where "go" is written (None: the process's stdin)
+    zygote: str | None = None  # the address of the zygote it was forked from (None: it imported in its sandbox)
     taken: bool = field(default=False)
     launched: bool = field(default=False)
 

@@ -2,13 +2,15 @@
 
 Each notebook is submitted as its reference, untouched, and as a few submissions that carry
 every catalogued mistake between them (:func:`~tests.course_copy.mistake_submissions`: one
-mistake per exercise at once). The submissions with mistakes leave out the demonstrations no
-graded cell needs, as a student may (:func:`~tests.course_copy.without_demonstrations`): they
-grade nothing and are most of the time a notebook takes; the reference and untouched
-submissions run them all, and nbval runs every solution. Each mistake is judged on its own exercise's hidden test cell:
-that cell scores 0 and its output names the mistake; the feedback page names it too and shows
-no hidden test. One test, so that the class is graded once whatever pytest worker runs it;
-every problem found is reported at the end.
+mistake per exercise at once). The submissions with mistakes answer right only the exercises
+their mistakes' grading needs (:func:`~tests.course_copy.depends_on`), leave the others as
+released, and leave out the demonstrations no graded cell needs, as a student may
+(:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are
+for and are most of the time a notebook takes; the reference submission answers and runs
+everything, the untouched one runs everything, and nbval runs every solution. Each mistake is
+judged on its own exercise's hidden test cell: that cell scores 0 and its output names the
+mistake; the feedback page names it too and shows no hidden test. One test, so that the class
+is graded once whatever pytest worker runs it; every problem found is reported at the end.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def submit_the_class(course) -> dict[tuple[str, str], dict]:
         submit(course, assignment, "reference", fill(student_version, reference))
         submit(course, assignment, "untouched", student_version)
         for k, mistakes in enumerate(mistake_submissions(assignment)):
-            answers = dict(reference, **{e: mistake_source(m, e) for e, m in mistakes.items()})
+            # the exercises the mistakes' grading needs are answered right; the others are left as released
+            needed = set().union(*(depends_on(assignment, e, m) for e, m in mistakes.items()))
+            answers = {e: reference[e] for e in needed} | {e: mistake_source(m, e) for e, m in mistakes.items()}
             submit(course, assignment, f"mistakes_{k}", without_demonstrations(fill(student_version, answers)))
             expected[(assignment, f"mistakes_{k}")] = mistakes
     # A correct answer whose library prints a warning to stderr keeps its points.

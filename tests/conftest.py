@@ -13,6 +13,7 @@ cells share one kernel and must run in order on one worker), started beside the 
 from __future__ import annotations
 
 import pytest
+import torch
 from nbval.plugin import IPyNbCell
 
 from . import nbval_figures
@@ -30,6 +31,11 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
             return 0, rank
     return (1 if item.get_closest_marker("slow") or isinstance(item, IPyNbCell) else 2), 0
 
+
+# One PyTorch thread in each worker, as in grading (the fork server, the kernels): the same sums as there, and
+# two workers on two cores do not spin against each other's threads (the checks' tests took three times the CPU).
+# Only this process: nbval's kernels run the solutions as `make release` did.
+torch.set_num_threads(1)
 
 #: Notebooks the tests read (some break on purpose); nbval never runs them.
 collect_ignore = ["fixtures"]

@@ -87,6 +87,31 @@ def test_a_worker_without_a_sandbox_refuses_to_grade(monkeypatch):
         cluster.grade_staged("no-such-course", A, "kim", {}, grade.Options(sandbox=True), 10)
 
 
+def test_a_workers_copy_of_the_course_is_the_graders_alone(tmp_path, monkeypatch):
+    """A worker grades in a copy of the course in its temporary folder (the gradebook, the submission): mode 0700
+    as tempfile made it, not the course folder's 0755, which copytree copies onto it."""
+    import contextlib
+    import stat
+    import types
+
+    course = tmp_path / "course"
+    (course / "courses" / A).mkdir(parents=True)
+    (course / "courses" / A / "gradebook.db").write_bytes(b"")
+    (course / "courses" / A).chmod(0o755)
+    seen = {}
+
+    def run(assignment, student, private, staged, options, limit, server):
+        seen.update(mode=stat.S_IMODE(private.stat().st_mode), private=private)
+        return "stopped before nbgrader"
+
+    monkeypatch.setattr(cluster, "course_folder", lambda name: course)
+    monkeypatch.setattr(cluster, "_WORKER", types.SimpleNamespace(using=lambda *args: contextlib.nullcontext()))
+    monkeypatch.setattr(cluster, "_run_nbgrader", run)
+    graded = cluster.grade_staged("c", A, "kim", {f"{A}.ipynb": b"{}"}, grade.Options(sandbox=False), 10)
+    assert graded.error == "stopped before nbgrader"
+    assert oct(seen["mode"]) == oct(0o700) and not seen["private"].exists()
+
+
 @pytest.mark.parametrize("name", ["../outside", "/etc/passwd", "a/../../b", "a//b", "", "./a"])
 def test_no_file_is_written_outside_the_submission(tmp_path, name):
     with pytest.raises(ValueError, match="not a file inside"):

@@ -33,7 +33,9 @@ once. So a worker needs no checkout of the course, only the environment.
 Not protected here: the workers are the instructor's machines. What the scheduler and the
 workers hold (the hidden checks, the submissions) is as safe as they are; Dask's ``tcp://``
 is not encrypted or authenticated (``tls://`` is, with Dask's security settings). The
-student's code runs in the sandbox on the worker, as it would here.
+student's code runs in the sandbox on the worker, as it would here. A worker grades in a copy of
+the course in its temporary folder (``autograder-cluster-*``, readable by the worker's user
+alone) and removes it after; a worker killed mid-task leaves it there.
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def grade_staged(course: str, assignment: str, student: str, files: dict[str, by
     private = Path(tempfile.mkdtemp(prefix="autograder-cluster-"))
     try:
         shutil.copytree(folder / "courses" / assignment, private, dirs_exist_ok=True)
+        private.chmod(0o700)  # copytree gave it the course folder's mode: other users of the worker must not read it
         staged = private / "staged"
         write_tree(staged / student / assignment, files)
         with _WORKER.using(folder, settings.grading(private).forkserver) as server:

@@ -2,13 +2,18 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+# The Pythons the course supports, newest first. PYTHON=... chooses one; otherwise the newest that runs
+# here (a pyenv shim of a version that is not selected exists but does not run: each is tried).
+SUPPORTED_PYTHONS := 3.14 3.13 3.12 3.11
+PYTHON ?= $(or $(firstword $(foreach v,$(SUPPORTED_PYTHONS),$(shell python$(v) -c 'import sys; print(sys.executable)' 2>/dev/null))),$(shell command -v python3))
+VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
 # nbgrader calls `jupyter` and `alembic` by name: the venv's bin leads PATH everywhere.
 export PATH := $(BIN):$(PATH)
 export PYTHONWARNINGS := ignore
-STAMP := $(VENV)/.installed
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+# One stamp per Python version: PYTHON=... with another version than the venv's is caught below, not ignored.
+STAMP := $(VENV)/.installed-$(PYTHON_VERSION)
 ASSIGNMENTS ?=
 WORKERS ?=
 CLUSTER ?=
@@ -19,7 +24,10 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml Makefile
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make setup: '$(PYTHON)' is not Python 3.11 or newer ($$($(PYTHON) --version 2>&1)); install one and say which: make setup PYTHON=python3.13"; exit 2; }
+	@test -x $(BIN)/python || { echo "make setup: a new environment $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"; $(PYTHON) -m venv $(VENV); }
+	@test "$$($(BIN)/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" \
+	  || { echo "make setup: $(VENV) was made with $$($(BIN)/python --version), not $(PYTHON)'s $$($(PYTHON) --version): remove it (make clean) or choose another folder (VENV=.venv-3.13)"; exit 2; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
 	@# rfc3987-syntax (pulled in by jupyter-events) builds ~35 parsers whenever nbformat is imported:
@@ -28,7 +36,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install everything (fast when already done)
+setup: $(STAMP) ## create .venv and install everything (fast when already done; PYTHON=python3.13 to choose)
+	@echo "make: Python $(PYTHON_VERSION) ($(PYTHON)) in $(VENV)"
 
 exchange: ## make the nbgrader exchange folder (the Assignment List needs it)
 	mkdir -p exchange

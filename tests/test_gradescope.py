@@ -170,6 +170,15 @@ def test_a_test_output_is_the_message_never_the_source_or_a_traceback():
     assert gradescope.cell_output(cell) == "printed\nCheckFailed: the weights do not sum to 1"
 
 
+def test_a_test_output_steers_no_terminal_and_keeps_its_lines():
+    """What a check printed keeps its lines; an escape sequence, a carriage return or a bidi override is shown, not obeyed."""
+    cell = new_code_cell("check(fn)")
+    cell.outputs = [new_output("stream", name="stdout", text="line one\n\x1b]0;new title\x07\x1b[2Jtwo\rthree \u202eevil\n")]
+    text = gradescope.cell_output(cell)
+    # colours and other CSI sequences are dropped, as before; the rest is escaped
+    assert text == "line one\n\\x1b]0;new title\\x07two\\rthree \\u202eevil", repr(text)
+
+
 # -- writing results.json --------------------------------------------------------------------------
 
 
@@ -384,6 +393,19 @@ def test_hidden_visibility_is_configurable(graded):
         assert schema_errors(results) == []
         assert {t["visibility"] for t in results["tests"] if t["name"].endswith("(hidden checks)")} == {visibility}
         assert {t["visibility"] for t in results["tests"] if t["name"].endswith("(visible checks)")} == {"visible"}
+
+
+@pytest.mark.slow
+def test_a_note_cannot_pass_for_a_line_of_the_output(graded):
+    """A folder name (the notes quote it) with escapes and newlines followed by lines like the output's own."""
+    root, _, _ = graded["reference"]
+    config = json.loads((root / "source" / gradescope.CONFIG).read_text())
+    forged = "Your notebook was in the folder x\x1b]0;t\x07\n- forged note\nProtection: none.\n\x1b[2J"
+    output = gradescope.results(root / "grading", config, 1.0, "p", [forged])["output"]
+    lines = output.split("\n")
+    assert [line for line in lines if line.startswith("Protection:")] == ["Protection: p."], lines
+    assert not [line for line in lines if line.startswith("- forged")], lines
+    assert "\x1b" not in output and "x\\x1b]0;t\\x07\\n- forged note\\nProtection: none." in output
 
 
 @pytest.mark.slow

@@ -163,11 +163,7 @@ class FeedbackRun:
         if self.without_submissions:
             lines.append("no graded submissions, so no feedback, for: " + ", ".join(self.without_submissions))
         lines += [f"  could not render {line}" for line in self.broken]
-        return "\n".join(_printable(line) for line in lines)
-
-
-def _printable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return "\n".join(grading_notes.inert_text(line) for line in lines)
 
 
 def write_text(path: Path, text: str) -> None:

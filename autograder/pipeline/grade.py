@@ -48,7 +48,7 @@ from pathlib import Path
 from . import notes, sandbox, settings, staging
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
-from .notes import Note, NoteKind, safe_text
+from .notes import Note, NoteKind, inert_text, safe_text
 
 RUN_VARIABLE = sandbox.RUN_VARIABLE
 
@@ -157,7 +157,7 @@ class Summary:
             for note in outcome.notes:
                 if note.kind not in (NoteKind.FAILED, NoteKind.PROTECTION):  # said once, above
                     lines.append(f"  {a} / {s}: {note.message}")
-        return safe_text("\n".join(lines))
+        return "\n".join(inert_text(line) for line in lines)  # a name or note cannot start a line of its own
 
 
 def submissions(root: Path = ROOT, names: list[str] | None = None) -> list[tuple[str, str]]:

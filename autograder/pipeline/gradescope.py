@@ -249,7 +249,7 @@ def cell_output(cell: nbformat.NotebookNode) -> str:
     text = _ANSI.sub("", "".join(parts)).strip()
     if len(text) > MAX_OUTPUT:
         text = text[:MAX_OUTPUT] + f"\n[output cut: longer than {MAX_OUTPUT} characters]"
-    return grading_notes.safe_text(text)
+    return grading_notes.inert_text(text, lines=True)
 
 
 def results(course: Path, config: dict, seconds: float, protection: str, extra: list[str] | None = None) -> dict:
@@ -289,7 +289,9 @@ def results(course: Path, config: dict, seconds: float, protection: str, extra: 
                     "extra_data": {"grade_id": cell.grade_id, "notebook": name},
                 })
     total, possible = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
-    notes = [n.message for n in grading_notes.read_notes(folder)] + list(extra or [])
+    # One line each, whatever a note quotes (a file or folder name): none can pass for a line of this output.
+    messages = [note.message for note in grading_notes.read_notes(folder)] + list(extra or [])
+    notes = [grading_notes.inert_text(message) for message in messages]
     lines = [f"{assignment}: {total:g} / {possible:g} points."]
     if any(t["visibility"] != "visible" for t in tests):
         lines.append(WHEN_SHOWN[visibility])
@@ -299,7 +301,7 @@ def results(course: Path, config: dict, seconds: float, protection: str, extra: 
     return {
         "score": total,
         "execution_time": round(seconds),
-        "output": grading_notes.safe_text("\n".join(lines)),
+        "output": grading_notes.inert_text("\n".join(lines), lines=True),
         "output_format": "text",
         "test_output_format": "text",
         "test_name_format": "text",

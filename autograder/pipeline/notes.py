@@ -4,15 +4,19 @@ Every step of grading (staging, the run of the notebook, the summary, the feedba
 through these: a :class:`Note` for the student and the instructor, kept with the graded
 submission in ``.grading-notes.json``; the ``ename`` of the error outputs the grader gives a
 cell that timed out, killed its kernel or was not run, and the text of a cut output, which
-the notes read back from the graded notebook; and :func:`safe_text`, which makes whatever a
+the notes read back from the graded notebook; :func:`safe_text`, which makes whatever a
 submission holds (a lone surrogate, a file name that is not UTF-8) into text that every
-later step can write.
+later step can write; and :func:`inert_text`, the one way such text is printed to a terminal
+or put in a platform's plain-text output: every control character written as an escape, so
+that it shows itself and does nothing (no terminal escape sequence, no carriage return that
+overwrites a line, no newline that starts a forged line of a summary).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -38,6 +42,24 @@ def output_cut(limit: int, stream: str) -> str:
 def safe_text(text: Any) -> str:
     """``text`` as a string that encodes to UTF-8 whatever it held (lone surrogates become ``\\udXXX``)."""
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: What :func:`inert_text` escapes: the C0 and C1 control characters and DEL (ESC starts a terminal's
+#: escape sequences, CR and backspace overwrite what was shown, NUL and BEL), the Unicode line and
+#: paragraph separators, and the marks and overrides that reorder a line as it is shown.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def inert_text(text: Any, lines: bool = False) -> str:
+    """``text`` as :func:`safe_text`, with every control character written as its escape (``\\x1b``, ``\\n``).
+
+    Printed to a terminal or shown as plain text, the result shows what it holds and does nothing.
+    With ``lines``, newlines and tabs are kept (a multi-line message); without, the text is one
+    line whatever it held, so that it cannot pass for a line of its own.
+    """
+    kept = "\n\t" if lines else ""
+    return CONTROL_CHARACTERS.sub(lambda m: m.group() if m.group() in kept else m.group().encode("unicode_escape").decode(),
+                                  safe_text(text))
 
 
 def safe_tree(value: Any) -> Any:
@@ -82,7 +104,7 @@ class Note:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", NoteKind(self.kind))  # an unknown kind is a ValueError
-        object.__setattr__(self, "message", safe_text(self.message))
+        object.__setattr__(self, "message", inert_text(self.message))  # one line, whatever it quotes
 
 
 def describe_exit(code: int | None) -> str:

@@ -85,6 +85,10 @@ grades: setup ## grades.csv (nbgrader export) and grades-canvas.csv (Canvas's gr
 report: setup ## report/index.html: the class report (scores per exercise, named mistakes, failures, time)
 	$(BIN)/python -m autograder.pipeline.report $(ASSIGNMENTS)
 
+.PHONY: similarity
+similarity: setup ## report/similarity/index.html: similar answers per exercise, and answers matching the reference (THRESHOLD=0.5)
+	$(BIN)/python -m autograder similarity $(ASSIGNMENTS) $(if $(THRESHOLD),--threshold $(THRESHOLD))
+
 student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, README, one-command setup
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 

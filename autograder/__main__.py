@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                          help="regular expression naming student_id and file_id in each file's path (default: Canvas)")
     fb = commands.add_parser("feedback", help="write feedback/ for every graded submission")
     fb.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    similar = commands.add_parser("similarity", help="write report/similarity/: similar answers per exercise, and "
+                                  "answers matching the reference solution")
+    similar.add_argument("assignments", nargs="*", help="assignment names (default: all)")
+    similar.add_argument("--threshold", type=float, default=None,
+                         help="list the pairs at or above this similarity, 0 to 1 (default: 0.5)")
     commands.add_parser("settings", help="print every setting of the course as a Markdown table")
     new = commands.add_parser("new-notebook", help="write the files of a new notebook (source, references, checks, "
                               "hidden checks, tests) with one example exercise")
@@ -63,6 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         run = feedback.feedback(args.assignments)
         print(run)
         return 1 if run.broken else 0
+    elif args.command == "similarity":
+        from .pipeline import similarity, similarity_page
+
+        threshold = similarity.THRESHOLD if args.threshold is None else args.threshold
+        if not 0.0 <= threshold <= 1.0:
+            print(f"make similarity: the threshold is a similarity from 0 to 1, not {threshold}")
+            return 2
+        try:
+            found = similarity_page.write(args.assignments, threshold=threshold)
+        except ValueError as error:
+            print(f"make similarity: {error}")
+            return 2
+        print(similarity_page.summary(found, threshold))
     elif args.command == "new-notebook":
         from .pipeline import scaffold
 

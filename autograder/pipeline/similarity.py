@@ -263,9 +263,16 @@ def compare_assignment(name: str, root: Path = ROOT, threshold: float = THRESHOL
 
 def compare(names: Iterable[str] | None = None, root: Path = ROOT, threshold: float = THRESHOLD,
             shown: int = SHOWN) -> list[Assignment]:
-    """:func:`compare_assignment` for each of ``names`` (default: every assignment) with submissions."""
+    """:func:`compare_assignment` for each of ``names`` (default: every assignment) with submissions.
+
+    A name that is not an assignment of ``source/`` is a ValueError.
+    """
+    known = assignments(root)
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise ValueError(f"no such assignment in source/: {', '.join(unknown)} (there are {', '.join(known)})")
     found = []
-    for name in names or assignments(root):
+    for name in names or known:
         if students_of(root, name):
             found.append(compare_assignment(name, root, threshold, shown))
     return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import tomllib
 import zipfile
 
@@ -114,3 +115,33 @@ def test_student_config_matches_the_course(bundle, tmp_path):
     assert student.CourseDirectory.course_id == instructor.CourseDirectory.course_id
     assert student.KernelManager.transport_encryption == "auto"
     assert (tmp_path / "exchange").is_dir()
+
+
+def _older_python() -> str | None:
+    """A Python 3 older than 3.11 on this machine (PATH, or pyenv's versions), if there is one."""
+    import glob
+    import shutil
+    import subprocess
+
+    found = [shutil.which(f"python3.{minor}") for minor in range(6, 11)]
+    found += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[6-9].*/bin/python3"))
+                    + glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python3")))
+    for python in filter(None, found):
+        probe = subprocess.run([python, "-c", "import sys; print(sys.version_info < (3, 11))"], capture_output=True, text=True)
+        if probe.stdout.strip() == "True":
+            return python
+    return None
+
+
+def test_course_py_refuses_an_older_python_in_one_line(bundle, tmp_path):
+    """Python 3.10 or older: one line that says which versions and what to run, not a traceback."""
+    import subprocess
+
+    python = _older_python()
+    if python is None:
+        pytest.skip("no Python older than 3.11 on this machine to try course.py with")
+    (tmp_path / "course.py").write_text(bundle["attention-course/course.py"])
+    done = subprocess.run([python, "course.py", "setup"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and not (tmp_path / ".venv").exists()
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "needs Python 3.11 to 3.14" in done.stderr and "Traceback" not in done.stderr

@@ -97,7 +97,40 @@ def test_setup_installs_the_pinned_environment(unpacked):
         needed = pin.split("==")[0] not in gradescope.NOT_FOR_GRADING
         assert (f'"{pin}"' in setup) == needed, f"setup.sh {'does not install' if needed else 'installs'} {pin}"
     assert {"nbgrader", "nbclient", "ipykernel", "psutil"} <= {p.split("==")[0] for p in gradescope.grading_pins()}
-    assert "apt-get install" in setup and "bubblewrap" in setup and "python3.11 -m venv" in setup
+    assert "apt-get install" in setup and "bubblewrap" in setup and '"$PYTHON" -m venv "$VENV"' in setup
+
+
+def _pythons(*minors: int) -> dict[int, str]:
+    """pyenv's interpreters of these 3.x versions on this machine (skip the test when one is missing)."""
+    import glob
+    import os
+
+    found = {}
+    for minor in minors:
+        paths = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3.{minor}")))
+        if not paths:
+            pytest.skip(f"no Python 3.{minor} on this machine (pyenv) to choose between")
+        found[minor] = paths[-1]
+    return found
+
+
+@pytest.mark.parametrize("image, chosen", [({"python3": 12}, "python3"),  # Ubuntu 24.04: the image's own
+                                           ({"python3": 13}, "python3"),  # Debian 13
+                                           ({"python3": 10, "python3.12": 12}, "python3.12"),  # 22.04 with one added
+                                           ({"python3": 10}, None)])  # 22.04: deadsnakes
+def test_setup_uses_the_images_own_python_when_the_course_supports_it(unpacked, tmp_path, image, chosen):
+    """setup.sh --which-python on an image whose python3 is 3.10, 3.12 or 3.13: the image's own, else a supported one."""
+    import subprocess
+
+    pythons = _pythons(*set(image.values()))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, minor in image.items():
+        (bin_dir / name).symlink_to(pythons[minor])
+    done = subprocess.run(["/bin/bash", str(unpacked / "setup.sh"), "--which-python"], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir)}, timeout=60)  # the image: these Pythons only
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (str(bin_dir / chosen) if chosen else ""), done.stdout
 
 
 def test_zip_holds_the_whole_package_and_the_course(unpacked):

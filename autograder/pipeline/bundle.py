@@ -79,7 +79,8 @@ Notebooks: {notebooks}.
 
 ## Set up and open (one command)
 
-You need Python 3.11 (`python3 --version`). In this folder:
+You need Python 3.11, 3.12, 3.13 or 3.14 (`python3 --version`), on Linux, macOS or Windows.
+In this folder:
 
 ```bash
 python3 course.py
@@ -88,8 +89,10 @@ python3 course.py
 The first run makes a virtual environment in `.venv/` and installs `requirements.txt` into it
 (PyTorch, JupyterLab, nbgrader: a few minutes and about 1 GB); every run then opens JupyterLab
 on this folder in your browser. Already have an environment with these packages (conda, say)?
-`python course.py --python "$(which python)"` uses it instead.
-On Windows, type `py -3.11 course.py`.
+`python course.py --python "$(which python)"` uses it instead; it must have the exact versions of
+`requirements.txt` (PyTorch {torch} above all): the checks are tested with those versions only, and
+`course.py` says so when the environment has others.
+On Windows, type `py course.py` (or `py -3.13 course.py` to choose the version).
 
 ## Work through a notebook
 
@@ -128,13 +131,20 @@ COURSE_SCRIPT = r'''#!/usr/bin/env python3
     python3 course.py --python PATH ...   # use an environment you already have instead of .venv
 """
 
-from __future__ import annotations
-
-import argparse
-import os
-import subprocess
+# No `from __future__` and no syntax newer than Python 3.6 above the version check: an older Python
+# must get to the one line that says what to install, not to a SyntaxError.
 import sys
-from pathlib import Path
+
+OLDEST, NEWEST = (3, 11), (3, 14)
+if sys.version_info < OLDEST:
+    sys.exit("This course needs Python 3.11 to 3.14; this is Python %s. Install one from python.org "
+             "(or your package manager), then run it: python3.13 course.py" % sys.version.split()[0])
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
@@ -151,8 +161,8 @@ def setup() -> Path:
     wanted = (HERE / "requirements.txt").read_text()
     if python.exists() and stamp.is_file() and stamp.read_text() == wanted:
         return python
-    if sys.version_info[:2] != (3, 11):
-        print(f"note: this course is tested with Python 3.11; this is {sys.version.split()[0]}")
+    if sys.version_info[:2] > NEWEST:
+        print(f"note: this course is tested with Python 3.11 to 3.14; this is {sys.version.split()[0]}")
     if not python.exists():
         print("making .venv ...")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -161,6 +171,17 @@ def setup() -> Path:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(HERE / "requirements.txt")], check=True)
     stamp.write_text(wanted)
     return python
+
+
+def pinned_versions_differ(python: str) -> list[str]:
+    """The packages of requirements.txt that the environment of ``python`` has in another version."""
+    pins = dict(line.strip().split("==") for line in (HERE / "requirements.txt").read_text().splitlines() if "==" in line)
+    probe = ("import json, sys; from importlib.metadata import version, PackageNotFoundError\n"
+             "def v(n):\n    try: return version(n)\n    except PackageNotFoundError: return None\n"
+             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    found = json.loads(subprocess.run([python, "-c", probe, *pins], check=True, capture_output=True, text=True).stdout)
+    return [f"{name} {found[name] or 'missing'} (wanted {wanted})" for name, wanted in pins.items()
+            if (found[name] or "").split("+")[0] != wanted]
 
 
 def environment() -> dict[str, str]:
@@ -178,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="lab: options for jupyter lab; validate: notebooks")
     args = parser.parse_args(argv)
     python = args.python or str(setup())
+    if args.python:
+        differ = pinned_versions_differ(python)
+        if differ:
+            print(f"note: {python} has {', '.join(differ)}: the checks are tested with requirements.txt's versions only "
+                  f"(pip install -r requirements.txt, or run without --python)")
     if args.command == "setup":
         print(f"ready: python3 course.py opens JupyterLab with {python}")
         return 0
@@ -225,7 +251,7 @@ def generated_files(root: Path = ROOT) -> dict[str, str]:
                                    width=_instructor_value(root, "Validator.width", 640))
     notebooks = ", ".join(f"`{name}`" for name in assignments(root) if (root / "notebooks" / f"{name}.ipynb").is_file())
     return {
-        f"{TOP}/README.md": README.format(notebooks=notebooks),
+        f"{TOP}/README.md": README.format(notebooks=notebooks, torch=_pins(root)["torch"]),
         f"{TOP}/requirements.txt": requirements(root),
         f"{TOP}/course.py": COURSE_SCRIPT,
         f"{TOP}/nbgrader_config.py": config,

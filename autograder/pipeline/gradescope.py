@@ -4,8 +4,9 @@
 format Gradescope documents for autograders (gradescope-autograders.readthedocs.io, "Autograder
 Specifications"): at the root of the zip
 
-- ``setup.sh``: run once, as root, when Gradescope builds the image: Python 3.11, bubblewrap and
-  the exact pins of ``pyproject.toml`` that grading needs, in ``/autograder/venv``;
+- ``setup.sh``: run once, as root, when Gradescope builds the image: the image's own Python when it
+  is 3.11 to 3.14 (else 3.13 from the deadsnakes archive), bubblewrap and the exact pins of
+  ``pyproject.toml`` that grading needs, in ``/autograder/venv``;
 - ``run_autograder``: run for each submission; it calls :func:`run`;
 - ``autograder/``: the whole package, the hidden checks and the pipeline included (Gradescope
   never shows ``/autograder/source`` to students; the student bundle never holds them);

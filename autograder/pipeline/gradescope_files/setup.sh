@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu). It installs
-# what grading needs: Python 3.11, bubblewrap (the sandbox of the student's code) and the course's
-# exact pins.
+# what grading needs: a Python the course supports (3.11 to 3.14), bubblewrap (the sandbox of the
+# student's code) and the course's exact pins.
+#   bash setup.sh --which-python   only says which Python it would use (and installs nothing)
 set -euo pipefail
+
+# The image's own Python when the course supports it (Ubuntu 24.04: 3.12; Debian 13: 3.13), else the
+# newest supported one installed beside it; empty when none (then it comes from the deadsnakes archive).
+which_python() {
+    local candidate
+    for candidate in python3 python3.14 python3.13 python3.12 python3.11; do
+        if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys
+sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 14) and sys.version_info.releaselevel == "final"))' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+}
+
+if [ "${1:-}" = "--which-python" ]; then
+    which_python
+    exit 0
+fi
 
 ROOT="${AUTOGRADER_GRADESCOPE_ROOT:-/autograder}"
 SOURCE="$ROOT/source"
@@ -11,16 +30,21 @@ export DEBIAN_FRONTEND=noninteractive
 
 apt-get update
 apt-get install -y --no-install-recommends bubblewrap util-linux ca-certificates
-# The pins need Python 3.11: Ubuntu 22.04 has only a release candidate of it and 24.04 none, so it
-# comes from the deadsnakes archive unless a final 3.11 is already installed.
-if ! python3.11 -c 'import sys; sys.exit(sys.version_info.releaselevel != "final")' 2>/dev/null; then
+PYTHON="$(which_python)"
+if [ -z "$PYTHON" ]; then
+    # Ubuntu 22.04 (Python 3.10): a supported Python from the deadsnakes archive.
     apt-get install -y --no-install-recommends software-properties-common gpg-agent
     add-apt-repository -y ppa:deadsnakes/ppa
     apt-get update
+    apt-get install -y --no-install-recommends python3.13 python3.13-venv
+    PYTHON="$(command -v python3.13)"
 fi
-apt-get install -y --no-install-recommends python3.11 python3.11-venv
+# Debian and Ubuntu ship venv apart from Python: the package of the chosen version.
+"$PYTHON" -m venv --help >/dev/null 2>&1 && "$PYTHON" -c 'import ensurepip' 2>/dev/null \
+    || apt-get install -y --no-install-recommends "python3.$("$PYTHON" -c 'import sys; print(sys.version_info[1])')-venv"
+echo "setup.sh: grading with $PYTHON ($("$PYTHON" --version))"
 
-python3.11 -m venv "$VENV"
+"$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # The exact pins of pyproject.toml that grading needs (written here by `make gradescope`); torch's CPU
 # build when PyTorch's CPU index has that version (a local version such as 2.13.0+cpu meets the pin).

@@ -18,7 +18,7 @@ ASSIGNMENTS ?=
 WORKERS ?=
 CLUSTER ?=
 
-.PHONY: help setup lab test test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
+.PHONY: help setup lab test test-python test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -49,6 +49,11 @@ test: setup ## run every test on two workers: lint, unit, drift, grading end to 
 	$(BIN)/ruff check autograder tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=12 \
 	  --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests solutions  # the order: tests/conftest.py
+
+test-python: setup ## on another Python (make test-python PYTHON=python3.13 VENV=.venv-3.13): the quick tests, classes graded end to end, the bundle's own setup
+	$(BIN)/python -m pytest -n 2 -m "not slow" tests
+	COURSE_TEST_BUNDLE_SETUP=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=8 \
+	  tests/test_parallel_grading.py tests/test_hostile_submissions.py tests/test_validate.py
 
 test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests
@@ -100,6 +105,10 @@ bench: setup ## time and memory: attention, its backward pass (08), decoding wit
 	$(BIN)/python bench/attention_bench.py
 	$(BIN)/python bench/flash_backward_bench.py
 	$(BIN)/python bench/decoding_and_training_bench.py
+
+.PHONY: bench-similarity
+bench-similarity: setup ## make similarity's time on a generated class of 1000 submissions of one notebook (bench/results/)
+	$(BIN)/python bench/similarity_bench.py
 
 bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient
 	$(BIN)/python bench/grading_bench.py

@@ -693,8 +693,9 @@ ROPE_POSITIONS = (
 )
 ROTATE_ONCE = (
     "each key is rotated exactly once, at its own position, before it enters the cache; keys read back from the "
-    "cache are used as they are. Rotating at one place and not at the other (or at both) leaves keys turned by the "
-    "wrong angle, and only the tokens of the current step look right."
+    "cache are used as they are. Cached unrotated and rotated only when new, the keys of earlier steps are used "
+    "without their rotation: the tokens of the current step look right, the others do not. Rotated before caching "
+    "and again after reading, every key is turned by twice its angle, wrong from the first step."
 )
 
 MISTAKES: dict[str, list[Mistake]] = {

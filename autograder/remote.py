@@ -99,7 +99,7 @@ class Remote:
     def _ask(self, request: dict) -> dict:
         reply = self._channel.request(wire.encode(request))
         try:
-            decoded = wire.decode(reply, resolve=self._resolver())
+            decoded = wire.decode(reply, resolve=self._resolver(), limit=wire.MAX_REPLY_BYTES)
         except wire.WireError as error:
             fail(f"What your code sent back could not be read: {error}.")
         if not isinstance(decoded, dict):
@@ -192,7 +192,8 @@ def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
     """
     resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name)  # noqa: E731
     try:
-        reply = wire.decode(channel.request(wire.encode({"op": "name", "name": name})), resolve=resolver)
+        reply = wire.decode(channel.request(wire.encode({"op": "name", "name": name})), resolve=resolver,
+                            limit=wire.MAX_REPLY_BYTES)
     except wire.WireError as error:
         fail(f"The kernel's answer, when the check asked for {name}, could not be read ({error}).")
     if isinstance(reply, dict) and reply.get("undefined") is True:

@@ -30,6 +30,11 @@ import torch
 MAGIC = b"AGW1"
 #: The largest message either side accepts (header and tensor bytes together).
 MAX_BYTES = 512 * 2**20
+#: The largest answer the grader reads from a student's kernel: what every check needs, many times over,
+#: and small enough that a flood of them cannot starve the grader (it is checked before anything is built).
+MAX_REPLY_BYTES = 64 * 2**20
+#: The largest JSON header (the values' description) of any message, checked before it is parsed.
+MAX_HEADER_BYTES = 4 * 2**20
 #: How deeply containers may nest, and how many values one message may hold.
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
@@ -145,14 +150,16 @@ def encode(value: Any, keep=None) -> bytes:
 
 
 class _Reader:
-    def __init__(self, data: bytes, resolve) -> None:
+    def __init__(self, data: bytes, resolve, limit: int) -> None:
         self.resolve = resolve
         self.count = 0
-        if len(data) > MAX_BYTES + 16:
-            raise WireError(f"the message is larger than {MAX_BYTES} bytes")
+        if len(data) > limit + 12:
+            raise WireError(f"the message is larger than {limit // 2**20} MB")
         if data[:4] != MAGIC or len(data) < 12:
             raise WireError("not a message of this format")
         (length,) = struct.unpack("<Q", data[4:12])
+        if length > MAX_HEADER_BYTES:
+            raise WireError(f"the description of the values is larger than {MAX_HEADER_BYTES // 2**20} MB")
         if 12 + length > len(data):
             raise WireError("the message is cut short")
         try:
@@ -252,6 +259,13 @@ class _Reader:
         ints = {k: spec[k] for k in ("embed_dim", "num_heads", "kdim", "vdim")}
         if not all(type(v) is int and 0 < v <= 2**16 for v in ints.values()):
             raise WireError("an unreadable nn.MultiheadAttention")
+        # Its weights come in the message: a module whose weights the message does not carry is refused
+        # before it is built (building one of width 16384 takes gigabytes and a minute of CPU).
+        e, k, v = ints["embed_dim"], ints["kdim"], ints["vdim"]
+        weights = e * (e + k + v) + e * e  # the projections' weights alone, biases left out
+        itemsize = torch.empty((), dtype=DTYPES.get(spec.get("dtype"), torch.float32)).element_size()
+        if weights * itemsize > len(self.body) - self.offset:
+            raise WireError("an nn.MultiheadAttention larger than the weights the message carries")
         flags = {k: spec[k] is True for k in ("bias", "add_bias_kv", "add_zero_attn", "batch_first")}
         dropout = float(spec["dropout"]) if type(spec["dropout"]) in (int, float) else 0.0
         with torch.random.fork_rng(devices=[]):
@@ -262,10 +276,11 @@ class _Reader:
         return mha.train(spec.get("training") is True)
 
 
-def decode(data: bytes, resolve=None) -> Any:
+def decode(data: bytes, resolve=None, limit: int = MAX_BYTES) -> Any:
     """The value :func:`encode` wrote; ``resolve(number, kind, callable)`` turns a handle into an object.
 
+    ``limit``: the largest message accepted (the grader reads a kernel's answers with :data:`MAX_REPLY_BYTES`).
     Raises :class:`WireError` on anything that is not a well-formed message within the limits.
     """
-    reader = _Reader(data, resolve)
+    reader = _Reader(data, resolve, limit)
     return reader.value(reader.header)

@@ -8,6 +8,7 @@ to a sandboxed kernel (every catalogued mistake through the proxies: ``test_cata
 from __future__ import annotations
 
 import importlib
+import json
 import math
 
 import pytest
@@ -119,6 +120,37 @@ def test_nesting_and_size_are_bounded():
     header = b'{"list":[' + b",".join([b'{"bool":true}'] * (wire.MAX_VALUES + 1)) + b"]}"
     with pytest.raises(wire.WireError, match="too many"):
         wire.decode(wire.MAGIC + len(header).to_bytes(8, "little") + header)
+
+
+def test_what_the_grader_reads_is_bounded_before_anything_is_built():
+    """A header, a reply or a module described larger than the limits is refused before it is parsed or built."""
+    header = b'{"str":"' + b"x" * wire.MAX_HEADER_BYTES + b'"}'
+    with pytest.raises(wire.WireError, match="description of the values is larger"):
+        wire.decode(wire.MAGIC + len(header).to_bytes(8, "little") + header)
+    big = wire.encode(torch.zeros(wire.MAX_REPLY_BYTES // 8 + 1, dtype=torch.float64))
+    assert wire.decode(big).numel() == wire.MAX_REPLY_BYTES // 8 + 1  # a message the kernel may be sent
+    with pytest.raises(wire.WireError, match="larger than 64 MB"):
+        wire.decode(big, limit=wire.MAX_REPLY_BYTES)  # but not an answer the grader reads
+    # An nn.MultiheadAttention of width 16384 described in a few bytes: refused at once, never built (4 GB).
+    spec = wire.encode(torch.nn.MultiheadAttention(8, 2))
+    length = int.from_bytes(spec[4:12], "little")
+    header = json.loads(spec[12:12 + length])
+    header["mha"].update(embed_dim=16384, kdim=16384, vdim=16384)
+    header = json.dumps(header).encode()
+    wide = wire.MAGIC + len(header).to_bytes(8, "little") + header + spec[12 + length:]
+    with pytest.raises(wire.WireError, match="larger than the weights the message carries"):
+        wire.decode(wide)
+
+
+def test_what_a_check_call_prints_is_kept_only_to_the_cells_budget():
+    """1 GB printed while a check runs the student's function: the grader keeps the budget and one character."""
+    from autograder.pipeline.kernel_requests import KernelRequests
+
+    requests = KernelRequests()
+    requests.max_output_bytes, requests._streams, requests._streams_size = 1000, [], 0
+    for _ in range(10_000):
+        requests.keep_stream("stdout", "spam " * 200)
+    assert sum(len(text) for _, text in requests._streams) == 1001
 
 
 # -- the proxies -----------------------------------------------------------------------------------

@@ -107,6 +107,7 @@ class ResilientExecute(KernelRequests, Execute):
         self._deadline = 0.0
         self._index = 0
         self._streams: list[tuple[str, str]] = []
+        self._streams_size = 0
         self._forbidden: dict[tuple, str | None] = {}
         self._asked_exit = False
         return super().preprocess(nb, resources, km)
@@ -184,7 +185,7 @@ class ResilientExecute(KernelRequests, Execute):
         self._started_cells.add(index)
         self._deadline = monotonic() + self._cell_limit
         self._index = index
-        self._streams = []
+        self._streams, self._streams_size = [], 0
         cell.outputs = []
         try:
             failure = judge.run_test_cell(cell.source, self, self._streams)

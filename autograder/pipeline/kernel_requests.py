@@ -26,7 +26,9 @@ class KernelRequests:
 
     _deadline: float
     _streams: list[tuple[str, str]]
+    _streams_size: int  # characters in _streams: reset with it
     _asked_exit: bool
+    max_output_bytes: int
 
     def request(self, message: bytes) -> bytes:
         """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
@@ -49,6 +51,10 @@ class KernelRequests:
             return remote.wire.encode({"failed": f"The kernel could not run the check's request ({why}): did your "
                                                  "code change how the notebook's kernel runs code?"})
         text = str(result.get("data", {}).get("text/plain", ""))
+        if len(text) > (remote.wire.MAX_REPLY_BYTES + 12) * 4 // 3 + 4:  # base64: 4 characters for 3 bytes
+            return remote.wire.encode({"failed": f"The kernel's answer to the check's request is larger than "
+                                                 f"{remote.wire.MAX_REPLY_BYTES // 2**20} MB: return what the "
+                                                 "exercise asks for, not more."})
         try:
             return base64.b64decode(text, validate=True)
         except ValueError:
@@ -82,9 +88,20 @@ class KernelRequests:
                 continue
             content = msg.get("content", {})
             if msg.get("msg_type") == "stream":
-                self._streams.append((content.get("name", "stdout"), str(content.get("text", ""))))
+                self.keep_stream(content.get("name", "stdout"), str(content.get("text", "")))
             elif msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
                 return
+
+    def keep_stream(self, name: str, text: str) -> None:
+        """Keep what the student's code printed during a check, within the cell's output budget.
+
+        Only the budget and one character more are kept, however much arrives (a check's call may print
+        gigabytes): the cell is then cut when it is written, and says so, as a flooding cell is.
+        """
+        room = self.max_output_bytes + 1 - self._streams_size
+        if room > 0:
+            self._streams.append((name, text[:room]))
+            self._streams_size += len(text[:room])
 
     @staticmethod
     def _asks_exit(reply: dict | None) -> bool:

@@ -37,6 +37,8 @@ HONEST = {
     SDPA: [
         # matmul, an explicit d_k, softmax
         """    d_k = Q.size(-1)
+    if K.size(-1) != d_k or K.size(-2) != V.size(-2):
+        raise ValueError(f"shapes do not fit: {Q.shape}, {K.shape}, {V.shape}")
     scale = 1.0 / math.sqrt(d_k)
     logits = torch.matmul(Q, K.transpose(-1, -2)) * scale
     attn = torch.softmax(logits, dim=-1)
@@ -44,7 +46,9 @@ HONEST = {
     return out, attn
 """,
         # einsum with a leading ellipsis
-        """    scores = torch.einsum("...nd,...md->...nm", Q, K) / Q.shape[-1] ** 0.5
+        """    if (Q.shape[-1], K.shape[-2]) != (K.shape[-1], V.shape[-2]):
+        raise ValueError("Q, K and V do not fit together")
+    scores = torch.einsum("...nd,...md->...nm", Q, K) / Q.shape[-1] ** 0.5
     probs = scores.softmax(dim=-1)
     return torch.einsum("...nm,...mv->...nv", probs, V), probs
 """,
@@ -61,6 +65,9 @@ HONEST = {
 """,
         # a loop over the queries
         """    d = K.shape[-1]
+    for name, size, expected in (("Q", Q.shape[-1], d), ("V", V.shape[-2], K.shape[-2])):
+        if size != expected:
+            raise ValueError(f"{name} has {size} where {expected} was expected")
     rows = []
     for i in range(Q.shape[-2]):
         q = Q[..., i : i + 1, :]
@@ -71,9 +78,12 @@ HONEST = {
 """,
         # scale the queries first, bmm-like with transpose(-2, -1) and log-softmax
         """    Qs = Q / torch.tensor(Q.shape[-1], dtype=Q.dtype).sqrt()
-    raw = Qs @ K.transpose(-2, -1)
-    w = torch.log_softmax(raw, dim=-1).exp()
-    result = w @ V
+    try:
+        raw = Qs @ K.transpose(-2, -1)
+        w = torch.log_softmax(raw, dim=-1).exp()
+        result = w @ V
+    except RuntimeError as err:
+        raise ValueError(f"bad shapes: {err}") from err
     return result, w
 """,
     ],
@@ -127,7 +137,7 @@ def honest_answers(exercise: str) -> list[str]:
 
 def rename_locals(source: str, seed: int = 0) -> str:
     """``source`` with every argument and local variable of its function renamed (not the function)."""
-    function = ast.parse(source).body[0]
+    function = next(s for s in ast.parse(source).body if isinstance(s, ast.FunctionDef))
     local = {a.arg for a in function.args.args}
     local |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     names = NEW_NAMES[:]
@@ -137,6 +147,8 @@ def rename_locals(source: str, seed: int = 0) -> str:
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.NAME and token.string in mapping and not (previous and previous.string == "."):
             token = token._replace(string=mapping[token.string])
+        elif token.type == tokenize.STRING and re.match(r"[rbRB]?[fF]", token.string):  # one token before 3.12
+            token = token._replace(string=re.sub(r"(?<![\w.])(\w+)\b", lambda m: mapping.get(m[1], m[1]), token.string))
         tokens.append(token)
         if token.type not in (tokenize.NL, tokenize.COMMENT):
             previous = token

@@ -28,9 +28,12 @@ from pathlib import Path
 
 from . import notes as grading_notes
 from .course import ROOT, assignments
-from .feedback import write_text
+from .feedback import with_policy, write_text
 from .judge import named_mistakes
 
+#: The page's Content-Security-Policy: no script at all, its own style and figures, nothing from elsewhere
+#: (a message quoted in a table is escaped; the policy stops whatever might get past that).
+REPORT_POLICY = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -245,10 +248,15 @@ text-align: left; vertical-align: top; } td { white-space: pre-wrap; overflow-wr
 img { max-width: 100%; }"""
 
 
-def page(report: ClassReport) -> str:
+def page(report: ClassReport, similarity: bool = False) -> str:
+    """The class page; ``similarity``: ``report/similarity/index.html`` exists, and is linked."""
     e = html.escape
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title><style>{CSS}</style>"
              "</head><body><h1>Class report</h1>"]
+    parts.append("<p><a href='similarity/index.html'>Similar answers, exercise by exercise</a>, and answers that match "
+                 "the reference solution (<code>make similarity</code>).</p>" if similarity else
+                 "<p>Similar answers, exercise by exercise: run <code>make similarity</code>, and this page links to "
+                 "them.</p>")
     if report.finished:
         first, last = min(report.finished), max(report.finished)
         stamp = "%Y-%m-%d %H:%M:%S"
@@ -263,7 +271,7 @@ def page(report: ClassReport) -> str:
     parts.append(_table(["assignment", "student", "why"], [list(u) for u in report.ungraded])
                  if report.ungraded else "<p>None.</p>")
     parts.append("</body></html>")
-    return "\n".join(parts)
+    return with_policy("\n".join(parts), REPORT_POLICY)
 
 
 def write_report(names: list[str] | None = None, root: Path = ROOT, db_url: str | None = None) -> ClassReport:
@@ -273,7 +281,7 @@ def write_report(names: list[str] | None = None, root: Path = ROOT, db_url: str 
     folder.mkdir(exist_ok=True)
     for assignment in report.assignments:
         scores_figure(assignment, folder / f"{assignment.name}-scores.png")
-    write_text(folder / "index.html", page(report))
+    write_text(folder / "index.html", page(report, similarity=(folder / "similarity" / "index.html").is_file()))
     return report
 
 

@@ -42,7 +42,7 @@ from .settings import Grading, grading
 from .staging import release_notebooks, stage
 
 #: Fewest characters of filtered code (names as ``V``, no spacing) that a match must span.
-NOISE = 15
+NOISE = 12
 #: Pairs at or above this similarity are listed (``--threshold``).
 THRESHOLD = 0.5
 #: Most pairs shown per exercise, highest first (the others are counted).

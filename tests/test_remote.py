@@ -153,6 +153,18 @@ def test_what_a_check_call_prints_is_kept_only_to_the_cells_budget():
     assert sum(len(text) for _, text in requests._streams) == 1001
 
 
+def test_the_grading_process_caps_its_own_memory():
+    """ResilientExecute.grader_memory_mb: past it, an allocation in the grader fails (that submission), not the machine."""
+    import subprocess
+    import sys
+
+    code = ("from autograder.pipeline.execute import limit_own_memory\nlimit_own_memory({mb})\n"
+            "try:\n    kept = bytearray(3 * 2**30)\nexcept MemoryError:\n    print('refused')\nelse:\n    print('allowed')")
+    capped = subprocess.run([sys.executable, "-c", code.format(mb=2048)], capture_output=True, text=True, timeout=120)
+    uncapped = subprocess.run([sys.executable, "-c", code.format(mb=0)], capture_output=True, text=True, timeout=120)
+    assert (capped.stdout.strip(), uncapped.stdout.strip()) == ("refused", "allowed"), capped.stderr + uncapped.stderr
+
+
 # -- the proxies -----------------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import resource
 from queue import Empty
 from time import monotonic
 
@@ -63,6 +64,19 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
 
 
+def limit_own_memory(mb: int) -> None:
+    """Cap this process's address space at ``mb`` MB (0: leave it), as its soft limit only.
+
+    The soft limit: the kernels this process starts inherit it and may raise it to the hard one, so the
+    sandbox still sets their own limits (:mod:`autograder.pipeline.sandbox`).
+    """
+    if mb <= 0:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = mb * 2**20 if hard == resource.RLIM_INFINITY else min(mb * 2**20, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 class ResilientExecute(KernelRequests, Execute):
     """``Execute`` that survives dead kernels, runaway cells and output floods (see the module doc)."""
 
@@ -70,6 +84,9 @@ class ResilientExecute(KernelRequests, Execute):
     max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
     max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
     sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.pipeline.sandbox.").tag(config=True)
+    grader_memory_mb = Integer(4096, help="Address space of the grading process itself in MB (RLIMIT_AS, its soft "
+                               "limit; 0: none): whatever a kernel answers, one submission's grading fails alone "
+                               "instead of starving the machine.").tag(config=True)
     checks_in_grader = Bool(True, help="Run test cells in the grader's process, the student's functions in the "
                             "kernel (autograder.pipeline.judge); False runs them in the kernel, as nbgrader does."
                             ).tag(config=True)
@@ -95,6 +112,7 @@ class ResilientExecute(KernelRequests, Execute):
     # -- the notebook -----------------------------------------------------------------------
 
     def preprocess(self, nb, resources=None, km=None):
+        limit_own_memory(self.grader_memory_mb)
         self._started = monotonic()
         self._replay: list[int] = []
         self._restarts = 0

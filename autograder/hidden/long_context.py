@@ -1,0 +1,674 @@
+"""Hidden checks and mistake catalogue for notebook 10, long context (instructor-only).
+
+The checks run the student's RollingKVCache as the visible ones do (its constructor, and probes
+that run in the student's process); the mistakes of each exercise are run the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..compare import assert_close, assert_shape, assert_tensor
+from ..diagnosis import Mistake, MistakeFound, by_id
+from ..errors import CheckFailed
+from ..guard import ATTENTION_BUILTINS
+from ..inputs import generator, math_sdpa, randn
+from ..references.long_context import (
+    LINEAR_ARGS,
+    RECURRENT_OUTPUTS,
+    check_rolling_cases,
+    held_bytes_problem,
+    linear_quadratic,
+    recurrent_flat,
+    rolling_case,
+    rolling_scenario,
+    run_recurrent,
+    sink_window_reference,
+    watch_linear,
+)
+from ..student import call_student, expect_error, probe
+from ..verify import Case, verify
+from . import hidden
+
+WINDOW = "2. Sliding windows: attention over the most recent keys"
+SINKS = "3. Attention sinks: the first tokens matter"
+ROLLING = "4. A rolling KV cache of constant size"
+LINEAR = "5. Linear attention: the softmax replaced by a feature map"
+RECURRENT = "6. Causal linear attention is an RNN"
+
+
+# --- the mistake catalogue: each function or class makes exactly one mistake ---------------------------------
+
+
+def mask_window_one_too_many(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((p - j >= 0) & (p - j <= window)) | ((j < sinks) & (j <= p))
+
+
+def mask_window_one_too_few(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((p - j >= 0) & (p - j < window - 1)) | ((j < sinks) & (j <= p))
+
+
+def mask_top_left(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None]  # query i taken to sit at position i
+    j = torch.arange(m)[None, :]
+    return ((p - j >= 0) & (p - j < window)) | ((j < sinks) & (j <= p))
+
+
+def mask_sinks_inside_window(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((p - j >= 0) & (p - j < window - sinks)) | ((j < sinks) & (j <= p))
+
+
+def mask_sinks_in_the_future(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((p - j >= 0) & (p - j < window)) | (j < sinks)
+
+
+def mask_inverted(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ~(((p - j >= 0) & (p - j < window)) | ((j < sinks) & (j <= p)))
+
+
+class CacheEvictsSinks:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.size, self.dtype = (batch, kv_heads, d_head), sinks + window, dtype
+        self.keys = self.values = None
+        self.seen = 0
+
+    def __len__(self):
+        return self.seen
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:
+            self.keys = torch.empty(batch, kv_heads, self.size, d_head, dtype=self.dtype, device=k.device)
+            self.values = torch.empty_like(self.keys)
+        slot = self.seen % self.size  # one ring of sinks + window slots: the oldest token goes, sink or not
+        self.keys[:, :, slot] = k[:, :, 0]
+        self.values[:, :, slot] = v[:, :, 0]
+        self.seen += 1
+        positions = torch.arange(max(0, self.seen - self.size), self.seen)
+        slots = positions % self.size
+        return self.keys[:, :, slots], self.values[:, :, slots], positions
+
+
+class CacheOutOfOrder:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
+        self.keys = self.values = None
+        self.positions = torch.full((sinks + window,), -1, dtype=torch.long)
+        self.seen = 0
+
+    def __len__(self):
+        return self.seen
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:
+            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
+                                    device=k.device)
+            self.values = torch.empty_like(self.keys)
+        p = self.seen
+        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
+        self.keys[:, :, slot] = k[:, :, 0]
+        self.values[:, :, slot] = v[:, :, 0]
+        self.positions[slot] = p
+        self.seen += 1
+        kept = min(self.seen, self.sinks + self.window)
+        return self.keys[:, :, :kept], self.values[:, :, :kept], self.positions[:kept].clone()  # in slot order
+
+
+class CacheSinksInsideWindow:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
+        self.keys = self.values = None
+        self.seen = 0
+
+    def __len__(self):
+        return self.seen
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:
+            self.keys = torch.empty(batch, kv_heads, self.window, d_head, dtype=self.dtype, device=k.device)
+            self.values = torch.empty_like(self.keys)
+        recent = max(1, self.window - self.sinks)  # the sinks take places of the window
+        p = self.seen
+        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % recent
+        self.keys[:, :, slot] = k[:, :, 0]
+        self.values[:, :, slot] = v[:, :, 0]
+        self.seen += 1
+        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
+                                        | set(range(max(self.sinks, self.seen - recent), self.seen))), dtype=torch.long)
+        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % recent)
+        return self.keys[:, :, slots], self.values[:, :, slots], positions
+
+
+class CacheWindowOneTooMany:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window + 1, sinks, dtype
+        self.keys = self.values = None
+        self.seen = 0
+
+    def __len__(self):
+        return self.seen
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:  # window + 1 places: the new token is not counted in the window
+            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
+                                    device=k.device)
+            self.values = torch.empty_like(self.keys)
+        p = self.seen
+        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
+        self.keys[:, :, slot] = k[:, :, 0]
+        self.values[:, :, slot] = v[:, :, 0]
+        self.seen += 1
+        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
+                                        | set(range(max(self.sinks, self.seen - self.window), self.seen))),
+                                 dtype=torch.long)
+        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % self.window)
+        return self.keys[:, :, slots], self.values[:, :, slots], positions
+
+
+class CacheCountsKept:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
+        self.keys = self.values = None
+        self.seen = 0
+
+    def __len__(self):
+        return min(self.seen, self.sinks + self.window)  # the tokens held, not the tokens seen
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:
+            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
+                                    device=k.device)
+            self.values = torch.empty_like(self.keys)
+        p = self.seen
+        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
+        self.keys[:, :, slot] = k[:, :, 0]
+        self.values[:, :, slot] = v[:, :, 0]
+        self.seen += 1
+        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
+                                        | set(range(max(self.sinks, self.seen - self.window), self.seen))),
+                                 dtype=torch.long)
+        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % self.window)
+        return self.keys[:, :, slots], self.values[:, :, slots], positions
+
+
+class CacheKeepsEveryToken:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
+        self.keys = self.values = None
+
+    def __len__(self):
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        if self.keys is None:
+            self.keys, self.values = k.clone(), v.clone()
+        else:  # every token kept: the memory grows with the tokens seen
+            self.keys = torch.cat([self.keys, k], dim=2)
+            self.values = torch.cat([self.values, v], dim=2)
+        seen = self.keys.shape[2]
+        positions = torch.tensor(sorted(set(range(min(self.sinks, seen))) | set(range(max(0, seen - self.window),
+                                                                                        seen))), dtype=torch.long)
+        return self.keys[:, :, positions], self.values[:, :, positions], positions
+
+
+def linear_phi_identity(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = Q, K  # phi(x) = x: not positive
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
+def linear_phi_relu(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.relu(Q), F.relu(K)  # zero for every negative input
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
+def linear_eps_left_out(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1))
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
+
+
+def linear_eps_in_phi(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1 + eps, F.elu(K) + 1 + eps  # eps added to the features instead of the denominator
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1))
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
+
+
+def linear_scaled_queries(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q / Q.shape[-1] ** 0.5) + 1, F.elu(K) + 1  # softmax attention's 1/sqrt(d) carried over
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
+def linear_causal_excludes_self(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    kv = fk.unsqueeze(-1) * V.unsqueeze(-2)
+    S = torch.cumsum(kv, dim=-3) - kv  # keys j < i only: the query's own key left out
+    z = torch.cumsum(fk, dim=-2) - fk
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
+def linear_causal_ignored(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)  # every key, causal or not
+
+
+def linear_causal_with_mask(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    n = Q.shape[-2]
+    A = (fq @ fk.transpose(-2, -1)) * torch.ones(n, n, dtype=torch.bool, device=Q.device).tril()  # n x n
+    return (A @ V) / (A.sum(-1, keepdim=True) + eps)
+
+
+def linear_quadratic_form(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    A = (F.elu(Q) + 1) @ (F.elu(K) + 1).transpose(-2, -1)  # the n x m matrix, as softmax attention builds it
+    if is_causal:
+        A = A.tril()
+    return (A @ V) / (A.sum(-1, keepdim=True) + eps)
+
+
+def recurrent_update_after_output(Q, K, V, eps=1e-6):
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
+    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
+    outputs = []
+    for i in range(Q.shape[-2]):
+        q = fq[..., i, :]
+        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
+        S = S + fk[..., i, :, None] * V[..., i, None, :]  # the state updated after the output
+        z = z + fk[..., i, :]
+    return torch.stack(outputs, dim=-2), (S, z)
+
+
+def recurrent_no_normaliser(Q, K, V, eps=1e-6):
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
+    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
+    outputs = []
+    for i in range(Q.shape[-2]):
+        S = S + fk[..., i, :, None] * V[..., i, None, :]
+        z = z + fk[..., i, :]
+        outputs.append((fq[..., i, :].unsqueeze(-2) @ S).squeeze(-2))  # never divided by phi(q) z + eps
+    return torch.stack(outputs, dim=-2), (S, z)
+
+
+def recurrent_keys_without_phi(Q, K, V, eps=1e-6):
+    fq = F.elu(Q) + 1
+    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
+    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
+    outputs = []
+    for i in range(Q.shape[-2]):
+        S = S + K[..., i, :, None] * V[..., i, None, :]  # k_i, not phi(k_i)
+        z = z + K[..., i, :]
+        q = fq[..., i, :]
+        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
+    return torch.stack(outputs, dim=-2), (S, z)
+
+
+def recurrent_quadratic(Q, K, V, eps=1e-6):
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    A = (fq @ fk.transpose(-2, -1)).tril()  # the n x n matrix instead of a state
+    return (A @ V) / (A.sum(-1, keepdim=True) + eps), (fk.transpose(-2, -1) @ V, fk.sum(-2))
+
+
+MISTAKES: dict[str, list[Mistake]] = {
+    "sink_window_mask": [
+        Mistake("window off by one (window + 1 keys)", "query i at position p sees the window keys p - window + 1, "
+                "..., p, itself included: the condition is 0 <= p - j < window, with a strict <.", WINDOW,
+                mask_window_one_too_many, id="long_context/sink_window_mask/window-one-key-too-many"),
+        Mistake("window off by one (window - 1 keys)", "the window counts the query's own key: query i at position "
+                "p sees p - window + 1, ..., p, which is window keys.", WINDOW, mask_window_one_too_few,
+                id="long_context/sink_window_mask/window-one-key-too-few"),
+        Mistake("window anchored top-left", "with n queries and m keys the queries are the last n positions: query "
+                "i sits at p = i + m - n (bottom-right, as in decoding), not at i.", WINDOW, mask_top_left,
+                id="long_context/sink_window_mask/window-anchored-top-left"),
+        Mistake("sinks counted inside the window", "the sinks come on top of the window: a query keeps its window "
+                "most recent keys and the first sinks keys, so up to sinks + window keys.", SINKS,
+                mask_sinks_inside_window, id="long_context/sink_window_mask/sinks-counted-inside-the-window"),
+        Mistake("sinks in the future", "a sink is still a key: query i at position p sees sink j only when j <= p, "
+                "so the first queries do not see sinks that come after them.", SINKS, mask_sinks_in_the_future,
+                id="long_context/sink_window_mask/sinks-in-the-future"),
+        Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention): the allowed pairs are "
+                "the True entries.", WINDOW, mask_inverted, id="long_context/sink_window_mask/inverted-boolean-convention"),
+    ],
+    "RollingKVCache": [
+        Mistake("the cache evicts a sink", "the first sinks tokens are never evicted: only the window rolls, so the "
+                "storage has sinks slots that are written once and window slots used as a ring.", ROLLING,
+                CacheEvictsSinks, id="long_context/RollingKVCache/the-cache-evicts-a-sink"),
+        Mistake("tokens returned out of order", "the kept tokens must come back ordered by position (sinks, then the "
+                "window from oldest to newest); a ring buffer's slots are not in that order once it wraps.", ROLLING,
+                CacheOutOfOrder, id="long_context/RollingKVCache/tokens-returned-out-of-order"),
+        Mistake("sinks counted inside the window", "the cache keeps the first sinks tokens and, besides them, the "
+                "last window tokens: sinks + window in all.", ROLLING, CacheSinksInsideWindow,
+                id="long_context/RollingKVCache/sinks-counted-inside-the-window"),
+        Mistake("window off by one (window + 1 tokens)", "the window counts the token just appended: after an append "
+                "the cache holds the last window tokens, the new one included.", ROLLING, CacheWindowOneTooMany,
+                id="long_context/RollingKVCache/window-one-token-too-many"),
+        Mistake("len counts the tokens held", "len(cache) is the number of tokens seen, evicted ones included: it "
+                "is the position of the next token.", ROLLING, CacheCountsKept,
+                id="long_context/RollingKVCache/len-counts-the-tokens-held"),
+        Mistake("the cache keeps every token", "a rolling cache holds constant storage, sinks + window tokens; "
+                "keeping every token (a growing tensor or list) and returning the kept ones gives the right tokens "
+                "with memory that grows without bound.", ROLLING, CacheKeepsEveryToken,
+                id="long_context/RollingKVCache/the-cache-keeps-every-token"),
+    ],
+    "linear_attention": [
+        Mistake("phi not positive (phi(x) = x)", "the feature map must be positive, phi(x) = elu(x) + 1: with "
+                "phi(x) = x the normaliser phi(q) . z can be 0 or negative, and the weights are no longer an "
+                "average.", LINEAR, linear_phi_identity, id="long_context/linear_attention/phi-identity"),
+        Mistake("phi not positive (relu)", "relu is 0 for every negative input, so phi(q) . z can be 0 and the "
+                "output collapses to 0 / eps; elu(x) + 1 is positive everywhere.", LINEAR, linear_phi_relu,
+                id="long_context/linear_attention/phi-relu"),
+        Mistake("eps left out", "the denominator is phi(q) . z + eps: without eps a normaliser near 0 (inputs near "
+                "-12 make phi about 6e-6) divides by almost nothing.", LINEAR, linear_eps_left_out,
+                id="long_context/linear_attention/eps-left-out"),
+        Mistake("eps added to phi", "eps goes in the denominator only, phi(q) S / (phi(q) z + eps); adding it to "
+                "the features changes every weight when they are small.", LINEAR, linear_eps_in_phi,
+                id="long_context/linear_attention/eps-added-to-phi"),
+        Mistake("queries scaled by 1/sqrt(d)", "linear attention has no temperature: phi is applied to q and k as "
+                "they are; 1/sqrt(d) belongs to softmax attention's scores.", LINEAR, linear_scaled_queries,
+                id="long_context/linear_attention/queries-scaled"),
+        Mistake("causal form without the query's own key", "query i uses the keys j <= i, itself included: the "
+                "prefix sums up to i, not up to i - 1.", LINEAR, linear_causal_excludes_self,
+                id="long_context/linear_attention/causal-without-own-key"),
+        Mistake("is_causal ignored", "with is_causal=True query i may use only keys j <= i: prefix sums of "
+                "phi(k_j) v_j^T and phi(k_j), not the sums over every key.", LINEAR, linear_causal_ignored,
+                id="long_context/linear_attention/is-causal-ignored"),
+        Mistake("the causal form built with an n x n mask", "a causal mask is n x n, the size linear attention "
+                "exists to avoid: use prefix sums (torch.cumsum) of phi(k_j) v_j^T and of phi(k_j).", LINEAR,
+                linear_causal_with_mask, id="long_context/linear_attention/causal-with-n-by-n-mask"),
+        Mistake("the n x m matrix phi(Q) phi(K)^T built", "multiply phi(K)^T V first (d x d_v) and then phi(Q): "
+                "by associativity the same output in O(n d d_v), without the n x m matrix.", LINEAR,
+                linear_quadratic_form, id="long_context/linear_attention/n-by-m-matrix-built"),
+    ],
+    "linear_attention_recurrent": [
+        Mistake("state updated after the output", "token i adds phi(k_i) v_i^T and phi(k_i) to the state before "
+                "its output is read: query i sees its own key, as in the causal form.", RECURRENT,
+                recurrent_update_after_output, id="long_context/linear_attention_recurrent/update-after-output"),
+        Mistake("normaliser left out", "the output is phi(q_i) S / (phi(q_i) z + eps): without the division it is "
+                "a sum, not an average, and grows with the number of tokens.", RECURRENT, recurrent_no_normaliser,
+                id="long_context/linear_attention_recurrent/normaliser-left-out"),
+        Mistake("phi left out of the keys", "the state adds phi(k_i) v_i^T and the normaliser phi(k_i): the keys "
+                "go through the same feature map as the queries.", RECURRENT, recurrent_keys_without_phi,
+                id="long_context/linear_attention_recurrent/keys-without-phi"),
+        Mistake("the n x n matrix instead of a state", "the recurrent form keeps only S (d x d_v) and z (d,): "
+                "building phi(Q) phi(K)^T with a causal mask is the quadratic form, not an RNN.", RECURRENT,
+                recurrent_quadratic, id="long_context/linear_attention_recurrent/n-by-n-matrix"),
+    ],
+}
+
+
+# --- hidden checks -----------------------------------------------------------------------------------------------
+
+
+@hidden
+def check_sink_window_mask(sink_window_mask) -> None:
+    """Against the loop reference: n < m, n == m, n > m, windows and sinks of every size; errors."""
+    cases = [Case(args) for args in [(6, 6, 3, 0), (6, 6, 3, 2), (1, 9, 3, 2), (3, 9, 2, 2), (5, 8, 4, 1),
+                                     (7, 7, 1, 1), (4, 4, 9, 0), (4, 4, 2, 6), (8, 3, 2, 1), (10, 10, 10, 0),
+                                     (2, 12, 5, 3)]]
+    verify(sink_window_mask, cases, sink_window_reference, exercise="sink_window_mask",
+           arg_names=("n", "m", "window", "sinks"), outputs=None, forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["sink_window_mask"])
+    square = [Case((n, n, w), label="n == m, no sinks: notebook 07's sliding_window_mask, 0 <= i - j < window")
+              for n, w in [(5, 1), (8, 2), (13, 4)]]
+    verify(sink_window_mask, square, lambda n, m, w: sink_window_reference(n, m, w), exercise="sink_window_mask",
+           arg_names=("n", "m", "window"), outputs=None, forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["sink_window_mask"])
+    gen = generator(1001)
+    n, m, window, sinks = 4, 10, 3, 2
+    mask = call_student(sink_window_mask, n, m, window, sinks, what=f"sink_window_mask({n}, {m}, {window}, {sinks})")
+    assert_tensor(mask, "The mask")
+    assert_shape(mask, (n, m), f"sink_window_mask({n}, {m}, {window}, {sinks})")
+    q, k, v = randn(2, n, 4, gen=gen), randn(2, m, 4, gen=gen), randn(2, m, 3, gen=gen)
+    assert_close(math_sdpa(q, k, v, attn_mask=mask), math_sdpa(q, k, v, attn_mask=sink_window_reference(n, m, window,
+                                                                                                          sinks)),
+                 f"SDPA with sink_window_mask({n}, {m}, {window}, {sinks}) as its mask", rtol=1e-12, atol=1e-12)
+    for args, why in [((4, 4, 0), "a window must hold at least one key"), ((4, 4, -3, 0), "a window must hold at "
+                      "least one key"), ((4, 4, 2, -1), "there cannot be a negative number of sinks")]:
+        expect_error(sink_window_mask, *args, error=ValueError, what=f"sink_window_mask{args}", why=why)
+    print("sink_window_mask passes the hidden checks.")
+
+
+def _rolling_attention(got, q: torch.Tensor) -> torch.Tensor:
+    """Decoding with what the cache returned: query t attends to the keys and values of append t."""
+    _, keys, values, _ = got
+    outputs = []
+    for t, (k, v) in enumerate(zip(keys, values)):
+        scores = q[:, :, t:t + 1] @ k.transpose(-2, -1).double() / q.shape[-1] ** 0.5
+        outputs.append(torch.softmax(scores, dim=-1) @ v.double())
+    return torch.cat(outputs, dim=2)
+
+
+@hidden
+def check_RollingKVCache(RollingKVCache) -> None:  # noqa: N802, N803 - named after the class it checks
+    """Kept tokens at every step for many sizes; decoding through them equals the masked attention; storage; errors."""
+    cases = [
+        rolling_case(1011, 2, 2, 4, 1, 4, 12, "window 4, one sink, 12 tokens: the window wraps twice"),
+        rolling_case(1012, 1, 3, 1, 2, 2, 6, "window 1: only the newest token besides 2 sinks"),
+        rolling_case(1013, 1, 1, 3, 0, 4, 9, "no sink: a plain rolling window"),
+        rolling_case(1014, 2, 1, 2, 4, 3, 7, "more sinks than window"),
+        rolling_case(1015, 1, 2, 5, 2, 2, 4, "fewer tokens than sinks + window: nothing evicted yet"),
+        rolling_case(1016, 1, 2, 3, 1, 4, 7, "float64 tokens into a float32 cache (the default dtype)",
+                     dtype=torch.float32),
+        rolling_case(1017, 1, 2, 3, 1, 4, 7, "float32", dtype=torch.float32, token_dtype=torch.float32),
+    ]
+    check_rolling_cases(RollingKVCache, cases, MISTAKES["RollingKVCache"])
+
+    # what a model sees through the cache: attention over the kept tokens equals full attention with the mask
+    case = rolling_case(1018, 1, 2, 3, 2, 4, 10, "decoding 10 tokens through the cache")
+    batch, kv_heads, window, sinks, d_head, tokens = case.args
+    got = probe(rolling_scenario, RollingKVCache, *case.args, what="decoding through the cache",
+                forbid=ATTENTION_BUILTINS, **case.kwargs)
+    q = randn(batch, kv_heads, len(tokens), d_head, gen=generator(1019))
+    k = torch.cat([k for k, _ in tokens], dim=2)
+    v = torch.cat([v for _, v in tokens], dim=2)
+    mask = sink_window_reference(len(tokens), len(tokens), window, sinks)
+    expected = math_sdpa(q, k, v, attn_mask=mask)
+    try:
+        assert_close(_rolling_attention(got, q), expected, "Attention of each new token over the keys and values "
+                     f"the cache returned (window={window}, sinks={sinks})", rtol=1e-10, atol=1e-12)
+    except CheckFailed as failure:
+        raise MistakeFound(str(failure) + "\nIt should equal full attention with sink_window_mask(T, T, window, "
+                           "sinks) as its mask.", []) from None
+
+    problem = held_bytes_problem(RollingKVCache, 2, 2, 3, 1, 4)
+    if problem:
+        raise MistakeFound(problem, [by_id(MISTAKES["RollingKVCache"],
+                                           "long_context/RollingKVCache/the-cache-keeps-every-token")])
+    for args, why in [((1, 2, 0, 1, 4), "a window must hold at least one token"),
+                      ((1, 2, 3, -1, 4), "there cannot be a negative number of sinks")]:
+        expect_error(RollingKVCache, *args, error=ValueError, what=f"RollingKVCache{args}", why=why)
+    cache = call_student(RollingKVCache, 1, 2, 3, 1, 4, what="RollingKVCache(1, 2, 3, 1, 4)")
+    for shape, why in [((1, 2, 2, 4), "append takes one token at a time"), ((1, 3, 1, 4), "the cache has 2 "
+                       "key/value heads, not 3"), ((1, 2, 1, 5), "the cache has d_head = 4, not 5")]:
+        expect_error(cache.append, torch.zeros(shape), torch.zeros(shape), error=ValueError, why=why,
+                     what=f"cache.append(k {shape}, v {shape}) with a RollingKVCache(1, 2, 3, 1, 4)")
+    print("RollingKVCache passes the hidden checks.")
+
+
+def _offender_mistake(fn, args: tuple, kwargs: dict, exercise: str, mistake_id: str) -> None:
+    """Run the watch; when it fails, name the mistake ``mistake_id``: an n x m tensor is that mistake."""
+    try:
+        watch_linear(fn, exercise, args, kwargs)
+    except CheckFailed as failure:
+        if "allocated a tensor" not in str(failure):
+            raise
+        raise MistakeFound(str(failure), [by_id(MISTAKES[exercise], mistake_id)]) from None
+
+
+@hidden
+def check_linear_attention(linear_attention) -> None:
+    """Against the quadratic form (float64) for many shapes, causal or not, small inputs and a large eps; watched."""
+    gen = generator(1020)
+    cases = [
+        Case((randn(2, 3, 6, 4, gen=gen), randn(2, 3, 9, 4, gen=gen), randn(2, 3, 9, 5, gen=gen)),
+             label="batch and heads, n = 6 < m = 9, d_v = 5"),
+        Case((randn(7, 3, gen=gen), randn(4, 3, gen=gen), randn(4, 2, gen=gen)), label="no batch, n = 7 > m = 4"),
+        Case((randn(2, 8, 4, gen=gen), randn(2, 8, 4, gen=gen), randn(2, 8, 3, gen=gen)), {"is_causal": True},
+             label="causal"),
+        Case((randn(1, 2, 5, 2, gen=gen), randn(1, 2, 5, 2, gen=gen), randn(1, 2, 5, 6, gen=gen)),
+             {"is_causal": True}, label="causal, d_v = 6 > d = 2"),
+        Case((randn(2, 4, 3, gen=gen) * 0.1 - 12, randn(2, 6, 3, gen=gen) * 0.1 - 12, randn(2, 6, 2, gen=gen)),
+             label="inputs near -12: the denominator is almost only eps"),
+        Case((randn(2, 5, 3, gen=gen), randn(2, 5, 3, gen=gen), randn(2, 5, 2, gen=gen)),
+             {"is_causal": True, "eps": 4.0}, label="a large eps"),
+        Case((3 * randn(2, 6, 4, gen=gen), 3 * randn(2, 6, 4, gen=gen), randn(2, 6, 3, gen=gen)),
+             label="large inputs: many negative features"),
+    ]
+    verify(linear_attention, cases, linear_quadratic, exercise="linear_attention", arg_names=LINEAR_ARGS,
+           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["linear_attention"], rtol=1e-9, atol=1e-13)
+    float32 = [Case((randn(2, 5, 4, gen=gen, dtype=torch.float32), randn(2, 5, 4, gen=gen, dtype=torch.float32),
+                     randn(2, 5, 3, gen=gen, dtype=torch.float32)), {"is_causal": True}, label="float32")]
+    verify(linear_attention, float32, linear_quadratic, exercise="linear_attention", arg_names=LINEAR_ARGS,
+           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["linear_attention"], rtol=1e-4, atol=1e-6)
+    _offender_mistake(linear_attention, (randn(1, 48, 3, gen=gen), randn(1, 64, 3, gen=gen), randn(1, 64, 2, gen=gen)),
+                      {}, "linear_attention", "long_context/linear_attention/n-by-m-matrix-built")
+    _offender_mistake(linear_attention, (randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen), randn(1, 80, 3, gen=gen)),
+                      {"is_causal": True}, "linear_attention", "long_context/linear_attention/causal-with-n-by-n-mask")
+    for args, kwargs, why in [
+        ((randn(3, 4, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen)), {"is_causal": True},
+         "the causal form needs as many queries as keys (n = 3, m = 5)"),
+        ((randn(3, 4, gen=gen), randn(5, 3, gen=gen), randn(5, 2, gen=gen)), {}, "Q and K differ in d (4 and 3)"),
+        ((randn(3, 4, gen=gen), randn(5, 4, gen=gen), randn(6, 2, gen=gen)), {}, "K has 5 keys but V has 6 values"),
+    ]:
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(LINEAR_ARGS, args))
+        expect_error(linear_attention, *args, error=ValueError, why=why, what=f"linear_attention({shapes})", **kwargs)
+    print("linear_attention passes the hidden checks.")
+
+
+@hidden
+def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
+    """Against the causal quadratic form and the final sums (float64), many shapes; no n x n tensor."""
+    gen = generator(1021)
+    cases = [
+        Case((randn(2, 3, 6, 4, gen=gen), randn(2, 3, 6, 4, gen=gen), randn(2, 3, 6, 5, gen=gen)),
+             label="batch and heads, d_v = 5"),
+        Case((randn(1, 3, gen=gen), randn(1, 3, gen=gen), randn(1, 2, gen=gen)), label="a single token"),
+        Case((randn(7, 2, gen=gen), randn(7, 2, gen=gen), randn(7, 3, gen=gen)), label="no batch dimension"),
+        Case((randn(2, 4, 3, gen=gen) * 0.1 - 12, randn(2, 4, 3, gen=gen) * 0.1 - 12, randn(2, 4, 2, gen=gen)),
+             label="inputs near -12: the denominator is almost only eps"),
+        Case((randn(1, 5, 3, gen=gen), randn(1, 5, 3, gen=gen), randn(1, 5, 3, gen=gen)), {"eps": 2.0},
+             label="a large eps"),
+    ]
+    mistakes = [Mistake(m.name, m.explanation, m.section, run_recurrent(m.fn), m.id)
+                for m in MISTAKES["linear_attention_recurrent"]]
+    verify(run_recurrent(linear_attention_recurrent), cases, recurrent_flat, exercise="linear_attention_recurrent",
+           arg_names=LINEAR_ARGS, outputs=RECURRENT_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-9,
+           atol=1e-13)
+    _offender_mistake(linear_attention_recurrent,
+                      (randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen)), {},
+                      "linear_attention_recurrent", "long_context/linear_attention_recurrent/n-by-n-matrix")
+    expect_error(linear_attention_recurrent, randn(4, 3, gen=gen), randn(5, 3, gen=gen), randn(5, 2, gen=gen),
+                 error=ValueError, what="linear_attention_recurrent(Q (4, 3), K (5, 3), V (5, 2))",
+                 why="the recurrence reads one query per key: n = 4 queries, m = 5 keys")
+    print("linear_attention_recurrent passes the hidden checks.")

@@ -193,7 +193,7 @@ def test_hostile_class_runs_nothing_changes_nothing_and_stays_text(course, tmp_p
     assert "SECRET-OUTSIDE-THE-COURSE" not in page
     for student in ("not-json", "not-a-notebook", "link", "empty"):
         assert f"<td>{student}</td>" in page
-    assert "1 have no answer cell for it (lost-a-cell)" in page
+    assert "<details><summary>1 without this answer cell</summary><p>lost-a-cell</p></details>" in page
 
 
 def html_escaped(text: str) -> str:
@@ -220,3 +220,73 @@ def test_class_report_links_to_it():
     assert "similarity/index.html" not in report.page(report.ClassReport())
     assert "make similarity" in report.page(report.ClassReport())
     assert "<a href='similarity/index.html'>" in report.page(report.ClassReport(), similarity=True)
+
+
+# -- the page in a real browser (Playwright driving Debian's chromium, as tests/test_browser.py) --------
+
+
+def browser_missing() -> str | None:
+    from .test_browser import CHROMIUM, sync_playwright
+
+    if sync_playwright is None:
+        return "the playwright package is not installed (pip install -e .)"
+    if CHROMIUM is None:
+        return "no chromium on PATH (Debian: apt-get install chromium; .ci/run does)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_similarity_page_in_a_browser(course, tmp_path):
+    """The pages render offline: histograms, ranked pairs, the reference flagged, a hostile answer as text, nothing run."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from .test_browser import CHROMIUM, Steps, no_overflow
+
+    planted_class(course)
+    hostile = honest_answers(HARD)[3].replace('"""The value of the best key."""', f'"""{HOSTILE}"""')
+    for student, text in (("hostile", hostile), ("hostile-copy", rename_locals(hostile, seed=9))):
+        submit(course, ASSIGNMENT, student, fill(release(course), {HARD: text}))
+    similarity_page.write([ASSIGNMENT], course)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000}, offline=True)
+            requests, dialogs, errors = [], [], []
+            context.on("request", lambda r: requests.append(r.url))
+            page = context.new_page()
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            steps = Steps(page, tmp_path / "screenshots")
+            page.goto((course / "report" / "similarity" / "index.html").as_uri())
+            expect(page.locator("h1")).to_have_text("Similar answers, exercise by exercise")
+            row = page.locator("tr", has=page.get_by_role("link", name=ASSIGNMENT))
+            expect(row).to_contain_text("2")  # answers matching the reference: one per exercise
+            steps.shot("similarity-index")
+            page.get_by_role("link", name=ASSIGNMENT).click()
+            expect(page.locator("h1")).to_have_text(f"Similar answers: {ASSIGNMENT}")
+            histograms = page.locator("svg.histogram")
+            expect(histograms).to_have_count(4)
+            section = page.locator(f"h2:has-text('{SDPA}')")
+            section.scroll_into_view_if_needed()
+            steps.shot("similarity-histogram-and-ranking")
+            box = histograms.nth(3).bounding_box()
+            assert box and box["width"] > 400 and box["height"] > 100
+            assert histograms.nth(3).locator("rect[fill='#c33']").count() >= 1  # pairs above the threshold, in red
+            ranking = page.locator(f"xpath=//h2[text()='{SDPA}']/following-sibling::table[1]")
+            first_row = ranking.locator("tbody tr").first
+            expect(first_row.locator(".reference")).to_have_text("reference solution")
+            hard = page.locator(f"xpath=//h2[text()='{HARD}']/following-sibling::table[1]")
+            row = hard.locator("tbody tr", has_text="hostile-copy").filter(
+                has=page.locator("td").get_by_text("hostile", exact=True))
+            row.get_by_text("side by side").click()
+            pair = page.locator(".pair", has=page.locator("h4", has_text=re.compile("^hostile(-copy)? and hostile"))).first
+            expect(pair.locator("pre").first).to_contain_text(HOSTILE)
+            assert pair.locator("mark").count() >= 2
+            assert no_overflow(pair)
+            steps.shot("similarity-hostile-pair-side-by-side")
+            assert page.locator("img, script, iframe").count() == 0
+            assert dialogs == [] and errors == []
+            assert not [u for u in requests if not u.startswith("file:")], requests
+        finally:
+            browser.close()

@@ -121,13 +121,12 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
     e = html.escape
     values = exercise.pair_values()
     parts = [f"<h2 id='exercise-{number}'>{e(exercise.name)}</h2>"]
-    counts = [f"{len(exercise.compared)} answers compared"]
+    parts.append(f"<p>{_count(len(exercise.compared), 'answer')} compared.</p>")
     for students, what in ((exercise.unanswered, "left as released"),
                            (exercise.too_short, "too short to compare once the released cell is taken out"),
-                           (exercise.missing, "have no answer cell for it")):
+                           (exercise.missing, "without this answer cell")):
         if students:
-            counts.append(f"{len(students)} {what} ({e(', '.join(students[:20]))}{', ...' if len(students) > 20 else ''})")
-    parts.append(f"<p>{'; '.join(counts)}.</p>")
+            parts.append(f"<details><summary>{len(students)} {what}</summary><p>{e(', '.join(students))}</p></details>")
     if exercise.reference is None:
         parts.append("<p class='note'>source/ has no reference solution for this exercise.</p>")
     parts.append(f"<p>{_spread(values)}.</p>{histogram(values, threshold)}")

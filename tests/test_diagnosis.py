@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -94,7 +95,9 @@ def sdpa_in_float16(Q, K, V):
 
 def test_a_result_computed_in_float32_is_said_to_be():
     message = message_of(visible01.check_scaled_dot_product_attention, sdpa_in_float32)
-    assert "where you return -1.16464 and the expected value is -1.16464" in message  # the numbers alone say nothing
+    # The numbers alone say nothing: printed to 6 digits, the entry with the largest error reads the same in both
+    # (which entry that is depends on the CPU's float32 matmul, so it is not named here).
+    assert re.search(r"where you return (-?[0-9.]+) and the expected value is \1 ", message), message
     assert "Your computation loses precision: every entry of your result is a torch.float32 number" in message
 
 

@@ -259,10 +259,17 @@ def test_feedback_page_offline(graded_class, browser, tmp_path):
     requests = []
     context.on("request", lambda r: requests.append(r.url))
     page = context.new_page()
+    # What the page's Content-Security-Policy refused: MathJax must need none of it. MathJax's placeholder
+    # font, MathJax_Blank, whose source is about:blank (it loads nothing, allowed or not), is the one exception.
+    blocked = []
+    page.on("console", lambda message: blocked.append(message.text)
+            if "Content Security Policy" in message.text and "'about:blank'" not in message.text else None)
     steps = Steps(page, tmp_path / "screenshots")
     page.goto(page_file.as_uri())
     page.wait_for_function("() => window.MathJax && MathJax.Hub && MathJax.Hub.queue.pending === 0 "
                            "&& document.querySelectorAll('.MathJax, .MathJax_Display').length > 0", timeout=60_000)
+    assert page.locator("meta[http-equiv='Content-Security-Policy']").count() == 1
+    assert not blocked, blocked
     steps.shot("feedback-top")
     mistake = no_scaling()
     target = page.locator(".output_area").filter(has_text=f"This looks like the mistake '{mistake.name}'").first

@@ -103,8 +103,8 @@ def test_nothing_a_student_wrote_can_run_in_the_page(course):
     page = page_of(course, "hostile")
     tags = elements(page)
     scripts = [attrs for tag, attrs in tags if tag == "script"]
-    # Only MathJax's configuration and MathJax itself, from the local copy.
-    assert scripts == [{"type": "text/x-mathjax-config"}, {"src": feedback.MATHJAX_URL}], scripts
+    # Only MathJax, from the local copy (its configuration is a file of that copy, not an inline script).
+    assert scripts == [{"src": feedback.MATHJAX_URL}], scripts
     handlers = [(tag, name) for tag, attrs in tags for name in attrs if name.lower().startswith("on")]
     assert not handlers, handlers
     urls = [v for _, attrs in tags for k, v in attrs.items() if k in ("href", "src") and "javascript:" in v.lower()]
@@ -112,10 +112,55 @@ def test_nothing_a_student_wrote_can_run_in_the_page(course):
     assert not any(tag in ("svg", "iframe", "object", "embed") for tag, _ in tags)
     text = page.read_text(encoding="utf-8")
     assert "window.pwned = &#x27;javascript output&#x27;" not in text and "window.pwned = 'javascript output'" not in text
-    # The escaped markup is shown as text; maths and code spans are not mangled by the cleaning.
-    assert "&lt;script&gt;window.pwned = 'markdown script'&lt;/script&gt;" in text
+    # Scripts are removed with what they hold; maths and code spans are not mangled by the cleaning.
+    assert "window.pwned" not in text
     assert "$a &lt; b$" in text and "<code>x &gt; 0 and y &lt; 1</code>" in text and "&amp;lt;" not in text
     assert "<b>bold</b>" in text
+
+
+def image_output(metadata: dict, execution_count=None) -> dict:
+    """A PNG output (one transparent pixel) with ``metadata``, as a kernel would send it."""
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQABpfZFQAAAAABJRU5ErkJggg=="
+    if execution_count is None:
+        return nbformat.v4.new_output("display_data", {"image/png": pixel, "text/plain": "<Figure>"}, metadata=metadata)
+    output = nbformat.v4.new_output("execute_result", {"image/png": pixel}, metadata=metadata)
+    output["execution_count"] = execution_count
+    return output
+
+
+#: Output metadata and execution counts that nbconvert's template writes as markup, some of it unquoted.
+HOSTILE_METADATA = [
+    image_output({"width": "1 onload=alert(1)"}),
+    image_output({"image/png": {"height": "2 onerror=alert(2)", "width": 300}}),
+    image_output({"width": True, "height": float("nan")}),
+    image_output({"filenames": {"image/png": "https://tracker.invalid/x.png\" onerror=\"alert(3)"}}),
+    image_output({"image/png": "not a mapping"}),
+    image_output({}, execution_count="<img src=x onerror=alert(4)>"),
+    nbformat.v4.new_output("display_data", {"text/html": "<p>isolated</p>"}, metadata={"text/html": {"isolated": True}}),
+]
+
+
+@pytest.mark.slow
+def test_output_metadata_is_numbers_or_nothing(course):
+    """An image's width and height are written unquoted (width=1 onload=...): only plain numbers are kept."""
+    notebook = released(course, ASSIGNMENT)
+    cell = nbformat.v4.new_code_cell("show()")
+    cell.outputs = HOSTILE_METADATA
+    notebook.cells.insert(1, cell)
+    notebook.cells[1]["execution_count"] = "<img src=x onerror=alert(5)>"
+    graded(course, "metadata", json.loads(json.dumps(notebook, allow_nan=True)))
+    run = feedback.feedback([ASSIGNMENT], root=course)
+    assert not run.broken, str(run)
+    page = page_of(course, "metadata")
+    tags = elements(page)
+    handlers = [(tag, name) for tag, attrs in tags for name in attrs if name.lower().startswith("on")]
+    assert not handlers, handlers
+    text = page.read_text(encoding="utf-8")
+    assert "alert(" not in text and "tracker.invalid" not in text and "<iframe" not in text
+    images = [attrs for tag, attrs in tags if tag == "img" and attrs.get("src", "").startswith("data:image/png")]
+    assert len(images) == 6 and {"width": "300"}.items() <= images[1].items(), images
+    assert all(set(attrs) <= {"src", "width", "height", "alt", "class"} for attrs in images), images
+    assert "isolated" in text  # the HTML output is shown, in the page
 
 
 @pytest.mark.slow
@@ -130,6 +175,10 @@ def test_the_sanitiser_is_what_stops_it(course):
     unsafe_output, _ = feedback.HTMLExporter.from_notebook_node(exporter, plain, resources=resources)
     assert "window.pwned = 'javascript output'" in unsafe_output
     assert "onerror=" in unsafe_output and "html output" in unsafe_output
+    plain.cells.insert(1, nbformat.v4.new_code_cell("show()"))
+    plain.cells[1].outputs = [nbformat.from_dict(image_output({"width": "1 onload=alert(1)"}))]
+    unsafe_output, _ = feedback.HTMLExporter.from_notebook_node(exporter, plain, resources=resources)
+    assert 'onload="alert(1)"' in unsafe_output  # the template wrote width=1 onload=alert(1)
     assert "<script>window.pwned = 'markdown script'</script>" in feedback.HTMLExporter.markdown2html(
         exporter, {"cell": {}}, PAYLOADS["markdown script"])
 
@@ -199,6 +248,7 @@ def test_maths_is_served_from_the_feedback_folder(course):
     script = (page.parent / feedback.MATHJAX_URL.split("?")[0]).resolve()
     assert script.is_file() and script.name == "MathJax.js"
     assert (script.parent / "fonts/HTML-CSS/STIX-Web/woff").is_dir()
+    assert (script.parent / feedback.MATHJAX_CONFIG_FILE).read_text() == feedback.MATHJAX_CONFIG
     assert "white-space: pre-wrap" in text
 
 
@@ -210,3 +260,45 @@ def test_assignments_without_submissions_are_one_line_and_succeed(tmp_path, caps
     out = capsys.readouterr().out.splitlines()
     assert out == ["feedback: 0 pages written in feedback/",
                    "no graded submissions, so no feedback, for: 01_soft_lookup, 02_scaling, 03_masking"]
+
+
+# -- the Content-Security-Policy of every page ---------------------------------------------------
+
+
+def policy_of(text: str) -> dict[str, list[str]]:
+    """The page's Content-Security-Policy (its directives), checking it comes before anything it governs."""
+    parser = Elements()
+    parser.feed(text)
+    metas = [i for i, (tag, attrs) in enumerate(parser.tags)
+             if tag == "meta" and attrs.get("http-equiv", "").lower() == "content-security-policy"]
+    assert len(metas) == 1, f"{len(metas)} policies"
+    governed = [i for i, (tag, _) in enumerate(parser.tags) if tag in ("script", "style", "link", "img", "body")]
+    assert governed and metas[0] < min(governed), "the policy comes after what it governs"
+    content = parser.tags[metas[0]][1]["content"]
+    return {d.split()[0]: d.split()[1:] for d in content.split(";") if d.strip()}
+
+
+def assert_inert_policy(policy: dict[str, list[str]], scripts: list[str]) -> None:
+    """No source but the page's own (and inline images); scripts only as ``scripts`` says; no inline script."""
+    assert policy.get("default-src") == ["'none'"], policy
+    assert policy.get("script-src", policy["default-src"]) == scripts, policy
+    for directive, sources in policy.items():
+        assert set(sources) <= {"'self'", "'none'", "'unsafe-inline'", "data:"}, (directive, sources)
+        if directive != "style-src":
+            assert "'unsafe-inline'" not in sources, (directive, sources)
+    assert policy.get("base-uri") == ["'none'"] and policy.get("form-action") == ["'none'"], policy
+
+
+@pytest.mark.slow
+def test_every_page_carries_a_policy_that_runs_only_the_local_mathjax(course):
+    """The rendered page, the page of a notebook that could not be rendered, and a page of notes alone."""
+    graded(course, "policy", released(course, ASSIGNMENT))
+    graded(course, "policy_broken", b"{ not a notebook")
+    graded(course, "policy_notes", None, [Note("missing", "01_soft_lookup.ipynb was not in your submission.")])
+    feedback.feedback([ASSIGNMENT], root=course)
+    for student in ("policy", "policy_broken", "policy_notes"):
+        page = next((course / "feedback" / student / ASSIGNMENT).glob("*.html"))
+        assert_inert_policy(policy_of(page.read_text(encoding="utf-8")), ["'self'"])
+    # the one script it runs is that local file
+    scripts = [attrs for tag, attrs in elements(page_of(course, "policy")) if tag == "script"]
+    assert [(page_of(course, "policy").parent / s["src"].split("?")[0]).resolve().is_file() for s in scripts] == [True]

@@ -103,3 +103,10 @@ def test_class_report(tmp_path):
     png = course / "report" / f"{ASSIGNMENT}-scores.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"src='{ASSIGNMENT}-scores.png'" in page
+
+
+def test_the_report_runs_no_script_and_loads_nothing_from_elsewhere():
+    from .test_feedback import assert_inert_policy, policy_of
+
+    failure = report.ClassReport(ungraded=[(ASSIGNMENT, "eve", "<img src=x onerror=alert(1)>")])
+    assert_inert_policy(policy_of(report.page(failure)), ["'none'"])

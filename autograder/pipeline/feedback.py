@@ -11,27 +11,36 @@ lacks:
   surrogate such as ``"\\ud800"`` in a cell, an output, a note or a file name is written as the
   six characters ``\\ud800``), to a temporary file renamed into place, so no page is ever cut
   or empty;
-- **nothing the student wrote runs when the page is opened**: code outputs and raw cells go
-  through nbconvert's ``SanitizeHTML`` (:class:`SanitizeOutputs`), and markdown cells are
-  cleaned after they are rendered to HTML (:class:`FeedbackExporter`), which keeps the maths
-  and code spans intact where cleaning the markdown source would not;
+- **nothing the student wrote runs when the page is opened**: the HTML of code outputs and raw
+  cells is cleaned (:class:`SanitizeOutputs`, with ``nh3``), and markdown cells are cleaned after
+  they are rendered to HTML (:class:`FeedbackExporter`), which keeps the maths and code spans
+  intact where cleaning the markdown source would not; what the template writes from an
+  output's metadata and a cell's execution count, some of it unquoted (an image's ``width`` and
+  ``height``), is kept only when it is a plain number (:func:`inert_output`); and every page
+  carries a Content-Security-Policy (:data:`PAGE_POLICY`) under which a browser runs no script
+  but the local MathJax, no inline script or event handler, and loads nothing from elsewhere,
+  should anything get past the cleaning;
 - **maths without a network**: MathJax 2 from the ``jupyter-server-mathjax`` package is copied
-  once to ``feedback/_mathjax/`` and every page loads it from there (no CDN);
+  once to ``feedback/_mathjax/``, with the pages' MathJax configuration as a file of its own
+  (an inline configuration would need the policy to allow inline scripts and ``eval``), and
+  every page loads it from there (no CDN);
 - **long lines wrap** (a check's message is one long line), and the grading notes of a
   submission are shown at the top of each of its pages.
 """
 
 from __future__ import annotations
 
+import copy
 import html
+import math
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import bleach
-from bleach.css_sanitizer import CSSSanitizer
+import nh3
 from jinja2 import DictLoader
 from nbconvert.exporters import HTMLExporter
 from nbconvert.exporters.html import contextfilter
@@ -43,17 +52,19 @@ from .course import ROOT, assignments
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
 MATHJAX_FOLDER = "_mathjax"
-#: What a page at ``feedback/<student>/<assignment>/<notebook>.html`` loads MathJax from.
-MATHJAX_URL = f"../../{MATHJAX_FOLDER}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+#: The pages' MathJax configuration, a file of the local copy (MathJax's ``config/local/``).
+MATHJAX_CONFIG_FILE = "config/local/feedback.js"
+#: What a page at ``feedback/<student>/<assignment>/<notebook>.html`` loads MathJax from. ``Safe``
+#: disables ``\\href{javascript:..}`` and friends inside maths; ``local/feedback`` is
+#: :data:`MATHJAX_CONFIG`, loaded after the combined configuration, as MathJax documents.
+MATHJAX_URL = f"../../{MATHJAX_FOLDER}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe,local/feedback"
 #: The parts of jupyter-server-mathjax's MathJax that the pages use (no localisation, no other fonts).
 MATHJAX_PARTS = ("MathJax.js", "LICENSE", "config", "extensions", "jax", "fonts/HTML-CSS/STIX-Web")
 
-#: nbconvert's mathjax macro, pointed at the local copy. The package ships the STIX-Web fonts
-#: only, so HTML-CSS output is told to use them; ``Safe`` (in the URL) disables ``\\href{javascript:..}``
-#: and friends inside maths.
-MATHJAX_MACRO = """{%- macro mathjax(url="") -%}
-<script type="text/x-mathjax-config">
-MathJax.Hub.Config({
+#: The pages' MathJax configuration. The package ships the STIX-Web fonts only, so HTML-CSS
+#: output is told to use them. A file, not an inline ``text/x-mathjax-config`` script: MathJax
+#: runs that one with ``eval``, which the pages' policy forbids.
+MATHJAX_CONFIG = """MathJax.Hub.Config({
   tex2jax: {inlineMath: [['$','$'], ['\\\\(','\\\\)']], displayMath: [['$$','$$'], ['\\\\[','\\\\]']],
             processEscapes: true, processEnvironments: true},
   TeX: {equationNumbers: {autoNumber: "AMS", useLabelIds: true}},
@@ -61,11 +72,22 @@ MathJax.Hub.Config({
                linebreaks: {automatic: true}},
   displayAlign: "center", messageStyle: "none"
 });
-</script>
-<script src="%(url)s"></script>
-{%- endmacro %}
-""".replace("%(url)s", MATHJAX_URL)
+MathJax.Ajax.loadComplete("[MathJax]/@FILE@");
+""".replace("@FILE@", MATHJAX_CONFIG_FILE)
 
+#: nbconvert's mathjax macro, pointed at the local copy.
+MATHJAX_MACRO = """{%- macro mathjax(url="") -%}
+<script src="@URL@"></script>
+{%- endmacro %}
+""".replace("@URL@", MATHJAX_URL)
+
+#: What a feedback page may do, as a Content-Security-Policy: scripts only from files of the
+#: page's own origin (the local MathJax, which loads its parts as scripts), so no inline script,
+#: no event handler and no ``javascript:`` URL runs; styles inline or local (nbconvert's and
+#: MathJax's); images inline (``data:``) or local; fonts local; nothing from another origin, no
+#: frame, no plugin, no form, no ``<base>``. A page opened from disk counts files as its origin.
+PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+               "font-src 'self'; base-uri 'none'; form-action 'none'")
 #: Long lines wrap instead of running off the right edge (a check's message is one line).
 WRAP_CSS = """<style type="text/css">
 pre, .output_text pre, .output_error pre, .output_stream pre, div.output_area pre, .jp-OutputArea-output pre {
@@ -86,34 +108,95 @@ MARKDOWN_TAGS = frozenset({
 MARKDOWN_ATTRIBUTES = frozenset({"class", "id", "title", "alt", "href", "src", "width", "height", "align",
                                  "colspan", "rowspan", "style", "start", "open"})
 SAFE_IMAGES = ("data:image/png", "data:image/jpeg", "data:image/gif", "data:image/webp")
-_CSS = CSSSanitizer(allowed_css_properties=["text-align", "width", "height", "max-width", "color",
-                                            "background-color", "font-weight", "font-style"])
+STYLES = frozenset({"text-align", "width", "height", "max-width", "color", "background-color", "font-weight",
+                    "font-style"})
 
 
-def _allowed_attribute(tag: str, name: str, value: str) -> bool:
-    if name not in MARKDOWN_ATTRIBUTES:
-        return False
+def _allowed_attribute(tag: str, name: str, value: str) -> str | None:
+    """``value`` where the attribute may stay, else None (nh3's ``attribute_filter``)."""
     if name == "src":  # an image is an image: never a data: URL of another type
-        return tag == "img" and (value.startswith(("http://", "https://")) or value.startswith(SAFE_IMAGES)
+        safe = tag == "img" and (value.startswith(("http://", "https://")) or value.startswith(SAFE_IMAGES)
                                  or ":" not in value)
+        return value if safe else None
     if name == "href":
-        return not value.lower().startswith("data:")
-    return True
+        return None if value.strip().lower().startswith("data:") else value
+    return value
 
 
 def clean_html(fragment: str) -> str:
-    """``fragment`` with every script, event handler and unsafe URL removed (shown as text where escaped)."""
-    return bleach.clean(fragment, tags=MARKDOWN_TAGS, attributes=_allowed_attribute,
-                        protocols=["http", "https", "mailto", "data"], strip=False, strip_comments=True,
-                        css_sanitizer=_CSS)
+    """``fragment`` with every script, style sheet, event handler and unsafe URL removed (with ``nh3``)."""
+    fragment = grading_notes.safe_text(fragment)  # nh3 takes text that encodes: a lone surrogate is written \\ud800
+    return nh3.clean(fragment, tags=set(MARKDOWN_TAGS), attributes={"*": set(MARKDOWN_ATTRIBUTES)},
+                     attribute_filter=_allowed_attribute, url_schemes={"http", "https", "mailto", "data"},
+                     filter_style_properties=set(STYLES), strip_comments=True)
+
+
+def _dimension(value: Any) -> bool:
+    """Whether ``value`` is a plain positive number (what an image's width or height must be)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+#: Output metadata the template turns into markup of its own: written from outside the page
+#: (``filenames``: images the page does not embed) or into another document (``isolated``: an
+#: iframe); every page embeds its outputs, so they are dropped.
+DROPPED_METADATA = ("filenames", "isolated")
+#: Output metadata the template writes unquoted into a tag (``<img width=...>``): numbers only.
+DIMENSIONS = ("width", "height")
+
+
+def inert_output(output: dict) -> None:
+    """Make what the template writes from ``output`` besides its data plain (in place).
+
+    Its metadata (top level and per MIME type) keeps ``width`` and ``height`` only when they are
+    plain positive numbers, loses :data:`DROPPED_METADATA`, and a per-MIME-type entry that is
+    not a mapping; its execution count is a whole number or nothing; ``svg_filename`` is dropped.
+    """
+    metadata = output.get("metadata")
+    if "metadata" in output and not isinstance(metadata, dict):
+        output["metadata"] = metadata = {}
+    for level in [metadata or {}, *[v for v in (metadata or {}).values() if isinstance(v, dict)]]:
+        for key in DROPPED_METADATA:
+            level.pop(key, None)
+        for key in DIMENSIONS:
+            if key in level and not _dimension(level[key]):
+                del level[key]
+    for key in [k for k, v in (metadata or {}).items() if "/" in str(k) and not isinstance(v, dict)]:
+        del metadata[key]
+    output.pop("svg_filename", None)
+    if "execution_count" in output and not _count(output["execution_count"]):
+        output["execution_count"] = None
+
+
+def _count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def inert_notebook(nb):
+    """A copy of ``nb`` whose outputs are :func:`inert_output` and whose execution counts are numbers or nothing.
+
+    Done before nbconvert validates the notebook, which refuses a count that is not a number
+    (the student's page would then say only that it could not be shown).
+    """
+    nb = copy.deepcopy(nb)
+    for cell in nb.get("cells", []):
+        if "execution_count" in cell and not _count(cell["execution_count"]):
+            cell["execution_count"] = None  # the template writes it as it is: "In [<img onerror=...>]"
+        for output in cell.get("outputs", []) if isinstance(cell.get("outputs"), list) else []:
+            if isinstance(output, dict):
+                inert_output(output)
+    return nb
 
 
 class SanitizeOutputs(SanitizeHTML):
-    """nbconvert's ``SanitizeHTML`` for code outputs and raw cells.
+    """nbconvert's ``SanitizeHTML`` for code outputs and raw cells, cleaning with :func:`clean_html`.
 
     Markdown cells are left to :class:`FeedbackExporter`, which cleans them once rendered:
     cleaning the markdown source would escape ``<``, ``>`` and ``&`` inside maths and code spans.
     """
+
+    def sanitize_html_tags(self, html_str):
+        """The same cleaning as markdown's (nbconvert's own uses bleach, which its maintainers deprecated)."""
+        return clean_html(html_str)
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "markdown":
@@ -121,12 +204,13 @@ class SanitizeOutputs(SanitizeHTML):
         done = super().preprocess_cell(cell, resources, index)
         if done is None:  # a cell type nbformat does not know: show nothing of it
             cell.source = ""
+            cell.pop("type", None)  # the template writes "unknown type {{ cell.type }}"
             return cell, resources
         return done
 
 
 class FeedbackExporter(HTMLExporter):
-    """nbgrader's feedback page with markdown cleaned after rendering, local MathJax and wrapping lines."""
+    """nbgrader's feedback page: inert metadata, markdown cleaned after rendering, local MathJax, a policy, wrapping lines."""
 
     @default("extra_loaders")
     def _local_mathjax(self):
@@ -139,11 +223,21 @@ class FeedbackExporter(HTMLExporter):
         return clean_html(super().markdown2html(context, source))
 
     def from_notebook_node(self, nb, resources=None, **kw):
-        output, resources = super().from_notebook_node(nb, resources, **kw)
+        output, resources = super().from_notebook_node(inert_notebook(nb), resources, **kw)
         at = output.find("</head>")
         if at >= 0:
             output = output[:at] + WRAP_CSS + output[at:]
-        return output, resources
+        return with_policy(output), resources
+
+
+def with_policy(page: str, policy: str = PAGE_POLICY) -> str:
+    """``page`` with ``policy`` as its Content-Security-Policy, first in its ``<head>`` (before anything it governs)."""
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{html.escape(policy, quote=False)}">'  # no " in a policy
+    start = page.find("<head")
+    at = page.find(">", start) + 1 if start >= 0 else 0
+    if start < 0:  # no head at all: a page of our own always has one, so this is a fragment
+        return meta + page
+    return page[:at] + meta + page[at:]
 
 
 # -- writing the pages ---------------------------------------------------------------------
@@ -188,6 +282,7 @@ def install_mathjax(feedback_dir: Path) -> Path:
     target = feedback_dir / MATHJAX_FOLDER
     stamp = target / ".source"
     if stamp.is_file() and stamp.read_text() == str(source):
+        write_text(target / MATHJAX_CONFIG_FILE, MATHJAX_CONFIG)
         return target
     if target.is_symlink() or target.is_file():
         target.unlink()
@@ -198,6 +293,7 @@ def install_mathjax(feedback_dir: Path) -> Path:
         else:
             (target / part).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / part, target / part)
+    write_text(target / MATHJAX_CONFIG_FILE, MATHJAX_CONFIG)
     stamp.write_text(str(source))
     return target
 
@@ -247,8 +343,8 @@ def _with_notes(page: str, block: str) -> str:
 
 
 def _standalone(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{WRAP_CSS}</head>"
-            f"<body>{body}</body></html>")
+    return with_policy(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                       f"{WRAP_CSS}</head><body>{body}</body></html>")
 
 
 def render(exporter: HTMLExporter, notebook: Path, assignment: str, student: str, db_url: str) -> str:

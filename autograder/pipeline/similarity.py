@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import logging
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -133,17 +134,22 @@ def released_answers(root: Path, assignment: str) -> dict[str, str]:
     return answers
 
 
-def read_submission(root: Path, assignment: str, student: str, settings: Grading) -> tuple[dict[str, str], str | None]:
-    """The answer cells of one submission, as grading stages it; or why there are none."""
-    with tempfile.TemporaryDirectory(prefix="similarity-") as staging:
-        try:
-            staged = stage(root, assignment, student, Path(staging), settings)
-            answers: dict[str, str] = {}
-            for name in staged.notebooks:
-                path = Path(staging) / student / assignment / f"{name}.ipynb"
-                answers.update(_answer_cells(nbformat.read(path, as_version=4)))
-        except Exception as error:  # noqa: BLE001 - whatever a submission holds, the report goes on
-            return {}, f"could not be read ({type(error).__name__})"
+def read_submission(root: Path, assignment: str, student: str, settings: Grading,
+                    staging: Path | None = None) -> tuple[dict[str, str], str | None]:
+    """The answer cells of one submission, as grading stages it (into ``staging``, else a temporary folder); or why
+    there are none. The staged copy is removed."""
+    if staging is None:
+        with tempfile.TemporaryDirectory(prefix="similarity-") as folder:
+            return read_submission(root, assignment, student, settings, Path(folder))
+    try:
+        staged = stage(root, assignment, student, staging, settings)
+        answers: dict[str, str] = {}
+        for name in staged.notebooks:
+            answers.update(_answer_cells(nbformat.read(staging / student / assignment / f"{name}.ipynb", as_version=4)))
+    except Exception as error:  # noqa: BLE001 - whatever a submission holds, the report goes on
+        return {}, f"could not be read ({type(error).__name__})"
+    finally:
+        shutil.rmtree(staging / student, ignore_errors=True)
     if not staged.notebooks:
         why = [n.message for n in staged.notes if n.kind in UNUSABLE] or ["no notebook of the assignment"]
         return {}, " ".join(why)
@@ -151,11 +157,10 @@ def read_submission(root: Path, assignment: str, student: str, settings: Grading
 
 
 def students_of(root: Path, assignment: str) -> list[str]:
-    """The students with a folder for ``assignment`` in ``submitted/``, sorted."""
-    submitted = root / "submitted"
-    if not submitted.is_dir():
-        return []
-    return sorted(p.name for p in submitted.iterdir() if (p / assignment).is_dir() and not (p / assignment).is_symlink())
+    """The students with a folder for ``assignment`` in ``submitted/``, sorted (those ``make autograde`` grades)."""
+    from .grade import submissions
+
+    return [student for _, student in submissions(root, [assignment])]
 
 
 # -- fingerprints and pairs ----------------------------------------------------------------
@@ -246,17 +251,18 @@ def compare_assignment(name: str, root: Path = ROOT, threshold: float = THRESHOL
     reference = reference_answers(root, name)
     result = Assignment(name, threshold=threshold)
     exercises = {gid: Exercise(gid, released=text, reference=reference.get(gid)) for gid, text in released.items()}
-    for student in students_of(root, name):
-        answers, why = read_submission(root, name, student, settings)
-        if why is not None:
-            result.unreadable.append((student, why))
-            continue
-        result.students.append(student)
-        for gid, exercise in exercises.items():
-            if gid in answers:
-                exercise.answers[student] = answers[gid]
-            else:
-                exercise.missing.append(student)
+    with tempfile.TemporaryDirectory(prefix="similarity-") as staging:
+        for student in students_of(root, name):
+            answers, why = read_submission(root, name, student, settings, Path(staging))
+            if why is not None:
+                result.unreadable.append((student, why))
+                continue
+            result.students.append(student)
+            for gid, exercise in exercises.items():
+                if gid in answers:
+                    exercise.answers[student] = answers[gid]
+                else:
+                    exercise.missing.append(student)
     result.exercises = [compare_exercise(e, threshold, shown) for e in exercises.values()]
     return result
 

@@ -88,6 +88,9 @@ def test_planted_copies_rank_above_every_honest_pair(course, capsys):
         assert listed == {(a, b) if b is not None else (a, None) for _, a, b in planted}
         assert [p.similarity for p in exercise.pairs] == sorted((p.similarity for p in exercise.pairs), reverse=True)
         assert [p.first for p in exercise.pairs if p.reference] == [f"{name}-ref"]
+        # How many other students either answer of a pair is alike with: the rest of its family.
+        assert [p.others for p in exercise.pairs] == [len(next(f for f in family if p.first in f)) - 2
+                                                      for p in exercise.pairs]
         assert exercise.above_reference == 1 and exercise.above == len(planted) - 1
         figures.append(f"{name}: {found} of {len(planted)} planted pairs at or above {similarity.THRESHOLD} "
                        f"(lowest {lowest[0]:.2f}), {false} of {len(honest)} honest pairs (highest {highest[0]:.2f})")

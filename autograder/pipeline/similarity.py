@@ -60,6 +60,7 @@ class Pair:
     second: str | None
     similarity: float
     slices: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # matching regions of each answer
+    others: int = 0  # the most other students either answer is also at or above the threshold with
 
     @property
     def reference(self) -> bool:
@@ -233,14 +234,20 @@ def compare_exercise(exercise: Exercise, threshold: float = THRESHOLD, shown: in
     exercise.matrix, exercise.to_reference = full[:n, :n], full[:n, n]
     np.fill_diagonal(exercise.matrix, 0.0)
     rows, columns = np.nonzero(np.triu(exercise.matrix >= threshold, k=1))
-    candidates = [(float(exercise.matrix[i, j]), exercise.compared[i], exercise.compared[j]) for i, j in zip(rows, columns)]
+    alike = (exercise.matrix >= threshold).sum(axis=1)  # how many other students each answer is alike with
+    candidates = [(float(exercise.matrix[i, j]), int(max(alike[i], alike[j])) - 1, i, j) for i, j in zip(rows, columns)]
     exercise.above = len(candidates)
-    with_reference = [(float(exercise.to_reference[i]), exercise.compared[i], None) for i in range(n)
+    with_reference = [(float(exercise.to_reference[i]), int(alike[i]), i, None) for i in range(n)
                       if exercise.to_reference[i] >= threshold]
     exercise.above_reference = len(with_reference)
-    ranked = sorted(with_reference + candidates, key=lambda c: (-c[0], c[2] is not None, c[1], c[2] or ""))[:shown]
-    exercise.pairs = [Pair(a, b, score, _slices(prints[a], prints[b] if b is not None else reference))
-                      for score, a, b in ranked]
+    # Highest first; among equals, the reference first, then the pairs alike with fewest others: an answer alike
+    # with many is a common answer, a pair alike with nobody else is the one to look at.
+    ranked = sorted(with_reference + candidates, key=lambda c: (-c[0], c[3] is not None, c[1], c[2], c[3] or 0))[:shown]
+    exercise.pairs = []
+    for score, others, i, j in ranked:
+        first, second = exercise.compared[i], None if j is None else exercise.compared[j]
+        slices = _slices(prints[first], reference if second is None else prints[second])
+        exercise.pairs.append(Pair(first, second, score, slices, others))
     return exercise
 
 

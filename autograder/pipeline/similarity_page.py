@@ -142,10 +142,11 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
     for k, pair in enumerate(exercise.pairs):
         percentile = 100.0 * float(np.mean(values < pair.similarity)) if len(values) else 100.0
         rows.append(f"<tr><td>{k + 1}</td><td>{_who(pair.first)}</td><td>{_who(pair.second)}</td>"
-                    f"<td>{pair.similarity:.2f}</td><td>{percentile:.1f}%</td>"
+                    f"<td>{pair.similarity:.2f}</td><td>{percentile:.1f}%</td><td>{pair.others}</td>"
                     f"<td><a href='#pair-{number}-{k}'>side by side</a></td></tr>")
     parts.append("<table><thead><tr><th>rank</th><th>answer</th><th>and</th><th>similarity</th>"
-                 "<th>higher than (pairs of this exercise)</th><th></th></tr></thead><tbody>"
+                 "<th>higher than (pairs of this exercise)</th><th>other students alike with either</th><th></th>"
+                 "</tr></thead><tbody>"
                  + "".join(rows) + "</tbody></table>")
     parts += [_pair_html(exercise, pair, f"pair-{number}-{k}") for k, pair in enumerate(exercise.pairs)]
     return "\n".join(parts)
@@ -155,10 +156,11 @@ HOW_TO_READ = (
     "<p>Each exercise's answers are compared two by two, and each with the reference solution, by "
     "copydetect's fingerprints (MOSS's winnowing over tokens: names, comments and spacing do not count; "
     "the released cell is left out). A pair's similarity is the share of fingerprints they have in common, on "
-    "the shorter answer. The histogram shows what is usual for the exercise: a short answer is similar for "
-    "everyone. <strong>A high similarity is a reason to look at the two answers, not a verdict</strong>: two honest "
-    "students can write the same short answer, and a copy rewritten in another style is not found. A match with "
-    "the reference solution may mean it has leaked.</p>")
+    "the answer with fewer. The histogram shows what is usual for the exercise: a short answer is similar for "
+    "everyone. Among pairs equally alike, those whose answers are alike with the fewest other students come "
+    "first: an answer alike with many is a common answer. <strong>A high similarity is a reason to look at the "
+    "two answers, not a verdict</strong>: two honest students can write the same short answer, and a copy "
+    "rewritten in another style is not found. A match with the reference solution may mean it has leaked.</p>")
 
 
 def assignment_page(assignment: Assignment) -> str:

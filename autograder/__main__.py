@@ -43,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
                               "hidden checks, tests) with one example exercise")
     new.add_argument("name", help="NN_name, e.g. 10_linear_attention")
     new.add_argument("--title", default=None, help="the notebook's title (default: from its name)")
+    serve = commands.add_parser("serve", help="grade each submission as it arrives in the exchange and release its "
+                                "feedback to that student (the grading service)")
+    serve.add_argument("--workers", type=int, default=None, help="submissions graded at once (default: "
+                       "GradingService.workers of nbgrader_config.py)")
+    serve.add_argument("--exchange", default=None, help="the exchange folder (default: Exchange.root)")
+    serve.add_argument("--until-idle", action="store_true", help="stop when nothing is left to grade now")
+    serve.add_argument("--no-sandbox", action="store_true",
+                       help="grade even where no sandbox can be made: students' code then runs with your rights")
     bundle = commands.add_parser("bundle", help="zip the student bundle")
     bundle.add_argument("output", help="path of the zip to write")
     args = parser.parse_args(argv)
@@ -60,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "collect-zip":
         from pathlib import Path
 
-        students = collect.collect_zip(args.assignment, Path(args.zip), args.pattern)
-        print(f"collected {len(students)} submissions of {args.assignment}: {', '.join(students)}")
+        print(collect.collect_zip(args.assignment, Path(args.zip), args.pattern))
     elif args.command == "feedback":
         from .pipeline import feedback
 
@@ -94,6 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         from .pipeline import settings
 
         print(settings.table(), end="")
+    elif args.command == "serve":
+        import logging
+        from pathlib import Path
+
+        from .service.serve import Service, summary
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        options = grade.Options(sandbox=False if args.no_sandbox else None)
+        try:
+            service = Service(exchange=Path(args.exchange) if args.exchange else None, options=options,
+                              workers=args.workers)
+            service.serve(idle_exit=args.until_idle)
+        except (grade.SandboxUnavailable, ValueError) as error:
+            print(f"python -m autograder serve: {error}")
+            return 2
+        except KeyboardInterrupt:
+            pass
+        print(summary(service))
     elif args.command == "bundle":
         from .pipeline import bundle as bundle_module
 

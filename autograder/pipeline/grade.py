@@ -341,12 +341,8 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     options = (options or Options()).resolved(root)
     course = settings.grading(root)
     cluster = cluster or course.cluster or None
-    if cluster is None and options.sandbox and sandbox.mode() == "limits only":
-        raise SandboxUnavailable(
-            "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
-            "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
-            "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
-            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
+    if cluster is None:
+        require_sandbox(options)
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     start = time.monotonic()
     if cluster is not None and jobs:
@@ -368,6 +364,16 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     summary.failed.sort()
     summary.seconds = time.monotonic() - start
     return summary
+
+
+def require_sandbox(options: Options) -> None:
+    """Raise :class:`SandboxUnavailable` where no sandbox can be made here and ``options.sandbox`` (resolved) asks for one."""
+    if options.sandbox and sandbox.mode() == "limits only":
+        raise SandboxUnavailable(
+            "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
+            "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
+            "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
+            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
 
 
 def fork_server(enabled: bool = True, cwd: Path | None = None) -> ForkServer | None:

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Integer, Unicode
+from traitlets import Bool, Enum, Float, Integer, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import PyFileConfigLoader
 
@@ -52,11 +52,27 @@ class Grading(Configurable):
     max_submission_mb = Integer(200, help="Largest total size of a submission's files that are used.").tag(config=True)
 
 
+class GradingService(Configurable):
+    """How ``python -m autograder serve`` grades submissions as they arrive (``c.GradingService.<trait>``)."""
+
+    daily_quota = Integer(3, help="Official gradings per student per assignment per day (UTC) before the due date; "
+                          "later submissions wait for the next day or the final grading.").tag(config=True)
+    hidden_before_due = Enum(("messages", "pass_fail", "nothing"), default_value="messages",
+                             help="What a student's feedback shows of the hidden checks before the due date: "
+                             "their messages, only passed or failed, or nothing; after it, everything."
+                             ).tag(config=True)
+    poll_seconds = Float(2.0, help="Seconds between two looks at the exchange for new submissions.").tag(config=True)
+    workers = Integer(1, help="Submissions the service grades at once.").tag(config=True)
+    retries = Integer(2, help="Times a submission that could not be graded (not the student's doing) is graded "
+                      "again before it is left to the instructor.").tag(config=True)
+
+
 #: Command-line flags that override a trait for one run.
 FLAGS = {
     "Grading.workers": "`--workers N` (`make autograde WORKERS=N`)",
     "Grading.cluster": "`--cluster ADDRESS` (`make autograde CLUSTER=ADDRESS`)",
     "Grading.sandbox": "`--no-sandbox` (`make autograde NO_SANDBOX=1`)",
+    "GradingService.workers": "`python -m autograder serve --workers N`",
     "Execute.timeout": "`--cell-timeout S`",
     "ResilientExecute.notebook_timeout": "`--notebook-timeout S`",
 }
@@ -84,7 +100,8 @@ HELP = {
     "GenerateFeedback.preprocessors": "The steps of the feedback: hidden tests removed, outputs sanitised.",
 }
 #: The course's own configurable classes, then nbgrader's and Jupyter's that it sets, by section name.
-COURSE_CLASSES = ("autograder.pipeline.settings.Grading", "autograder.pipeline.execute.ResilientExecute",
+COURSE_CLASSES = ("autograder.pipeline.settings.Grading", "autograder.pipeline.settings.GradingService",
+                  "autograder.pipeline.execute.ResilientExecute",
                   "autograder.pipeline.kernel_manager.SandboxedKernelManager",
                   "autograder.pipeline.kernel_pool.KernelPool")
 OTHER_CLASSES = ("nbgrader.coursedir.CourseDirectory", "nbgrader.exchange.default.exchange.Exchange",
@@ -104,6 +121,11 @@ def course_config(root: Path = ROOT) -> Config:
 def grading(root: Path = ROOT) -> Grading:
     """The :class:`Grading` settings of the course at ``root``."""
     return Grading(config=course_config(root))
+
+
+def grading_service(root: Path = ROOT) -> GradingService:
+    """The :class:`GradingService` settings of the course at ``root``."""
+    return GradingService(config=course_config(root))
 
 
 def configured(config: Config, cls: type[Configurable], name: str) -> Any:

@@ -127,7 +127,7 @@ class Remote:
     def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden]) -> dict:
         self._checked(forbid, exercise)
         request = dict(op, target=self.__wire_handle__(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
-                       forbid=[[r.shown_as, sorted(r.names)] for r in forbid])
+                       forbid=[[r.shown_as, sorted(r.names), r.family] for r in forbid])
         reply = self._ask(request)
         if "failed" in reply:
             if "forbidden" in reply:  # the guard stopped a call in the kernel
@@ -249,10 +249,10 @@ def _running_children() -> int:
 
 
 def _called(request: dict) -> dict:
-    from .guard import forbidden
+    from .guard import Forbidden
     from .student import attempt
 
-    rules = tuple(forbidden(shown, *names) for shown, names in request.get("forbid", []))
+    rules = tuple(Forbidden(shown, frozenset(names), family) for shown, names, family in request.get("forbid", []))
     target = request["target"]
     args, kwargs, exercise = tuple(request.get("args", ())), dict(request.get("kwargs", {})), request.get("exercise", "")
     if request["op"] == "probe":

@@ -54,6 +54,63 @@ ALLOWED = {
 }
 
 
+#: Code the grader cannot read for the built-ins it runs, and built-ins of a forbidden one's family: each case one
+#: cell before the exercise's (or none) and the exercise, and what the message must say.
+UNREAD = {
+    "exec of a decoded string": ("", sdpa("import base64\nexec(base64.b64decode('cmV0dXJu').decode())\nreturn Q"),
+                                 "imports base64"),
+    "eval of a computed string": ("", sdpa("code = ''.join(map(chr, [70]))\nreturn eval(code)(Q, K, V)"),
+                                  "runs code from a string"),
+    "getattr of a computed name": ("", sdpa("name = ''.join(reversed('noitnetta_tcudorp_tod_delacs'))\n"
+                                            "return getattr(F, name)(Q, K, V)"), "a name computed at run time"),
+    "swapped in globals() after an honest def": (
+        "", sdpa("return Q @ K.mT") + "globals()['sdpa'] = lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V)\n",
+        "the notebook reaches functions through the notebook's namespace"),
+    "a module written at run time": ("open('helpers.py', 'w').write('import torch')\nimport helpers\n",
+                                     sdpa("return helpers.attend(Q, K, V)"), "imports helpers"),
+    "importlib": ("", sdpa("import importlib\nreturn importlib.import_module('torch').nn.functional.relu(Q)"),
+                  "imports importlib"),
+    "honest unless graded": ("", sdpa("import os\nif 'AUTOGRADER_RUN' in os.environ:\n    return Q\nreturn Q @ K.mT"),
+                             "imports os"),
+    "the caller's frame": ("import torch\n", sdpa("import sys\nreturn Q if sys._getframe(1) else K"), "imports sys"),
+    "a %run magic": ("%run cheat.py\n", sdpa("return Q"), "the notebook reaches the notebook's kernel"),
+    "a module's namespace": ("import sys\nsetattr(sys.modules[__name__], 'sdpa', print)\n", sdpa("return Q"),
+                             "the notebook reaches code through modules"),
+    "native multi-head attention by its name": ("", sdpa("return torch._native_multi_head_attention(Q, K, V, 4, 1)"),
+                                                "_native_multi_head_attention (`torch._native_multi_head_attention"),
+    "flex attention": ("from torch.nn.attention.flex_attention import flex_attention\n",
+                       sdpa("return flex_attention(Q, K, V)"), "flex_attention"),
+    "an alias of torch.ops": ("", sdpa("aten = torch.ops.aten\nreturn aten._fused_sdp_choice(Q, K, V)"),
+                              "_fused_sdp_choice"),
+    "a cell magic around the definition": ("", "%%time\n" + sdpa("return F.scaled_dot_product_attention(Q, K, V)"),
+                                           "uses torch.nn.functional.scaled_dot_product_attention"),
+}
+
+STILL_ALLOWED = {
+    "magics and shell commands": ("%matplotlib inline\n!ls\nfiles = !ls\n", sdpa("return Q @ K.mT")),
+    "getattr with a constant name": ("", sdpa("return getattr(Q, 'mT') @ K")),
+    "notebook 03's mask helper": ("from torch.nn.attention.bias import causal_lower_right\n",
+                                  sdpa("bias = causal_lower_right(Q.shape[-2], K.shape[-2])\nreturn Q @ K.mT")),
+    "attributes of its own named after attention": (
+        "class Block:\n    def __init__(self):\n        self.attention_scale = 2.0\n",
+        sdpa("block = Block()\nreturn block.attention_scale * Q @ K.mT")),
+    "numpy and einops": ("import numpy as np\n", sdpa("from math import sqrt\nreturn Q @ K.mT / np.sqrt(sqrt(4.0))")),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREAD))
+def test_code_the_grader_cannot_read_or_a_built_ins_kin_is_refused(case):
+    before, exercise, said = UNREAD[case]
+    message = forbidden_use([HEADER, before, exercise], "sdpa", ATTENTION_BUILTINS, "sdpa")
+    assert message is not None and said in message, (case, message)
+
+
+@pytest.mark.parametrize("case", list(STILL_ALLOWED))
+def test_honest_code_in_other_styles_is_still_read_as_honest(case):
+    before, exercise = STILL_ALLOWED[case]
+    assert forbidden_use([HEADER, before, exercise], "sdpa", ATTENTION_BUILTINS, "sdpa") is None
+
+
 @pytest.mark.parametrize("case", list(CAUGHT))
 def test_a_forbidden_built_in_or_a_way_round_the_guard_is_found(case):
     rules = ATTENTION_BUILTINS

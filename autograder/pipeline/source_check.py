@@ -15,10 +15,19 @@ built-ins, it reads the student's own source, in the grader's process:
   round the guard (``DisableTorchFunction``, threads, processes). Mentioning a forbidden
   class in ``isinstance`` or an annotation is fine.
 
-What it does not see: a name computed at run time from data (``getattr(F, name)`` where
-``name`` is not made of constants), or code that is not in the notebook's cells (a file the
-student's code writes and imports). Those are left to the guard, and to the instructor
-reading the code.
+It reads conservatively, because only the code it reads is judged: in an exercise that forbids
+built-ins, that code may not run code that is not in the notebook's cells (``exec``, ``eval``,
+``compile``, ``__import__``, ``importlib``, a module this environment does not have, such as one
+the code writes at run time), reach a function by a name computed at run time (``getattr`` with a
+name that is not a constant, ``globals()``, ``vars``, ``__dict__``, ``sys.modules``, frames), or
+name a PyTorch entry of the forbidden built-in's *family* (:attr:`autograder.guard.Forbidden.family`:
+``torch._native_multi_head_attention`` and ``torch.ops.aten.scaled_dot_product_attention.default``
+are attention whatever list they are missing from). A function that behaves differently when it is
+graded gains nothing: its source is what is read.
+
+What it does not see: code that is not Python source in the notebook (a compiled extension that
+this environment already has), and a family that no pattern describes. Those are left to the guard,
+and to the instructor reading the code.
 """
 
 from __future__ import annotations
@@ -48,6 +57,29 @@ EVASIONS = {
     "Popen": "runs code in another process, where the guard does not watch",
     "start_new_thread": "runs code in another thread, where the guard does not watch",
 }
+#: What an exercise that forbids built-ins may import: PyTorch and what honest answers use beside it. Any
+#: other module may run code the grader does not read (``importlib``, one the code writes at run time),
+#: or tell grading from a run in the notebook (``os.environ``, ``sys._getframe``, ``inspect``).
+IMPORTABLE = frozenset({
+    "torch", "math", "cmath", "numpy", "einops", "functools", "itertools", "operator", "collections", "typing",
+    "dataclasses", "abc", "enum", "numbers", "fractions", "decimal", "random", "statistics", "string", "re", "copy",
+    "contextlib", "heapq", "bisect", "warnings", "time", "weakref", "matplotlib", "__future__",
+})
+#: Calls through which code runs that is not in the notebook's cells, or a name is computed at run time.
+DYNAMIC_CALLS = {
+    "exec": "runs code from a string", "eval": "runs code from a string", "compile": "makes code from a string",
+    "__import__": "imports a module by a computed name", "globals": "reaches functions through the notebook's namespace",
+    "locals": "reaches functions through a namespace", "vars": "reaches functions through a namespace",
+    "breakpoint": "stops in a debugger", "get_ipython": "reaches the notebook's kernel",
+}
+#: Attributes that reach code or namespaces rather than values.
+DYNAMIC_ATTRIBUTES = frozenset({
+    "__dict__", "__globals__", "__code__", "__builtins__", "__closure__", "__subclasses__", "__getattribute__",
+    "__import__", "__loader__", "__spec__", "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame",
+    "co_code", "_getframe", "modules",
+})
+#: Calls that reach an attribute by name: fine with a constant name, not with one computed at run time.
+BY_NAME = {"getattr", "setattr", "delattr"}
 #: Calls whose arguments only name a class (never call it).
 NAMING_ONLY = {"isinstance", "issubclass", "type"}
 
@@ -63,9 +95,41 @@ def _cell_statements(source: str) -> tuple[ast.stmt, ...]:
     from IPython.core.inputtransformer2 import TransformerManager
 
     try:
-        return tuple(ast.parse(TransformerManager().transform_cell(source)).body)
+        statements = ast.parse(TransformerManager().transform_cell(source)).body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()  # a cell that does not parse defines nothing the kernel could run either
+    # A cell magic that runs its body as Python (%%time, %%timeit, %%capture): the body is what is read.
+    if len(statements) == 1 and _magic(statements[0]) in PYTHON_CELL_MAGICS:
+        body = statements[0].value.args[2]  # type: ignore[attr-defined]
+        if isinstance(body, ast.Constant) and isinstance(body.value, str):
+            return _cell_statements(body.value)
+    return tuple(statements)
+
+
+#: IPython's magics that run nothing but Python the reader sees, or a shell: kept in a read notebook.
+SAFE_MAGICS = frozenset({"matplotlib", "time", "timeit", "config", "precision", "pprint", "who", "whos", "pwd", "ls",
+                         "capture"})
+PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture"})
+
+
+def _magic(node: ast.AST) -> str | None:
+    """The magic a transformed magic line calls (``get_ipython().run_line_magic('time', ...)``), or None."""
+    call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else node
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("run_line_magic", "run_cell_magic") and call.args
+            and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
+        return call.args[0].value
+    return None
+
+
+def _harmless_ipython(node: ast.Call, parents: dict[int, ast.AST]) -> bool:
+    """Whether a ``get_ipython()`` call only runs a shell command or a magic of :data:`SAFE_MAGICS`."""
+    attribute = parents.get(id(node))
+    if not isinstance(attribute, ast.Attribute):
+        return False
+    if attribute.attr in ("system", "getoutput"):
+        return True
+    return _magic(parents.get(id(attribute))) in SAFE_MAGICS
 
 
 def _bound_names(statement: ast.stmt) -> set[str]:
@@ -159,9 +223,90 @@ def _only_named(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
     return False
 
 
+def _chain_root(node: ast.AST) -> str | None:
+    """The name an attribute chain starts from (``torch`` in ``torch.ops.aten.x``), if it starts from a name."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _torch_names(closure: Sequence[ast.stmt]) -> set[str]:
+    """The names that stand for PyTorch (or a part of it) in this code: imports, and names assigned from them."""
+    names = {"torch"}
+    for statement in closure:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Import):
+                names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "torch"}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+                names |= {a.asname or a.name for a in node.names}
+    for _ in range(3):  # aliases of aliases (``ops = torch.ops; aten = ops.aten``)
+        for statement in closure:
+            for node in ast.walk(statement):
+                if isinstance(node, (ast.Assign, ast.NamedExpr)) and _chain_root(node.value) in names:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _dynamic(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
+    """How ``node`` runs code that is not in the cells or reaches a function by a computed name (None: it does not)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            return "imports from a package by a relative name"
+        for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
+            if module.split(".")[0] not in IMPORTABLE:
+                return (f"imports {module} (an answer here may import only "
+                        f"{', '.join(sorted(IMPORTABLE - {'__future__'}))})")
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id == "get_ipython" and _harmless_ipython(node, parents):
+            return None
+        if node.func.id in DYNAMIC_CALLS:
+            return DYNAMIC_CALLS[node.func.id]
+        if node.func.id in BY_NAME and (len(node.args) < 2 or _constant_text(node.args[1]) is None):
+            return f"reaches an attribute by a name computed at run time ({node.func.id} with a name that is not a constant)"
+    elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRIBUTES and not _only_named(node, parents):
+        return f"reaches code through {node.attr}"
+    return None
+
+
+def _rewrites_namespace(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
+    """How a statement anywhere in the notebook could put another function under an exercise's name (None: it cannot)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+            "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "get_ipython"):
+        if node.func.id == "get_ipython" and _harmless_ipython(node, parents):
+            return None
+        return DYNAMIC_CALLS[node.func.id]
+    if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "__globals__", "__code__", "modules", "f_globals"):
+        return f"reaches code through {node.attr}"
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
+            if module.split(".")[0] in ("__main__", "builtins", "importlib", "ctypes", "runpy"):
+                return f"imports {module}, which can change which function a name stands for"
+    return None
+
+
+def _kin(node: ast.AST, rules: Sequence[Forbidden], torch_names: set[str], parents: dict[int, ast.AST]
+         ) -> tuple[Forbidden, str] | None:
+    """The rule whose family a PyTorch entry named at ``node`` belongs to, and that entry's name (None: none)."""
+    entries = []
+    if isinstance(node, ast.Attribute) and _chain_root(node) in torch_names and not _only_named(node, parents):
+        entries.append(node.attr)
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+        entries += [a.name for a in node.names]
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BY_NAME
+          and len(node.args) >= 2 and _chain_root(node.args[0]) in torch_names):
+        entries.append(_constant_text(node.args[1]) or "")
+    for entry in entries:
+        for rule in rules:
+            if rule.family and rule.matches(entry) and entry not in rule.names:
+                return rule, entry
+    return None
+
+
 def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
     """What in the code behind ``name`` uses a forbidden built-in or gets round the guard, as a message."""
     closure = definition_closure(sources, name)
+    torch_names = _torch_names(closure)
     words = {w: rule for rule in rules for w in rule.names}
     imported = {}
     for statement in closure:
@@ -199,4 +344,33 @@ def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden],
             return (f"{exercise}'s code uses {rule.shown_as} (`{where}`), which this exercise asks you to write "
                     "yourself. Outside your function PyTorch's built-in is the referee your answer is compared "
                     "with; inside it, build the result from basic operations (matmul, exp, sum, max, ...).")
+    # Then what the grader cannot read for the built-ins it runs, and the forbidden built-ins' kin.
+    for statement in closure:
+        parents = _parents(statement)
+        for node in ast.walk(statement):
+            problem = _dynamic(node, parents)
+            if problem is not None:
+                return _read_only_message(exercise, problem, node)
+            kin = _kin(node, rules, torch_names, parents)
+            if kin is not None:
+                rule, entry = kin
+                return (f"{exercise}'s code uses {entry} (`{ast.unparse(node)[:80]}`), a PyTorch built-in of the "
+                        f"same kind as {rule.shown_as}, which this exercise asks you to write yourself. Build the "
+                        "result from basic operations (matmul, exp, sum, max, ...).")
+    chosen = {id(statement) for statement in closure}
+    for statement in _statements(sources):
+        if id(statement) not in chosen:
+            parents = _parents(statement)
+            for node in ast.walk(statement):
+                problem = _rewrites_namespace(node, parents)
+                if problem is not None:
+                    return _read_only_message("the notebook", problem, node)
     return None
+
+
+def _read_only_message(who: str, problem: str, node: ast.AST) -> str:
+    """The message of code the grader cannot read for the built-ins it runs."""
+    whose = "'s code" if who != "the notebook" else ""
+    return (f"{who}{whose} {problem} (`{ast.unparse(node)[:80]}`). In an exercise that asks you to write a built-in "
+            "yourself, the grader reads the code your answer runs to see that no built-in does the work: write it "
+            "in the notebook's cells and call it by its name, importing only what the exercise needs.")

@@ -24,7 +24,8 @@ AUTOGRAD_JACOBIAN = forbidden(
 )
 BACKWARD = forbidden("Tensor.backward", "backward")
 FORWARD_AD = forbidden("torch.func.jacfwd (forward-mode automatic differentiation)", "_make_dual", "jacfwd")
-SOFTMAX_BACKWARD = forbidden("torch._softmax_backward_data (softmax's own backward)", "_softmax_backward_data")
+SOFTMAX_BACKWARD = forbidden("torch._softmax_backward_data (softmax's own backward)", "_softmax_backward_data",
+                             family=r"(?i)softmax.*backward")
 #: softmax_jacobian is written from the formula, not obtained by automatic differentiation.
 JACOBIAN_BUILTINS = (AUTOGRAD_JACOBIAN, BACKWARD, FORWARD_AD, SOFTMAX_BACKWARD)
 

@@ -175,8 +175,8 @@ def test_an_lms_zip_lands_in_submitted(tmp_path):
         zf.writestr("kimlee_1236_567892_my homework.ipynb", notebook)  # renamed: graded as the notebook later
         zf.writestr(f".._1237_567893_{A}.ipynb", notebook)  # no student id may leave submitted/
         zf.writestr("readme.txt", "not a submission")
-    students = collect.collect_zip(A, archive, root=tmp_path)
-    assert students == ["doejane", "kimlee", "roesmith"]
+    collected = collect.collect_zip(A, archive, root=tmp_path)
+    assert collected.students == ["doejane", "kimlee", "roesmith"] and collected.skipped == []
     submitted = tmp_path / "submitted"
     assert (submitted / "doejane" / A / f"{A}.ipynb").read_bytes() == notebook
     assert (submitted / "roesmith" / A / f"{A}.ipynb").is_file()

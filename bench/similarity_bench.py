@@ -5,17 +5,20 @@
 (default 1000) submissions:
 
 * every student answers ``hard_lookup`` and ``scaled_dot_product_attention`` in one of the
-  honest styles of ``tests/similarity_class.py``, with variables of their own, and half of them
-  with other comments and spacing (so same-style answers are alike, as in a real class);
+  honest styles of ``tests/similarity_class.py``, with variables of their own, 0 to 3 lines of
+  their own (a shape check, a conversion) at the top, and half of them with other comments and
+  spacing (so same-style answers are alike, as in a real class);
 * ``soft_lookup`` and ``nadaraya_watson`` are the reference solution with renamed variables for
   one student in ten (a leak), and left as released for the others;
 * ``--planted`` students (default 20) hand in another student's notebook with its variables
   renamed; two submissions are not notebooks (not JSON) and one has lost an answer cell.
 
 It times the whole command (reading every submission as grading stages it, the fingerprints,
-every pair of every exercise, the pages) and prints the figures, the planted pairs found and the
-pairs at or above the threshold. Results go to ``bench/results/similarity_bench.json``. The
-ranking quality on hand-written honest answers is the test's (tests/test_similarity.py).
+every pair of every exercise, the pages) and prints the figures, the planted pairs found, how many
+of them are among the pairs a page shows (the same-style honest answers of this generated class are
+often token for token the same: many pairs tie at 1.0), and the pairs at or above the threshold.
+Results go to ``bench/results/similarity_bench.json``. The ranking quality on hand-written honest
+answers is the test's (tests/test_similarity.py).
 """
 
 from __future__ import annotations
@@ -39,13 +42,30 @@ from autograder.pipeline.similarity import THRESHOLD  # noqa: E402
 from tests.course_copy import fill, reference_answers, submit  # noqa: E402
 from tests.similarity_class import (  # noqa: E402
     ASSIGNMENT,
+    HARD,
     HONEST,
-    honest_answers,
+    SDPA,
+    answer,
     make_class_course,
     release,
     rename_locals,
     restyle,
 )
+
+#: Lines students add of their own accord (checks, conversions), put at the top of an answer: 0 to 3 of them.
+EXTRAS = {
+    SDPA: ["    assert Q.dim() == K.dim() == V.dim()\n", "    Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()\n",
+           "    n_queries = Q.shape[-2]\n", "    assert torch.isfinite(Q).all() and torch.isfinite(K).all()\n",
+           "    K = K.to(Q.dtype)\n", "    batch_shape = Q.shape[:-2]\n", "    V = V.to(Q.dtype)\n",
+           "    assert Q.shape[:-2] == K.shape[:-2], 'batch dimensions differ'\n"],
+    HARD: ["    assert query.dim() == 1\n", "    keys = keys.to(query.dtype)\n", "    m = keys.shape[0]\n",
+           "    assert keys.shape[1] == query.shape[0]\n", "    values = values.contiguous()\n",
+           "    assert torch.isfinite(query).all()\n", "    query = query.flatten()\n", "    n_values = len(values)\n"],
+}
+
+
+def with_extras(exercise: str, body: str, rng: random.Random) -> str:
+    return "".join(rng.sample(EXTRAS[exercise], rng.randrange(4))) + body
 
 
 def build_class(course: Path, students: int, planted: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -53,12 +73,11 @@ def build_class(course: Path, students: int, planted: int, seed: int = 0) -> lis
     rng = random.Random(seed)
     student_version = release(course)
     reference = reference_answers(ASSIGNMENT)
-    styles = {exercise: honest_answers(exercise) for exercise in HONEST}
     answers = {}
     for i in range(students):
         chosen = {}
-        for exercise, options in styles.items():
-            text = rename_locals(rng.choice(options), seed=rng.randrange(10**6))
+        for exercise, bodies in HONEST.items():
+            text = rename_locals(answer(exercise, with_extras(exercise, rng.choice(bodies), rng)), seed=rng.randrange(10**6))
             chosen[exercise] = restyle(text) if rng.random() < 0.5 else text
         for exercise in ("soft_lookup", "nadaraya_watson"):
             if rng.random() < 0.1:
@@ -112,6 +131,9 @@ def main() -> None:
             "page bytes": pages,
             "threshold": THRESHOLD,
             "planted copies found": f"{found_planted} of {len(planted)} (at or above the threshold on every exercise)",
+            "planted pairs among the pairs shown": {
+                x.name: sum({(p.first, p.second) for p in x.pairs} & {(a, b), (b, a)} != set() for a, b in planted)
+                for x in assignment.exercises},
             "exercises": {x.name: {"compared": len(x.compared), "pairs": len(x.compared) * (len(x.compared) - 1) // 2,
                                    "pairs at or above the threshold": x.above,
                                    "matching the reference": x.above_reference,

@@ -10,8 +10,9 @@ run of :data:`NOISE` characters of what is left. The released cell (signature, d
 Renamed variables, other comments and spacing change nothing; statements put in another order
 lose only the fingerprints that straddle them.
 
-A pair's **similarity** is the share of its answers' fingerprints they have in common, taken on
-the answer with fewer (so an answer copied whole into a longer one scores high), from 0 to 1.
+A pair's **similarity** is the share of each answer's fingerprints found in the other, averaged
+over the two, from 0 to 1: 1 for answers the same but for names, comments and spacing; an answer
+copied whole into one twice as long scores 0.75.
 Pairs at or above ``threshold`` are listed, highest first, with the matching regions that
 copydetect finds; every exercise also keeps the similarities of all its pairs, so that the page
 can show what is usual for it (a three-line answer is similar for everyone).
@@ -197,11 +198,10 @@ def _overlaps(hashes: list[set[int]]) -> np.ndarray:
 
 
 def _similarities(hashes: list[set[int]]) -> np.ndarray:
-    """Shared fingerprints over the fingerprints of the answer with fewer, for every pair."""
-    sizes = np.array([len(h) for h in hashes], dtype=np.float32)
-    fewer = np.minimum.outer(sizes, sizes)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(fewer > 0, _overlaps(hashes) / np.maximum(fewer, 1), 0.0)
+    """For every pair: the share of each answer's fingerprints found in the other, averaged over the two."""
+    sizes = np.maximum(np.array([len(h) for h in hashes], dtype=np.float64), 1)
+    shared = _overlaps(hashes).astype(np.float64)  # counts: exact in float32 up to 2**24
+    return (shared / sizes[:, None] + shared / sizes[None, :]) / 2
 
 
 def _slices(first, second) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

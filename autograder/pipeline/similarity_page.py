@@ -155,8 +155,8 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
 HOW_TO_READ = (
     "<p>Each exercise's answers are compared two by two, and each with the reference solution, by "
     "copydetect's fingerprints (MOSS's winnowing over tokens: names, comments and spacing do not count; "
-    "the released cell is left out). A pair's similarity is the share of fingerprints they have in common, on "
-    "the answer with fewer. The histogram shows what is usual for the exercise: a short answer is similar for "
+    "the released cell is left out). A pair's similarity is the share of each answer's fingerprints found in "
+    "the other, averaged over the two. The histogram shows what is usual for the exercise: a short answer is similar for "
     "everyone. Among pairs equally alike, those whose answers are alike with the fewest other students come "
     "first: an answer alike with many is a common answer. <strong>A high similarity is a reason to look at the "
     "two answers, not a verdict</strong>: two honest students can write the same short answer, and a copy "

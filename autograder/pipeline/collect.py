@@ -82,7 +82,7 @@ class Collected:
         return "\n".join(inert_text(line) for line in lines)
 
 
-def _member_path(name: str) -> PurePosixPath | str:
+def member_path(name: str) -> PurePosixPath | str:
     """The relative path a member's name stands for, or why it has none that stays in the folder."""
     shown = name.replace("\\", "/")  # a zip made on Windows may separate with backslashes
     if shown.startswith("/") or (len(shown) > 1 and shown[1] == ":"):
@@ -142,7 +142,7 @@ def extract_archive(archive: Path, target: Path, limit: int, shown: str) -> list
     try:
         for name, kind, size, open_member in _members(archive):
             printed = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            path = _member_path(name)
+            path = member_path(name)
             why = (path if isinstance(path, str)
                    else "a name that is not UTF-8" if printed != name
                    else "a symbolic or hard link" if kind == "link"

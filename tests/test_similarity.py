@@ -153,8 +153,9 @@ def test_hostile_class_runs_nothing_changes_nothing_and_stays_text(course, tmp_p
               f"def hard_lookup(query, keys, values):\n    pathlib.Path({str(marker)!r}).write_text('ran')\n"
               "    return values[int(torch.argmax(keys @ query))]\n")
     hostile = honest_answers(HARD)[0].replace('"""The value of the best key."""', f'"""{HOSTILE}"""  # {HOSTILE}')
+    huge = honest_answers(HARD)[0] + "    x = [1, 2, 3]\n" * 20_000  # 300,000 characters: listed, not lexed
     answers = {"runs-code": run_me, "copies-it": rename_locals(run_me, seed=4), "<svg onload=alert(2)>": hostile,
-               "copies-hostile": restyle(hostile)}
+               "copies-hostile": restyle(hostile), "huge": huge}
     for student, text in answers.items():
         notebook = fill(student_version, {HARD: text})
         notebook.cells.insert(0, nbformat.v4.new_code_cell(f"open({str(marker)!r}, 'w').write('ran')"))
@@ -184,6 +185,7 @@ def test_hostile_class_runs_nothing_changes_nothing_and_stays_text(course, tmp_p
     assert "symbolic link" in unreadable["link"] and "not in your submission" in unreadable["empty"]
     exercises = {x.name: x for x in assignment.exercises}
     assert exercises[SDPA].missing == ["lost-a-cell"]
+    assert exercises[HARD].too_long == ["huge"] and "huge" not in exercises[HARD].compared
     assert exercises[HARD].similarity("copies-it", "runs-code") == 1.0
     assert exercises[HARD].similarity("<svg onload=alert(2)>", "copies-hostile") == 1.0
     pages = {p.name: p.read_text() for p in (course / "report" / "similarity").glob("*.html")}
@@ -197,6 +199,7 @@ def test_hostile_class_runs_nothing_changes_nothing_and_stays_text(course, tmp_p
     for student in ("not-json", "not-a-notebook", "link", "empty"):
         assert f"<td>{student}</td>" in page
     assert "<details><summary>1 without this answer cell</summary><p>lost-a-cell</p></details>" in page
+    assert "<details><summary>1 too long to compare (over 100,000 characters)</summary><p>huge</p></details>" in page
 
 
 def html_escaped(text: str) -> str:

@@ -20,7 +20,8 @@ can show what is usual for it (a three-line answer is similar for everyone).
 Submissions are read as grading reads them (:func:`autograder.pipeline.staging.stage`, into a
 temporary folder: ``submitted/`` is never changed), and no student code is run: the answers are
 only read as text. A submission whose notebook cannot be read, or that lacks an answer cell, is
-listed with the reason. What this cannot tell: whether two similar answers were copied (two
+listed with the reason, and an answer cell longer than :data:`MAX_ANSWER` characters is listed, not
+compared (Pygments would take minutes on a megabyte). What this cannot tell: whether two similar answers were copied (two
 honest students can write the same short answer), nor anything about code outside the answer
 cell, nor a copy rewritten in another style (a loop for a matrix product).
 """
@@ -49,6 +50,8 @@ NOISE = 12
 THRESHOLD = 0.5
 #: Most pairs shown per exercise, highest first (the others are counted).
 SHOWN = 40
+#: Longest answer cell compared, in characters (an answer is a few hundred; a longer one is listed, not compared).
+MAX_ANSWER = 100_000
 #: Why a submission has no answers (the notes of staging that say so).
 UNUSABLE = {NoteKind.MISSING, NoteKind.UNREADABLE, NoteKind.SIZE, NoteKind.LINK, NoteKind.IGNORED, NoteKind.RENAMED}
 
@@ -78,6 +81,7 @@ class Exercise:
     answers: dict[str, str] = field(default_factory=dict)  # student -> answer cell, as handed in
     unanswered: list[str] = field(default_factory=list)  # left as released
     too_short: list[str] = field(default_factory=list)  # nothing left once the released cell is taken out
+    too_long: list[str] = field(default_factory=list)  # longer than MAX_ANSWER characters
     missing: list[str] = field(default_factory=list)  # no such answer cell in the notebook
     compared: list[str] = field(default_factory=list)  # the students in :attr:`matrix`'s order
     matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # compared x compared similarities
@@ -220,6 +224,9 @@ def compare_exercise(exercise: Exercise, threshold: float = THRESHOLD, shown: in
     for student, text in exercise.answers.items():
         if text.strip() == exercise.released.strip():
             exercise.unanswered.append(student)
+            continue
+        if len(text) > MAX_ANSWER:
+            exercise.too_long.append(student)
             continue
         found = _fingerprint(text, boilerplate)
         if found.hashes:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .course import ROOT
 from .feedback import write_text
-from .similarity import SHOWN, THRESHOLD, Assignment, Exercise, Pair, compare
+from .similarity import MAX_ANSWER, SHOWN, THRESHOLD, Assignment, Exercise, Pair, compare
 
 #: No script, no request anywhere: styles written in the page only.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; form-action 'none'"
@@ -124,6 +124,7 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
     parts.append(f"<p>{_count(len(exercise.compared), 'answer')} compared.</p>")
     for students, what in ((exercise.unanswered, "left as released"),
                            (exercise.too_short, "too short to compare once the released cell is taken out"),
+                           (exercise.too_long, f"too long to compare (over {MAX_ANSWER:,} characters)"),
                            (exercise.missing, "without this answer cell")):
         if students:
             parts.append(f"<details><summary>{len(students)} {what}</summary><p>{e(', '.join(students))}</p></details>")

@@ -21,9 +21,10 @@ Submissions are read as grading reads them (:func:`autograder.pipeline.staging.s
 temporary folder: ``submitted/`` is never changed), and no student code is run: the answers are
 only read as text. A submission whose notebook cannot be read, or that lacks an answer cell, is
 listed with the reason, and an answer cell longer than :data:`MAX_ANSWER` characters is listed, not
-compared (Pygments would take minutes on a megabyte). What this cannot tell: whether two similar answers were copied (two
-honest students can write the same short answer), nor anything about code outside the answer
-cell, nor a copy rewritten in another style (a loop for a matrix product).
+compared (fingerprinting a megabyte of code takes half a minute). What this cannot tell: whether two
+similar answers were copied (two honest students can write the same short answer), nor anything
+about code outside the answer cell, nor a copy rewritten in another style (a loop for a matrix
+product).
 """
 
 from __future__ import annotations

@@ -75,7 +75,17 @@ UNREAD = {
     "the caller's frame": ("import torch\n", sdpa("import sys\nreturn Q if sys._getframe(1) else K"), "imports sys"),
     "a %run magic": ("%run cheat.py\n", sdpa("return Q"), "the notebook reaches the notebook's kernel"),
     "a module's namespace": ("import sys\nsetattr(sys.modules[__name__], 'sdpa', print)\n", sdpa("return Q"),
-                             "the notebook reaches code through modules"),
+                             "the notebook changes what the module sys holds"),
+    "a probe of the checks replaced": ("import autograder.checks.flash_backward as fb\n"
+                                       "fb.function_record = lambda *args, **kwargs: {}\n", sdpa("return Q"),
+                                       "the notebook changes what the module fb holds"),
+    "a probe replaced through an alias": ("from autograder import checks\nfb = checks.flash_backward\n"
+                                          "setattr(fb, 'function_record', print)\n", sdpa("return Q"),
+                                          "changes what the module fb holds (setattr)"),
+    "torch's softmax rebound": ("torch.softmax = lambda x, dim: x\n", sdpa("return Q"),
+                                "the notebook changes what the module torch holds"),
+    "mock.patch": ("from unittest import mock\nmock.patch('autograder.remote.serve', print).start()\n",
+                   sdpa("return Q"), "imports unittest"),
     "native multi-head attention by its name": ("", sdpa("return torch._native_multi_head_attention(Q, K, V, 4, 1)"),
                                                 "_native_multi_head_attention (`torch._native_multi_head_attention"),
     "flex attention": ("from torch.nn.attention.flex_attention import flex_attention\n",
@@ -94,6 +104,8 @@ STILL_ALLOWED = {
     "attributes of its own named after attention": (
         "class Block:\n    def __init__(self):\n        self.attention_scale = 2.0\n",
         sdpa("block = Block()\nreturn block.attention_scale * Q @ K.mT")),
+    "attributes of tensors at top level": ("x = torch.ones(2)\nx.requires_grad = True\nw = F.softmax(x, 0)\n"
+                                           "w.data[0] = 1.0\n", sdpa("return Q @ K.mT")),
     "numpy and einops": ("import numpy as np\n", sdpa("from math import sqrt\nreturn Q @ K.mT / np.sqrt(sqrt(4.0))")),
 }
 

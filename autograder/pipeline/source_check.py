@@ -22,11 +22,15 @@ the code writes at run time), reach a function by a name computed at run time (`
 name that is not a constant, ``globals()``, ``vars``, ``__dict__``, ``sys.modules``, frames), or
 name a PyTorch entry of the forbidden built-in's *family* (:attr:`autograder.guard.Forbidden.family`:
 ``torch._native_multi_head_attention`` and ``torch.ops.aten.scaled_dot_product_attention.default``
-are attention whatever list they are missing from). A function that behaves differently when it is
-graded gains nothing: its source is what is read.
+are attention whatever list they are missing from). Nothing in the notebook may change what an
+imported module holds (``torch.softmax = f``, a probe of the public checks replaced): the checks' own
+code runs in the kernel beside the student's. A function that behaves differently when it is graded
+gains nothing: its source is what is read.
 
 What it does not see: code that is not Python source in the notebook (a compiled extension that
-this environment already has), and a family that no pattern describes. Those are left to the guard,
+this environment already has), a family that no pattern describes, and exercises that forbid no
+built-in (their source is not read: a probe of theirs replaced in the kernel can only misreport how
+the student's own code worked, never supply its results). Those are left to the guard,
 and to the instructor reading the code.
 """
 
@@ -269,6 +273,47 @@ def _dynamic(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
     return None
 
 
+def _module_names(statements: Sequence[ast.stmt]) -> set[str]:
+    """The names that stand for an imported module (or what it holds) anywhere in the notebook, aliases included."""
+    names: set[str] = set()
+    for statement in statements:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Import):
+                names |= {a.asname or a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {a.asname or a.name for a in node.names}
+    for _ in range(3):  # ``fb = checks.flash_backward``: a name for a module, not a value a module computed
+        for statement in statements:
+            for node in ast.walk(statement):
+                if isinstance(node, (ast.Assign, ast.NamedExpr)) and _names_a_module_part(node.value, names):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _names_a_module_part(node: ast.AST, modules: set[str]) -> bool:
+    """Whether ``node`` is a module's name or an attribute chain from one (no call, no subscript)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in modules
+
+
+def _patches_a_module(node: ast.AST, modules: set[str]) -> str | None:
+    """How ``node`` changes what an imported module holds (``torch.softmax = f``, ``setattr(checks, ...)``), or None."""
+    targets: list[ast.AST] = []
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+        if node.args and (_names_a_module_part(node.args[0], modules) or _chain_root(node.args[0]) == "sys"):
+            return f"changes what the module {_chain_root(node.args[0])} holds ({node.func.id})"
+    for target in targets:
+        if isinstance(target, (ast.Attribute, ast.Subscript)) and _names_a_module_part(target.value, modules):
+            return f"changes what the module {_chain_root(target)} holds"
+    return None
+
+
 def _rewrites_namespace(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
     """How a statement anywhere in the notebook could put another function under an exercise's name (None: it cannot)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
@@ -280,7 +325,7 @@ def _rewrites_namespace(node: ast.AST, parents: dict[int, ast.AST]) -> str | Non
         return f"reaches code through {node.attr}"
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
-            if module.split(".")[0] in ("__main__", "builtins", "importlib", "ctypes", "runpy"):
+            if module.split(".")[0] in ("__main__", "builtins", "importlib", "ctypes", "runpy", "unittest", "mock"):
                 return f"imports {module}, which can change which function a name stands for"
     return None
 
@@ -357,14 +402,19 @@ def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden],
                 return (f"{exercise}'s code uses {entry} (`{ast.unparse(node)[:80]}`), a PyTorch built-in of the "
                         f"same kind as {rule.shown_as}, which this exercise asks you to write yourself. Build the "
                         "result from basic operations (matmul, exp, sum, max, ...).")
+    # Anywhere in the notebook: what could put another function under the exercise's name, or change the
+    # modules the checks' own code runs on in the kernel (a probe replaced, torch.softmax rebound).
+    everything = _statements(sources)
+    modules = _module_names(everything)
     chosen = {id(statement) for statement in closure}
-    for statement in _statements(sources):
-        if id(statement) not in chosen:
-            parents = _parents(statement)
-            for node in ast.walk(statement):
+    for statement in everything:
+        parents = _parents(statement)
+        for node in ast.walk(statement):
+            problem = _patches_a_module(node, modules)
+            if problem is None and id(statement) not in chosen:
                 problem = _rewrites_namespace(node, parents)
-                if problem is not None:
-                    return _read_only_message("the notebook", problem, node)
+            if problem is not None:
+                return _read_only_message("the notebook", problem, node)
     return None
 
 

@@ -124,3 +124,19 @@ def test_an_archive_left_in_downloaded_never_blocks_a_later_collect(tmp_path):
 @pytest.mark.parametrize("name", ["a/../../b.ipynb", "..\\..\\b.ipynb", "C:/b.ipynb", "/b.ipynb", "./", ""])
 def test_a_member_path_that_would_leave_the_folder_has_none(name):
     assert isinstance(collect.member_path(name), str), collect.member_path(name)
+
+
+def test_a_students_two_files_of_one_notebook_collect_the_newest_and_stop_no_one(tmp_path):
+    """nbgrader stops the whole collect at two files of one student and notebook with no time in their names."""
+    root = course(tmp_path)
+    archive = tmp_path / "resubmitted.zip"
+    newest = NOTEBOOK + b"\n"  # told apart from the others by its bytes
+    archive.write_bytes(zip_bytes({f"doejane_1234_567890_{A}.ipynb": NOTEBOOK,
+                                   f"eve_1235_567891_{A}.ipynb": b"{}", f"eve_1235_567891_{A}-2.ipynb": newest,
+                                   f"eve_1235_567891_{A}-1.ipynb": b"{}"}))
+    collected = collect.collect_zip(A, archive, root=root)
+    assert collected.students == ["doejane", "eve"], collected
+    assert (root / "submitted" / "eve" / A / f"{A}.ipynb").read_bytes() == newest
+    older = sorted(s.archive for s in collected.skipped)
+    assert older == [f"resubmitted/eve_1235_567891_{A}-1.ipynb", f"resubmitted/eve_1235_567891_{A}.ipynb"], collected
+    assert all(f"collected: eve_1235_567891_{A}-2.ipynb" in s.why for s in collected.skipped)

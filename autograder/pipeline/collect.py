@@ -15,7 +15,10 @@ be used is skipped, and named with why, and everyone else is collected:
 - an archive inside the archive (a student's zip upload): it is not extracted, since the names
   of the files inside it are the student's to choose, and could be another student's.
 
-An archive that cannot be read at all is skipped, and named, in the same way. What it does *not*
+An archive that cannot be read at all is skipped, and named, in the same way. Of a student's
+files that are the same notebook (a resubmission: ``-1``, ``-2``), the one with the highest number
+is collected and the others are named (:class:`NewestCollector`; nbgrader would stop the whole
+collect at such a pair, its names carrying no time to choose by). What it does *not*
 do: check the notebooks (grading's staging does), limit the archive's total size (the platform's
 zip is the instructor's; each member is bounded), or match a Canvas user to a student id beyond
 the file name (``make grades`` reads the same names back).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -33,7 +37,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
-from nbgrader.plugins import ExtractorPlugin
+from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
 from traitlets import Integer, Unicode
 
 from .course import ROOT, nbgrader
@@ -51,6 +55,8 @@ LMS_PATTERN = (r".*/(?P<student_id>[A-Za-z0-9][A-Za-z0-9.-]*)_(?:LATE_)?[0-9]+_[
                r"(?P<file_id>[A-Za-z0-9_ .()-]+?)(?:-[0-9]+)?\.ipynb$")
 #: The names of archives (nbgrader's ``ExtractorPlugin.zip_ext``, and ``.tar.gz``'s).
 ARCHIVES = (".zip", ".gz", ".tgz")
+#: A platform's number for a resubmitted file, at the end of its name (``name-2.ipynb``).
+RESUBMISSION = re.compile(r"-([0-9]+)\.[^./]+$")
 CHUNK = 2**20
 
 
@@ -77,7 +83,7 @@ class Collected:
     def __str__(self) -> str:
         lines = [f"collected {len(self.students)} submissions of {self.assignment}: {', '.join(self.students)}"]
         if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} (not extracted; whatever they held is not collected):")
+            lines.append(f"skipped {len(self.skipped)} (not collected):")
             lines += [f"  {s}" for s in self.skipped]
         return "\n".join(inert_text(line) for line in lines)
 
@@ -194,8 +200,53 @@ class SafeExtractor(ExtractorPlugin):
                     shutil.copyfile(path, target / rel / name)
         for item in skipped:
             self.log.warning("skipped %s", item)
-        if self.report:
-            Path(self.report).write_text(json.dumps([asdict(s) for s in skipped]), encoding="utf-8")
+        _report(self.report, skipped)
+
+
+def _report(path: str, skipped: list[Skipped]) -> None:
+    """Add ``skipped`` to the JSON list at ``path`` (where collect_zip reads them back)."""
+    if path:
+        before = json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).is_file() else []
+        Path(path).write_text(json.dumps(before + [asdict(s) for s in skipped]), encoding="utf-8")
+
+
+class NewestCollector(FileNameCollectorPlugin):
+    """nbgrader's collector by file name, one file per student and notebook: the highest resubmission number."""
+
+    extracted = Unicode("", help="The folder of the extracted files (all are looked at before the first is collected).") \
+        .tag(config=True)
+    report = Unicode("", help="A file to add the files left out to (JSON), for collect_zip.").tag(config=True)
+
+    def collect(self, submitted_file: str) -> dict | None:
+        info = super().collect(submitted_file)
+        if info is None or info.get("timestamp"):  # where names carry a time, nbgrader keeps the newest itself
+            return info
+        chosen = self._newest().get(self._key(info, submitted_file), submitted_file)
+        if chosen != submitted_file:
+            shown = os.path.relpath(submitted_file, self.extracted or os.path.dirname(submitted_file))
+            _report(self.report, [Skipped(shown, "", f"an older file of the same notebook by {info['student_id']} "
+                                                    f"(collected: {os.path.basename(chosen)})")])
+            return None
+        return info
+
+    @staticmethod
+    def _key(info: dict, path: str) -> tuple[str, str]:
+        return info["student_id"], os.path.splitext(info["file_id"])[0] + os.path.splitext(path)[1]
+
+    def _newest(self) -> dict[tuple[str, str], str]:
+        """(student, notebook) -> the file to collect, for every file under :attr:`extracted`."""
+        if getattr(self, "_chosen", None) is None:
+            ranked: dict[tuple[str, str], tuple[int, str]] = {}
+            for dirpath, _, filenames in os.walk(self.extracted):
+                for name in filenames:
+                    path = os.path.join(dirpath, name)
+                    info = super().collect(path)
+                    if info:
+                        number = RESUBMISSION.search(name)
+                        rank = (int(number.group(1)) if number else 0, path)
+                        ranked[self._key(info, path)] = max(ranked.get(self._key(info, path), rank), rank)
+            self._chosen = {key: path for key, (_, path) in ranked.items()}
+        return self._chosen
 
 
 def collect_zip(assignment: str, archive: Path, pattern: str = LMS_PATTERN, root: Path = ROOT) -> Collected:
@@ -211,11 +262,14 @@ def collect_zip(assignment: str, archive: Path, pattern: str = LMS_PATTERN, root
     target.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(archive, target / Path(archive).name)
     extractor = f"{SafeExtractor.__module__}.{SafeExtractor.__name__}"
+    collector = f"{NewestCollector.__module__}.{NewestCollector.__name__}"
     with tempfile.TemporaryDirectory(prefix="collect-") as work:
         report = Path(work) / "skipped.json"
         done = nbgrader("zip_collect", assignment, "--force", "--log-level=WARN",
                         f"--ZipCollectApp.extractor_plugin={extractor}", f"--SafeExtractor.report={report}",
                         f"--SafeExtractor.max_member_mb={grading(root).max_file_mb}",
+                        f"--ZipCollectApp.collector_plugin={collector}", f"--NewestCollector.report={report}",
+                        f"--NewestCollector.extracted={root / 'downloaded' / assignment / 'extracted'}",
                         f"--FileNameCollectorPlugin.named_regexp={pattern}", root=root, check=False)
         if done.returncode != 0:
             raise RuntimeError(" | ".join((done.stderr or done.stdout).strip().splitlines()[-3:]))

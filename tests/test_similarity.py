@@ -272,13 +272,14 @@ def test_similarity_page_in_a_browser(course, tmp_path):
             page.get_by_role("link", name=ASSIGNMENT).click()
             expect(page.locator("h1")).to_have_text(f"Similar answers: {ASSIGNMENT}")
             histograms = page.locator("svg.histogram")
-            expect(histograms).to_have_count(4)
+            expect(histograms).to_have_count(2)  # two exercises were answered; the others say so instead
+            expect(page.get_by_text("No two answers to compare.")).to_have_count(2)
             section = page.locator(f"h2:has-text('{SDPA}')")
             section.scroll_into_view_if_needed()
             steps.shot("similarity-histogram-and-ranking")
-            box = histograms.nth(3).bounding_box()
+            box = histograms.nth(1).bounding_box()
             assert box and box["width"] > 400 and box["height"] > 100
-            assert histograms.nth(3).locator("rect[fill='#c33']").count() >= 1  # pairs above the threshold, in red
+            assert histograms.nth(1).locator("rect[fill='#c33']").count() >= 1  # pairs above the threshold, in red
             ranking = page.locator(f"xpath=//h2[text()='{SDPA}']/following-sibling::table[1]")
             first_row = ranking.locator("tbody tr").first
             expect(first_row.locator(".reference")).to_have_text("reference solution")

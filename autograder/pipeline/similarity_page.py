@@ -102,8 +102,6 @@ def _count(n: int, what: str) -> str:
 
 
 def _spread(values: np.ndarray) -> str:
-    if not len(values):
-        return "no pair to compare"
     return (f"{len(values)} pairs: median {np.median(values):.2f}, 99th percentile {np.percentile(values, 99):.2f}, "
             f"highest {values.max():.2f}")
 
@@ -130,7 +128,8 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
             parts.append(f"<details><summary>{len(students)} {what}</summary><p>{e(', '.join(students))}</p></details>")
     if exercise.reference is None:
         parts.append("<p class='note'>source/ has no reference solution for this exercise.</p>")
-    parts.append(f"<p>{_spread(values)}.</p>{histogram(values, threshold)}")
+    parts.append(f"<p>{_spread(values)}.</p>{histogram(values, threshold)}" if len(values) else
+                 "<p>No two answers to compare.</p>")
     if not exercise.pairs:
         parts.append(f"<p>No pair at or above {threshold:g}.</p>")
         return "\n".join(parts)

@@ -712,13 +712,13 @@ def alt_attention_entropy(weights):
 
 
 def alt_saturation_curve(d_ks, scaled, num_keys, num_queries, generator):
-    """Keys drawn before queries; the Frobenius norm of diag(p) - p p^T in closed form."""
+    """einsum and a hand-written softmax; the Frobenius norm of diag(p) - p p^T in closed form."""
     if any(d < 1 for d in d_ks) or num_keys < 1 or num_queries < 1:
         raise ValueError("every d_k, num_keys and num_queries must be at least 1")
     curves = {"max_weight": [], "entropy": [], "jacobian_norm": []}
     for d_k in d_ks:
+        Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)  # the order the text fixes
         K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
         scores = torch.einsum("qd,kd->qk", Q, K) * (d_k**-0.5 if scaled else 1.0)
         p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
         p = p / p.sum(dim=-1, keepdim=True)

@@ -10,6 +10,7 @@ import torch
 from autograder.checks import scaling as visible
 from autograder.errors import CheckFailed
 from autograder.hidden import scaling as hidden
+from autograder.references.scaling import saturation_curve_reference
 
 from .notebook_code import solution_namespace
 
@@ -79,7 +80,35 @@ def test_measured_instead_of_exact_answer():
 # --- correct answers written differently pass ------------------------------------------------------
 
 
-def esv_keys_first(d_k, num_samples, scaled, generator):
+def esv_einsum(d_k, num_samples, scaled, generator):
+    """The prescribed draws; einsum, the queries scaled instead of the scores, the unbiased variance written out."""
+    if d_k < 1 or num_samples < 2:
+        raise ValueError("bad sizes")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64) / (d_k**0.5 if scaled else 1)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = torch.einsum("nd,nd->n", q, k)
+    return float(((scores - scores.mean()) ** 2).sum() / (num_samples - 1))
+
+
+def saturation_einsum(d_ks, scaled, num_keys, num_queries, generator):
+    """The prescribed draws; einsum, amax, a clamped log, the norm from the squared entries."""
+    if min(d_ks) < 1 or num_keys < 1 or num_queries < 1:
+        raise ValueError("bad sizes")
+    out = {"max_weight": [], "entropy": [], "jacobian_norm": []}
+    for d_k in d_ks:
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        w = torch.softmax(torch.einsum("qd,kd->qk", q, k) * (d_k**-0.5 if scaled else 1.0), dim=-1)
+        out["max_weight"].append(w.amax(-1).mean().item())
+        out["entropy"].append((-(w * w.clamp_min(1e-300).log()).sum(-1)).mean().item())
+        jac = torch.diag_embed(w) - w[..., :, None] * w[..., None, :]
+        out["jacobian_norm"].append(jac.pow(2).sum((-2, -1)).sqrt().mean().item())
+    return {key: torch.tensor(v, dtype=torch.float64) for key, v in out.items()}
+
+
+# Right in distribution, but not the draws or the statistic the text prescribes: the theory and the
+# experiment's spread accept them, the comparison with the prescribed draws does not.
+def esv_float32_mean_of_squares(d_k, num_samples, scaled, generator):
     if d_k < 1 or num_samples < 2:
         raise ValueError("bad sizes")
     k = torch.randn(num_samples, d_k, generator=generator)
@@ -88,7 +117,15 @@ def esv_keys_first(d_k, num_samples, scaled, generator):
     return float((scores**2).mean())  # the mean is known to be 0
 
 
-def saturation_keys_first(d_ks, scaled, num_keys, num_queries, generator):
+def esv_transposed_draws(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError("bad sizes")
+    q = torch.randn(d_k, num_samples, generator=generator, dtype=torch.float64)  # (d_k, num_samples)
+    k = torch.randn(d_k, num_samples, generator=generator, dtype=torch.float64)
+    return ((q * k).sum(dim=0) / (d_k**0.5 if scaled else 1)).var().item()
+
+
+def saturation_keys_first_median(d_ks, scaled, num_keys, num_queries, generator):
     if min(d_ks) < 1 or num_keys < 1 or num_queries < 1:
         raise ValueError("bad sizes")
     out = {"max_weight": [], "entropy": [], "jacobian_norm": []}
@@ -97,9 +134,9 @@ def saturation_keys_first(d_ks, scaled, num_keys, num_queries, generator):
         q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
         w = torch.softmax(q @ k.T * (d_k**-0.5 if scaled else 1.0), dim=-1)
         out["max_weight"].append(w.amax(-1).mean().item())
-        out["entropy"].append((-(w * w.clamp_min(1e-300).log()).sum(-1)).mean().item())
+        out["entropy"].append((-torch.xlogy(w, w).sum(-1)).mean().item())
         jac = torch.diag_embed(w) - w[..., :, None] * w[..., None, :]
-        out["jacobian_norm"].append(jac.pow(2).sum((-2, -1)).sqrt().mean().item())
+        out["jacobian_norm"].append(torch.linalg.matrix_norm(jac).mean().item())
     return {key: torch.tensor(v, dtype=torch.float64) for key, v in out.items()}
 
 
@@ -118,12 +155,29 @@ def jacobian_by_einsum(p):
 
 @pytest.mark.parametrize(
     ("exercise", "fn"),
-    [("empirical_score_variance", esv_keys_first), ("saturation_curve", saturation_keys_first),
+    [("empirical_score_variance", esv_einsum), ("saturation_curve", saturation_einsum),
      ("attention_entropy", entropy_clamped), ("softmax_jacobian", jacobian_by_einsum)],
 )
 def test_other_correct_answers_pass(exercise, fn):
     getattr(visible, f"check_{exercise}")(fn)
     getattr(hidden, f"check_{exercise}")(fn)
+
+
+@pytest.mark.parametrize(
+    ("exercise", "fn"),
+    [("empirical_score_variance", esv_float32_mean_of_squares), ("empirical_score_variance", esv_transposed_draws),
+     ("saturation_curve", saturation_keys_first_median)],
+)
+def test_answers_off_the_prescribed_draws_fail(exercise, fn):
+    """Each agrees with the theory (or the table), so only the prescribed draws tell it apart."""
+    if exercise == "empirical_score_variance":
+        for d_k, n, seed in hidden.ESV_CASES:
+            for scaled in (False, True):
+                error = hidden.score_variance_standard_error(d_k, n, scaled)
+                assert abs(fn(d_k, n, scaled, torch.Generator().manual_seed(seed)) - (1 if scaled else d_k)) < 6 * error
+    for check in (getattr(visible, f"check_{exercise}"), getattr(hidden, f"check_{exercise}")):
+        with pytest.raises(CheckFailed, match="the draws the text prescribes give"):
+            check(fn)
 
 
 # --- the guard sees every forbidden built-in ----------------------------------------------------------
@@ -232,7 +286,7 @@ def test_saturation_table_agrees_with_the_reference():
     seeds = range(20000, 20012)
     for scaled in (False, True):
         runs = [
-            hidden._saturation_curve(hidden.TABLE_D_KS, scaled, hidden.TABLE_NUM_KEYS, hidden.TABLE_NUM_QUERIES,
+            saturation_curve_reference(hidden.TABLE_D_KS, scaled, hidden.TABLE_NUM_KEYS, hidden.TABLE_NUM_QUERIES,
                                      torch.Generator().manual_seed(s))
             for s in seeds
         ]

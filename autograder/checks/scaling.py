@@ -15,8 +15,13 @@ from ..references.scaling import (
     ENTROPY_BUILTINS,
     JACOBIAN_BUILTINS,
     KEYS,
+    SATURATION_DRAW,
+    SCORE_VARIANCE_DRAW,
     answer_value,
     autograd_softmax_jacobian,
+    reproduces,
+    saturation_curve_reference,
+    score_variance_reference,
     score_variance_standard_error,
 )
 from ..student import call_student, expect_error
@@ -37,7 +42,8 @@ def _number(value: Any, what: str) -> float:
 
 
 def check_empirical_score_variance(empirical_score_variance) -> None:
-    """Theory (d_k, or 1 when scaled) within 6 standard errors; the same seed gives the same result."""
+    """Theory (d_k, or 1 when scaled) within 6 standard errors; the same seed gives the same result, the one of
+    the draws the text prescribes."""
     d_k, n = 16, 20000
     for scaled in (False, True):
         what = f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator)"
@@ -57,6 +63,10 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
         if other == value:
             fail(f"{what} returned {value!r} both with a generator seeded 1 and with one seeded 2: the result must "
                  "depend on the generator it is given. Draw every random number from `generator`.")
+        expected = score_variance_reference(d_k, n, scaled, generator(1))
+        if not reproduces(value, expected):
+            fail(f"{what} with a generator seeded 1 returned {value!r}, which agrees with the theory, but the "
+                 f"draws the text prescribes give {expected!r}.\n{SCORE_VARIANCE_DRAW}")
     expect_error(empirical_score_variance, 16, 1, False, generator(0), error=ValueError,
                  what="empirical_score_variance(d_k=16, num_samples=1, ...)", why="a variance needs two samples")
     print("empirical_score_variance passes the visible checks.")
@@ -137,7 +147,8 @@ def _consistent(curves: dict[str, torch.Tensor], d_ks, m: int, scaled: bool) -> 
 
 
 def check_saturation_curve(saturation_curve) -> None:
-    """The return type; exact values with one key; unscaled curves saturate as d_k grows, scaled ones stay flat."""
+    """The return type; exact values with one key; unscaled curves saturate as d_k grows, scaled ones stay flat;
+    the curves are those of the draws the text prescribes."""
     one_key = _curves(saturation_curve, [2, 64], False, 1, 20, 4)
     for key, want in zip(KEYS, (1.0, 0.0, 0.0), strict=True):
         assert_close(one_key[key], torch.full((2,), want, dtype=torch.float64),
@@ -166,6 +177,14 @@ def check_saturation_curve(saturation_curve) -> None:
     if scaled["max_weight"].max().item() > 0.5 or scaled["entropy"].min().item() < 0.5 * log_m:
         fail(f"With scaling the rows should stay far from one-hot, but the curves are "
              f"{ {k: [round(x, 4) for x in v.tolist()] for k, v in scaled.items()} }.")
+    for curves, is_scaled, seed in ((unscaled, False, 5), (scaled, True, 6)):
+        expected = saturation_curve_reference(d_ks, is_scaled, 16, 500, generator(seed))
+        for key in KEYS:
+            if not reproduces({key: curves[key]}, {key: expected[key]}):
+                fail(f"saturation_curve(d_ks={d_ks}, scaled={is_scaled}, num_keys=16, num_queries=500, generator "
+                     f"seeded {seed}): result[{key!r}] is {[round(x, 6) for x in curves[key].tolist()]}, but the "
+                     f"draws the text prescribes give {[round(x, 6) for x in expected[key].tolist()]}.\n"
+                     f"{SATURATION_DRAW}")
     print("saturation_curve passes the visible checks.")
 
 

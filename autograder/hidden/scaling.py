@@ -2,10 +2,12 @@
 
 Two of the exercises are random experiments (``empirical_score_variance`` and
 ``saturation_curve``): their checks compare with theory, or with a table of the
-experiment's mean and spread, within a tolerance of several standard errors, so a
-correct answer that draws its random numbers in another order still passes. A wrong
-answer is diagnosed by running every catalogued mistake on the same input and naming
-the first one whose result agrees with the student's within that tolerance.
+experiment's mean and spread, within a tolerance of several standard errors; then, since
+their texts fix the generator, the shapes and the order of the draws, with the experiment
+drawn exactly as prescribed, up to rounding (another estimator or another order of the draws
+agrees with the theory but not with those numbers). A wrong answer is diagnosed by running
+every catalogued mistake on the same input and naming the first one whose result agrees with
+the student's within the tolerance that failed.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from ..references.scaling import (
     ENTROPY_BUILTINS,
     JACOBIAN_BUILTINS,
     KEYS,
+    SATURATION_DRAW,
+    SCORE_VARIANCE_DRAW,
     answer_value,
     autograd_softmax_jacobian,
+    entropy_reference,
+    reproduces,
+    saturation_curve_reference,
+    score_variance_reference,
     score_variance_standard_error,
 )
 from ..student import attempt, call_student, describe_error, expect_error
@@ -41,36 +49,6 @@ MEASURING = "3. Measuring the variance"
 SATURATION = "4. What large scores do to softmax"
 GRADIENT = "5. The gradient of softmax"
 MEASURING_SATURATION = "6. Measuring saturation"
-
-# --- references -----------------------------------------------------------------------
-
-
-def _softmax_jacobian(p):
-    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
-
-
-def _attention_entropy(weights):
-    return -torch.xlogy(weights, weights).sum(dim=-1)
-
-
-def _saturation_curve(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append(_attention_entropy(w).mean())
-        jacobian_norm.append(torch.linalg.matrix_norm(_softmax_jacobian(w)).mean())
-    return {
-        "max_weight": torch.stack(max_weight),
-        "entropy": torch.stack(entropy),
-        "jacobian_norm": torch.stack(jacobian_norm),
-    }
-
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------
 
@@ -170,6 +148,17 @@ def esv_own_seed(d_k, num_samples, scaled, generator):
     if scaled:
         scores = scores / math.sqrt(d_k)
     return scores.var().item()
+
+
+def esv_biased_variance(d_k, num_samples, scaled, generator):
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1)
+    if scaled:
+        scores = scores / math.sqrt(d_k)
+    return scores.var(unbiased=False).item()  # divides by num_samples
 
 
 def jacobian_diag_only(p):
@@ -419,6 +408,39 @@ def saturation_spectral_norm(d_ks, scaled, num_keys, num_queries, generator):
             "jacobian_norm": torch.stack(jacobian_norm)}
 
 
+def saturation_keys_first(d_ks, scaled, num_keys, num_queries, generator):
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)  # the keys first
+        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        scores = q @ k.T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
+def saturation_drawn_once_and_sliced(d_ks, scaled, num_keys, num_queries, generator):
+    widest = max(d_ks)
+    q_all = torch.randn(num_queries, widest, generator=generator, dtype=torch.float64)  # one draw for every d_k
+    k_all = torch.randn(num_keys, widest, generator=generator, dtype=torch.float64)
+    max_weight, entropy, jacobian_norm = [], [], []
+    for d_k in d_ks:
+        scores = q_all[:, :d_k] @ k_all[:, :d_k].T
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        w = torch.softmax(scores, dim=-1)
+        max_weight.append(w.max(dim=-1).values.mean())
+        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
+        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)).mean())
+    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
+            "jacobian_norm": torch.stack(jacobian_norm)}
+
+
 SCALED_IGNORED = (
     "the argument `scaled` is ignored: when it is True the scores must be divided by sqrt(d_k) before their "
     "variance is taken."
@@ -453,6 +475,10 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("a fixed seed of your own instead of the generator", "draw from the `generator` argument; a "
                 "generator of your own with a fixed seed gives the same numbers whatever seed the caller chose.",
                 MEASURING, esv_own_seed, id="scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"),
+        Mistake("the biased variance (divided by num_samples)", "the estimator asked for is Tensor.var's default, "
+                "the unbiased sample variance, which divides by num_samples - 1; var(unbiased=False) (or "
+                "mean of the squared deviations) divides by num_samples, a smaller number.", MEASURING,
+                esv_biased_variance, id="scaling/empirical_score_variance/the-biased-variance-divided-by-num-samples"),
     ],
     "softmax_jacobian": [
         Mistake("the off-diagonal terms missing (diag(p) only)", "d p_i / d s_j = p_i (delta_ij - p_j): the "
@@ -536,6 +562,14 @@ MISTAKES: dict[str, list[Mistake]] = {
                 "Frobenius norm, the square root of the sum of the squared entries (torch.linalg.matrix_norm's "
                 "default), not the largest singular value.", MEASURING_SATURATION, saturation_spectral_norm,
                 id="scaling/saturation_curve/the-spectral-norm-instead-of-the-frobenius-norm"),
+        Mistake("the keys drawn before the queries", "for each d_k the text draws Q first, then K: drawn the "
+                "other way the curves have the same distribution but other values, and a seeded generator no "
+                "longer gives the experiment's result.", MEASURING_SATURATION, saturation_keys_first,
+                id="scaling/saturation_curve/the-keys-drawn-before-the-queries"),
+        Mistake("one draw sliced for every d_k", "draw new queries and keys for each d_k, in the order of d_ks: "
+                "slicing the columns of one wide draw reuses the same numbers for every d_k and draws others "
+                "than the text prescribes.", MEASURING_SATURATION, saturation_drawn_once_and_sliced,
+                id="scaling/saturation_curve/one-draw-sliced-for-every-d-k"),
     ],
 }
 
@@ -620,8 +654,10 @@ SIGMAS = 6.0
 def check_empirical_score_variance(empirical_score_variance) -> None:
     """Theory within 6 standard errors for several d_k and sample sizes; the generator is used."""
     exercise = "empirical_score_variance"
+    results = []
     for d_k, n, seed in ESV_CASES:
         got = _esv_pair(empirical_score_variance, d_k, n, seed, student=True)
+        results.append(got)
         for value, scaled in zip(got, (False, True), strict=True):
             theory = 1.0 if scaled else float(d_k)
             error = score_variance_standard_error(d_k, n, scaled)
@@ -653,6 +689,17 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
                 "the result must depend on the generator it is given.",
                 by_id(MISTAKES[exercise], OWN_SEED),
             )
+    for (d_k, n, seed), got in zip(ESV_CASES, results, strict=True):
+        want = _esv_pair(score_variance_reference, d_k, n, seed, student=False)
+        for value, expected, scaled in zip(got, want, (False, True), strict=True):
+            if not reproduces(value, expected):
+                _fail_named(
+                    f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator seeded {seed}) "
+                    f"returned {value!r}, which agrees with the theory, but the draws the text prescribes give "
+                    f"{expected!r}.\n{SCORE_VARIANCE_DRAW}",
+                    _diagnose_random(exercise, lambda d_k=d_k, n=n, seed=seed, scaled=scaled: (d_k, n, scaled, generator(seed)),
+                                     lambda other, value=value: reproduces(value, other)),
+                )
     for d_k, n, why in [(64, 1, "a variance needs at least 2 samples"), (0, 100, "d_k must be at least 1")]:
         expect_error(empirical_score_variance, d_k, n, False, generator(0), error=ValueError,
                      what=f"empirical_score_variance(d_k={d_k}, num_samples={n}, ...)", why=why)
@@ -720,7 +767,7 @@ def check_attention_entropy(attention_entropy) -> None:
         Case((mixed,), label="a one-hot row, a uniform row and a row with zeros"),
         Case((torch.softmax(randn(6, gen=gen), dim=-1),), label="a single row: the result has shape ()"),
     ]
-    verify(attention_entropy, cases, _attention_entropy, exercise=exercise, arg_names=("weights",), outputs=None,
+    verify(attention_entropy, cases, entropy_reference, exercise=exercise, arg_names=("weights",), outputs=None,
            forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
     verify(attention_entropy, [Case((one_hot,), label="one-hot rows: the entropy is exactly 0")],
            lambda w: torch.zeros(2, dtype=torch.float64), exercise=exercise, arg_names=("weights",), outputs=None,
@@ -733,7 +780,7 @@ def check_attention_entropy(attention_entropy) -> None:
                rtol=1e-12, atol=1e-14)
     rows32 = torch.cat([torch.softmax(randn(3, 8, gen=gen), dim=-1), torch.eye(8, dtype=torch.float64)[:2]]).float()
     verify(attention_entropy, [Case((rows32,), label="float32 input, two of its rows one-hot")],
-           lambda w: _attention_entropy(w.double()).float(), exercise=exercise, arg_names=("weights",), outputs=None,
+           lambda w: entropy_reference(w.double()).float(), exercise=exercise, arg_names=("weights",), outputs=None,
            forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
     result = call_student(attention_entropy, rows32, what="attention_entropy(float32 rows)", forbid=ENTROPY_BUILTINS)
     if bool((result[-2:] != 0).any()):
@@ -854,9 +901,11 @@ def check_saturation_curve(saturation_curve) -> None:
                     f"scaled=False should give the same curves; they give {scaled} and {plain}.",
                     _diagnose_curve(step, scaled, exact))
 
+    table_runs = []
     for is_scaled in (False, True):
         step = _Step(TABLE_D_KS, is_scaled, TABLE_NUM_KEYS, TABLE_NUM_QUERIES, 502 + is_scaled)
         result = _run_step(saturation_curve, step)
+        table_runs.append((step, result))
         tolerance = {key: _tolerance(is_scaled, key) for key in KEYS}
         for key in KEYS:
             means, sds = TABLE[is_scaled][key]
@@ -874,6 +923,16 @@ def check_saturation_curve(saturation_curve) -> None:
                     f"the curve {trend}.",
                     _diagnose_curve(step, result, tolerance),
                 )
+    for step, result in table_runs:
+        want = saturation_curve_reference(*step.args())
+        if not reproduces(result, want):
+            key = next(k for k in KEYS if not reproduces({k: result[k]}, {k: want[k]}))
+            _fail_named(
+                f"{step.describe()} with a generator seeded {step.seed}: result[{key!r}] is "
+                f"{[round(v, 6) for v in result[key].tolist()]}, within the experiment's spread, but the draws the "
+                f"text prescribes give {[round(v, 6) for v in want[key].tolist()]}.\n{SATURATION_DRAW}",
+                _diagnose_random("saturation_curve", step.args, lambda other, result=result: reproduces(other, result)),
+            )
     for bad, why in [(dict(d_ks=[4, 0]), "every d_k must be at least 1"),
                      (dict(num_keys=0), "num_keys must be at least 1"),
                      (dict(num_queries=0), "num_queries must be at least 1")]:

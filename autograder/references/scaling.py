@@ -1,6 +1,7 @@
 """What is right in notebook 02, why divide by sqrt(d_k): the built-ins its exercises may not call,
 the softmax Jacobian by automatic differentiation (the referee), the spread of a measured
-variance, and how a numeric answer is read."""
+variance, the two random experiments drawn exactly as their texts prescribe (so that a seeded
+generator fixes their results), and how a numeric answer is read."""
 
 from __future__ import annotations
 
@@ -77,3 +78,66 @@ def answer_value(value: Any, name: str, *, positive: bool = False) -> float:
     if not math.isfinite(value) or (positive and value <= 0):
         fail(f"{name} should be a {'positive ' if positive else ''}finite number, but it is {value}.")
     return value
+
+
+#: How far a result may be from the experiment drawn as prescribed: rounding only (another order of
+#: the same sums, another correct formula), never another draw, which moves it by a standard error.
+REPRODUCE_RTOL, REPRODUCE_ATOL = 1e-8, 1e-9
+
+
+def entropy_reference(weights: torch.Tensor) -> torch.Tensor:
+    """The entropy in nats of each row (last axis), 0 log 0 = 0."""
+    return -torch.xlogy(weights, weights).sum(dim=-1)
+
+
+def score_variance_reference(d_k: int, num_samples: int, scaled: bool, generator: torch.Generator) -> float:
+    """empirical_score_variance as its text prescribes: queries, then keys, (num_samples, d_k) float64
+    standard normal from ``generator``; the unbiased sample variance (``Tensor.var``) of the row-wise dot products."""
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1) / (math.sqrt(d_k) if scaled else 1.0)
+    return scores.var().item()
+
+
+def saturation_curve_reference(d_ks, scaled: bool, num_keys: int, num_queries: int,
+                               generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """saturation_curve as its text prescribes: for each d_k in order, Q (num_queries, d_k) then K (num_keys, d_k),
+    float64 standard normal from ``generator``; the means over the rows of the largest weight, the entropy in nats
+    and the Frobenius norm of the softmax Jacobian."""
+    curves: dict[str, list] = {key: [] for key in KEYS}
+    for d_k in d_ks:
+        Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        weights = torch.softmax(Q @ K.T / (math.sqrt(d_k) if scaled else 1.0), dim=-1)
+        jacobian = torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
+        curves["max_weight"].append(weights.amax(dim=-1).mean())
+        curves["entropy"].append(entropy_reference(weights).mean())
+        curves["jacobian_norm"].append(torch.linalg.matrix_norm(jacobian).mean())
+    return {key: torch.stack(values) for key, values in curves.items()}
+
+
+def reproduces(got: Any, want: Any) -> bool:
+    """Whether ``got`` is ``want`` up to rounding: a number, or a dict of tensors (saturation_curve's)."""
+    if isinstance(want, dict):
+        return (isinstance(got, dict) and set(got) == set(want) and all(
+            isinstance(got[key], torch.Tensor) and got[key].shape == want[key].shape
+            and torch.allclose(got[key].double(), want[key], rtol=REPRODUCE_RTOL, atol=REPRODUCE_ATOL)
+            for key in want))
+    return math.isclose(float(got), float(want), rel_tol=REPRODUCE_RTOL, abs_tol=REPRODUCE_ATOL)
+
+
+#: What the texts prescribe, for the messages of a result that is not the prescribed draw's.
+SCORE_VARIANCE_DRAW = (
+    "The text fixes every random number: the queries first, then the keys, each a (num_samples, d_k) float64 "
+    "tensor from torch.randn(..., generator=generator, dtype=torch.float64); the score of pair r is the dot "
+    "product of row r of each; the result is the unbiased sample variance of the scores (Tensor.var, which "
+    "divides by num_samples - 1). Other draws (another dtype or shape) or another estimator give other "
+    "numbers, although they may agree with the theory."
+)
+SATURATION_DRAW = (
+    "The text fixes every random number: for each d_k in order, Q (num_queries, d_k) first, then K "
+    "(num_keys, d_k), float64, from torch.randn(..., generator=generator, dtype=torch.float64); then the means "
+    "over the rows of the largest weight, of the entropy in nats and of the Frobenius norm of each row's "
+    "Jacobian. Another order of the draws or another statistic gives other numbers, although they may agree "
+    "with the experiment's spread."
+)

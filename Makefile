@@ -101,11 +101,12 @@ student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, RE
 gradescope: setup ## dist/gradescope/NN_name.zip: a Gradescope autograder per notebook (HIDDEN_VISIBILITY=after_published)
 	$(BIN)/python -m autograder.pipeline.gradescope build $(ASSIGNMENTS) $(if $(HIDDEN_VISIBILITY),--hidden-visibility $(HIDDEN_VISIBILITY))
 
-bench: setup ## time and memory: attention, its backward pass (08), decoding with a KV cache (09), long context (10) (bench/results/)
+bench: setup ## time and memory: attention, its backward pass (08), decoding with a KV cache (09), long context (10), paged vs contiguous caches (11) (bench/results/)
 	$(BIN)/python bench/attention_bench.py
 	$(BIN)/python bench/flash_backward_bench.py
 	$(BIN)/python bench/decoding_and_training_bench.py
 	$(BIN)/python bench/long_context_bench.py
+	$(BIN)/python bench/serving_bench.py
 
 .PHONY: bench-similarity
 bench-similarity: setup ## make similarity's time on a generated class of 1000 submissions of one notebook (bench/results/)

@@ -8,6 +8,7 @@ release, which is all the report reads.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -297,3 +298,24 @@ def test_similarity_page_in_a_browser(course, tmp_path):
             assert not [u for u in requests if not u.startswith("file:")], requests
         finally:
             browser.close()
+
+
+def test_an_answer_the_tokenizer_fails_on_is_listed_and_the_rest_compared(monkeypatch):
+    import copydetect
+
+    real = copydetect.CodeFingerprint
+
+    def choking(*args, fp=None, **kwargs):
+        text = fp.read()
+        if "CHOKE" in text:
+            raise RecursionError("maximum recursion depth exceeded <in the lexer>")
+        return real(*args, fp=io.StringIO(text), **kwargs)
+
+    monkeypatch.setattr(copydetect, "CodeFingerprint", choking)
+    text = honest_answers(SDPA)[0]
+    exercise = similarity.Exercise(SDPA, released="", answers={"a": text, "b": rename_locals(text), "c": text + "# CHOKE"})
+    similarity.compare_exercise(exercise)
+    assert exercise.compared == ["a", "b"] and exercise.similarity("a", "b") == 1.0
+    assert exercise.failed == [("c", "RecursionError: maximum recursion depth exceeded <in the lexer>")]
+    page = similarity_page.exercise_html(exercise, similarity.THRESHOLD, 0)
+    assert "<li>c: RecursionError: maximum recursion depth exceeded &lt;in the lexer&gt;</li>" in page

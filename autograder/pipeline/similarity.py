@@ -83,6 +83,7 @@ class Exercise:
     unanswered: list[str] = field(default_factory=list)  # left as released
     too_short: list[str] = field(default_factory=list)  # nothing left once the released cell is taken out
     too_long: list[str] = field(default_factory=list)  # longer than MAX_ANSWER characters
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (student, why) the answer could not be fingerprinted
     missing: list[str] = field(default_factory=list)  # no such answer cell in the notebook
     compared: list[str] = field(default_factory=list)  # the students in :attr:`matrix`'s order
     matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # compared x compared similarities
@@ -213,7 +214,10 @@ def _slices(first, second) -> tuple[list[tuple[int, int]], list[tuple[int, int]]
     """copydetect's matching regions of two fingerprinted answers, as (start, end) offsets in their text."""
     from copydetect import compare_files
 
-    _, _, (a, b) = compare_files(first, second)
+    try:
+        _, _, (a, b) = compare_files(first, second)
+    except Exception:  # noqa: BLE001 - the regions only decorate the page: the similarity stands without them
+        return [], []
     as_list = lambda s: [(int(x), int(y)) for x, y in zip(*s)] if len(s) and len(s[0]) else []  # noqa: E731
     return as_list(a), as_list(b)
 
@@ -229,7 +233,11 @@ def compare_exercise(exercise: Exercise, threshold: float = THRESHOLD, shown: in
         if len(text) > MAX_ANSWER:
             exercise.too_long.append(student)
             continue
-        found = _fingerprint(text, boilerplate)
+        try:
+            found = _fingerprint(text, boilerplate)
+        except Exception as error:  # noqa: BLE001 - one answer the tokenizer chokes on is listed; the rest go on
+            exercise.failed.append((student, f"{type(error).__name__}: {error}"[:200]))
+            continue
         if found.hashes:
             prints[student] = found
         else:

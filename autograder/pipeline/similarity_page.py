@@ -126,6 +126,9 @@ def exercise_html(exercise: Exercise, threshold: float, number: int) -> str:
                            (exercise.missing, "without this answer cell")):
         if students:
             parts.append(f"<details><summary>{len(students)} {what}</summary><p>{e(', '.join(students))}</p></details>")
+    if exercise.failed:
+        parts.append(f"<details><summary>{len(exercise.failed)} could not be fingerprinted</summary><ul>"
+                     + "".join(f"<li>{e(s)}: {e(why)}</li>" for s, why in exercise.failed) + "</ul></details>")
     if exercise.reference is None:
         parts.append("<p class='note'>source/ has no reference solution for this exercise.</p>")
     parts.append(f"<p>{_spread(values)}.</p>{histogram(values, threshold)}" if len(values) else

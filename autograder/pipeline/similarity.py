@@ -64,7 +64,7 @@ class Pair:
     first: str
     second: str | None
     similarity: float
-    slices: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # matching regions of each answer
+    slices: tuple[list[tuple[int, int]], list[tuple[int, int]]] = field(default_factory=lambda: ([], []))  # of each
     others: int = 0  # the most other students either answer is also at or above the threshold with
 
     @property

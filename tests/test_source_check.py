@@ -66,6 +66,9 @@ UNREAD = {
     "swapped in globals() after an honest def": (
         "", sdpa("return Q @ K.mT") + "globals()['sdpa'] = lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V)\n",
         "the notebook reaches functions through the notebook's namespace"),
+    "the namespace written through an alias": ("def sdpa_honest(Q, K, V):\n    return Q\n"
+                                               "space = globals()\nspace['sdpa'] = sdpa_honest\n", sdpa("return Q"),
+                                               "the notebook reaches functions through the notebook's namespace"),
     "a module written at run time": ("open('helpers.py', 'w').write('import torch')\nimport helpers\n",
                                      sdpa("return helpers.attend(Q, K, V)"), "imports helpers"),
     "importlib": ("", sdpa("import importlib\nreturn importlib.import_module('torch').nn.functional.relu(Q)"),
@@ -104,6 +107,8 @@ STILL_ALLOWED = {
     "attributes of its own named after attention": (
         "class Block:\n    def __init__(self):\n        self.attention_scale = 2.0\n",
         sdpa("block = Block()\nreturn block.attention_scale * Q @ K.mT")),
+    "the namespace read elsewhere": ("def other():\n    print(globals().get('In', [''])[-1], 'x' in globals())\n",
+                                     sdpa("return Q @ K.mT")),
     "attributes of tensors at top level": ("x = torch.ones(2)\nx.requires_grad = True\nw = F.softmax(x, 0)\n"
                                            "w.data[0] = 1.0\n", sdpa("return Q @ K.mT")),
     "numpy and einops": ("import numpy as np\n", sdpa("from math import sqrt\nreturn Q @ K.mT / np.sqrt(sqrt(4.0))")),

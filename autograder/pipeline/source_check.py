@@ -314,11 +314,23 @@ def _patches_a_module(node: ast.AST, modules: set[str]) -> str | None:
     return None
 
 
+def _only_reads(namespace: ast.Call, parents: dict[int, ast.AST]) -> bool:
+    """Whether a namespace (``globals()``) is only read where it is made: ``globals()['x']``, ``.get``, ``in``."""
+    parent = parents.get(id(namespace))
+    if isinstance(parent, ast.Subscript):
+        return isinstance(parent.ctx, ast.Load)
+    if isinstance(parent, ast.Attribute):
+        return parent.attr in ("get", "keys", "items", "values", "copy", "__contains__")
+    return isinstance(parent, ast.Compare)
+
+
 def _rewrites_namespace(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
     """How a statement anywhere in the notebook could put another function under an exercise's name (None: it cannot)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
             "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "get_ipython"):
         if node.func.id == "get_ipython" and _harmless_ipython(node, parents):
+            return None
+        if node.func.id in ("globals", "locals", "vars") and _only_reads(node, parents):
             return None
         return DYNAMIC_CALLS[node.func.id]
     if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "__globals__", "__code__", "modules", "f_globals"):

@@ -248,3 +248,96 @@ def test_bytes_without_validation_fail_the_hidden_check(solution):
 
     with pytest.raises(CheckFailed, match="should raise ValueError"):
         hidden.check_cache_bytes_per_token(unchecked)
+
+
+# --- right answers in other styles pass ------------------------------------------------------------------------------
+
+
+def bytes_from_itemsize(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
+    if min(num_layers, num_heads, kv_heads, d_head, 1 if d_latent is None else d_latent) < 1 or num_heads % kv_heads:
+        raise ValueError("bad sizes")
+    return num_layers * (d_latent if d_latent is not None else 2 * kv_heads * d_head) * dtype.itemsize
+
+
+def paged_attention_by_gather(q, cache, seqs):
+    """Through cache.gather, heads grouped by a view, einsum."""
+    S, h, d = q.shape
+    g = cache.kv_heads
+    if h % g or len(seqs) != S:
+        raise ValueError("shapes")
+    rows = []
+    for i, seq in enumerate(seqs):
+        keys, values = cache.gather(seq)
+        grouped = q[i].view(g, h // g, d)
+        scores = torch.einsum("grd,gnd->grn", grouped, keys.to(q.dtype)) * d**-0.5
+        weights = (scores - scores.amax(-1, keepdim=True)).exp() if keys.shape[1] else scores
+        weights = weights / weights.sum(-1, keepdim=True) if keys.shape[1] else weights
+        rows.append(torch.einsum("grn,gnd->grd", weights, values.to(q.dtype)).reshape(h, d))
+    return torch.stack(rows)
+
+
+class LatentFoldedOutput(nn.Module):
+    """Absorbed: W_v_up folded into out_proj, the mask built with tril; expanded: einsum."""
+
+    def __init__(self, d_model, num_heads, d_head, d_latent):
+        super().__init__()
+        self.h, self.d = num_heads, d_head
+        self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
+        self.kv_down = nn.Linear(d_model, d_latent, bias=False)
+        self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
+        self.v_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
+        self.out_proj = nn.Linear(num_heads * d_head, d_model, bias=False)
+
+    def forward(self, x, latent_cache=None, absorbed=False):
+        T = x.shape[1]
+        c = self.kv_down(x)
+        if latent_cache is not None:
+            latent_cache.append(c)
+            c = torch.cat(latent_cache, dim=1)
+        m = c.shape[1]
+        allowed = torch.ones(T, m, dtype=torch.bool).tril(m - T)
+        q = self.q_proj(x).view(x.shape[0], T, self.h, self.d)
+        if absorbed:
+            w_k = self.k_up.weight.view(self.h, self.d, -1)
+            scores = torch.einsum("bthd,hdl,bml->bhtm", q, w_k, c) / math.sqrt(self.d)
+            weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+            mixed = torch.einsum("bhtm,bml->bthl", weights, c)  # (B, T, h, d_latent)
+            w_o = self.out_proj.weight.view(-1, self.h, self.d)  # (d_model, h, d)
+            folded = torch.einsum("ohd,hdl->hlo", w_o, self.v_up.weight.view(self.h, self.d, -1))
+            return torch.einsum("bthl,hlo->bto", mixed, folded)
+        k = self.k_up(c).view(c.shape[0], m, self.h, self.d)
+        v = self.v_up(c).view(c.shape[0], m, self.h, self.d)
+        scores = torch.einsum("bthd,bmhd->bhtm", q, k) / math.sqrt(self.d)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        return self.out_proj(torch.einsum("bhtm,bmhd->bthd", weights, v).flatten(2))
+
+
+def speculative_with_a_loop(target, draft, prompt, steps, k):
+    """Acceptance found by a loop with break; the tokens kept in a Python list."""
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0 or steps < 1 or k < 1:
+        raise ValueError("bad arguments")
+    out, calls = [], 0
+    while len(out) < steps:
+        context = torch.cat([prompt, torch.tensor([out], dtype=prompt.dtype).reshape(1, -1)], dim=1)
+        guesses = []
+        for _ in range(min(k, steps - len(out) - 1)):
+            guesses.append(int(draft(torch.cat([context, torch.tensor([guesses], dtype=prompt.dtype).reshape(1, -1)],
+                                               dim=1))[0, -1].argmax()))
+        logits = target(torch.cat([context, torch.tensor([guesses], dtype=prompt.dtype).reshape(1, -1)], dim=1))
+        calls += 1
+        choices = logits[0, context.shape[1] - 1:].argmax(-1).tolist()
+        for guess, choice in zip(guesses, choices):
+            if guess != choice:
+                break
+            out.append(guess)
+        out.append(choices[len(out) - context.shape[1] + prompt.shape[1]])
+    return torch.tensor([out]), calls
+
+
+@pytest.mark.parametrize(("exercise", "answer"), [
+    ("cache_bytes_per_token", bytes_from_itemsize), ("PagedKVCache", HighestFirst),
+    ("paged_attention", paged_attention_by_gather), ("MultiHeadLatentAttention", LatentFoldedOutput),
+    ("speculative_generate", speculative_with_a_loop)])
+def test_right_answers_in_other_styles_pass(exercise, answer):
+    getattr(visible, f"check_{exercise}")(answer)
+    getattr(hidden, f"check_{exercise}")(answer)

@@ -95,6 +95,10 @@ UNREAD = {
                        sdpa("return flex_attention(Q, K, V)"), "flex_attention"),
     "an alias of torch.ops": ("", sdpa("aten = torch.ops.aten\nreturn aten._fused_sdp_choice(Q, K, V)"),
                               "_fused_sdp_choice"),
+    "the watches blinded": ("", sdpa("with torch.utils._python_dispatch._disable_current_modes():\n    return Q @ K.mT"),
+                            "_disable_current_modes"),
+    "a watch looked for": ("", sdpa("if torch._C._len_torch_function_stack():\n    return Q\nreturn Q @ K.mT"),
+                           "_len_torch_function_stack"),
     "a cell magic around the definition": ("", "%%time\n" + sdpa("return F.scaled_dot_product_attention(Q, K, V)"),
                                            "uses torch.nn.functional.scaled_dot_product_attention"),
 }
@@ -111,6 +115,7 @@ STILL_ALLOWED = {
                                      sdpa("return Q @ K.mT")),
     "attributes of tensors at top level": ("x = torch.ones(2)\nx.requires_grad = True\nw = F.softmax(x, 0)\n"
                                            "w.data[0] = 1.0\n", sdpa("return Q @ K.mT")),
+    "inference mode and no_grad": ("", sdpa("with torch.inference_mode(), torch.no_grad():\n    return Q @ K.mT")),
     "numpy and einops": ("import numpy as np\n", sdpa("from math import sqrt\nreturn Q @ K.mT / np.sqrt(sqrt(4.0))")),
 }
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import symtable
 from collections.abc import Iterable, Sequence
 
@@ -82,6 +83,10 @@ DYNAMIC_ATTRIBUTES = frozenset({
     "__import__", "__loader__", "__spec__", "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame",
     "co_code", "_getframe", "modules",
 })
+#: PyTorch's machinery of modes and dispatch (switching the guard or a watch off, or looking for them), by its
+#: names' shape rather than a list: ``torch._C._disable_current_modes``, ``torch.overrides._pop_mode``, ...
+GUARD_MACHINERY = (r"(?i)dispatch|torch_function|function_mode|current_modes?|mode_stack|_len_torch|disable"
+                   r"|^_pop|^_push|_unset|overrides")
 #: Calls that reach an attribute by name: fine with a constant name, not with one computed at run time.
 BY_NAME = {"getattr", "setattr", "delattr"}
 #: Calls whose arguments only name a class (never call it).
@@ -408,6 +413,11 @@ def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden],
             problem = _dynamic(node, parents)
             if problem is not None:
                 return _read_only_message(exercise, problem, node)
+            if (isinstance(node, ast.Attribute) and _chain_root(node) in torch_names and not _only_named(node, parents)
+                    and re.search(GUARD_MACHINERY, node.attr)):
+                return (f"{exercise}'s code uses {node.attr} (`{ast.unparse(node)[:80]}`), PyTorch's machinery of modes "
+                        "and dispatch, which can turn off or detect the guard and the watches. In an exercise that "
+                        "asks you to write a built-in yourself, compute the result with the guard on.")
             kin = _kin(node, rules, torch_names, parents)
             if kin is not None:
                 rule, entry = kin

@@ -180,6 +180,14 @@ def judge_paged(got: dict, num_blocks: int, block_size: int, ops: Sequence[Op], 
                                    " not a new tensor).")
         if state["live"] != want["live"]:
             return "error", f"{where}, the live sequences should be {want['live']}, not {state['live']}."
+        if want["must_fail"] and op[0] == "append":
+            i = op[1]
+            before = previous.get(i)
+            now = (state["lengths"][want["live"].index(i)], state["tables"][want["live"].index(i)])
+            if before is not None and now != before:
+                return "partial-write", (f"{where}, the last append raised ValueError (right), but it changed the "
+                                         f"sequence: length and block table went from {before} to {now}. Count the "
+                                         "blocks needed first, and refuse before taking any block or writing any token.")
         if state["lengths"] != want["lengths"]:
             shown = {names[i]: n for i, n in zip(want["live"], state["lengths"])}
             return "length", (f"{where}, length(seq) should be {dict(zip([names[i] for i in want['live']], want['lengths']))},"
@@ -198,14 +206,6 @@ def judge_paged(got: dict, num_blocks: int, block_size: int, ops: Sequence[Op], 
                                             "once: a block in use was handed out again, and one sequence's new tokens "
                                             "overwrite the other's. A block may be taken only from the free ones.")
                 held[b] = names[i]
-        if want["must_fail"] and op[0] == "append":
-            i = op[1]
-            before = previous.get(i)
-            now = (state["lengths"][want["live"].index(i)], state["tables"][want["live"].index(i)])
-            if before is not None and now != before:
-                return "partial-write", (f"{where}, the last append raised ValueError (right), but it changed the "
-                                         f"sequence: length and block table went from {before} to {now}. Count the "
-                                         "blocks needed first, and refuse before taking any block or writing any token.")
         for i, table, length, keys, values, want_k, want_v in zip(want["live"], state["tables"], want["lengths"],
                                                                    state["keys"], state["values"], want["keys"],
                                                                    want["values"]):

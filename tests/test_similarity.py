@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from autograder.__main__ import main
 from autograder.checks import soft_lookup as checks
 from autograder.pipeline import report, similarity, similarity_page
+from autograder.pipeline.feedback import with_policy
 
 from .course_copy import fill, submit
 from .similarity_class import (
@@ -193,7 +194,9 @@ def test_hostile_class_runs_nothing_changes_nothing_and_stays_text(course, tmp_p
     assert set(pages) == {"index.html", f"{ASSIGNMENT}.html"}
     page = pages[f"{ASSIGNMENT}.html"]
     for text in pages.values():
-        assert re.search(r"<meta http-equiv='Content-Security-Policy' content=\"default-src 'none';", text)
+        head = text[text.index("<head>"):text.index("</head>")]  # the policy comes first, before anything it governs
+        assert head.startswith(f'<head><meta http-equiv="Content-Security-Policy" content="{similarity_page.CSP}">')
+        assert "default-src 'none'" in similarity_page.CSP and "script-src" not in similarity_page.CSP
         assert "<script" not in text.lower() and "<img" not in text.lower() and "<svg onload" not in text
     assert html_escaped(HOSTILE) in page and "&lt;svg onload=alert(2)&gt;" in page
     assert "SECRET-OUTSIDE-THE-COURSE" not in page
@@ -296,6 +299,14 @@ def test_similarity_page_in_a_browser(course, tmp_path):
             assert page.locator("img, script, iframe").count() == 0
             assert dialogs == [] and errors == []
             assert not [u for u in requests if not u.startswith("file:")], requests
+            # The pages' policy itself stops a script and a handler that escaping would have let through.
+            probe = tmp_path / "probe.html"
+            probe.write_text(with_policy("<html><head><title>inert</title></head><body><script>document.title = 'ran'"
+                                         "</script><img src=x onerror=\"document.title = 'ran'\"></body></html>",
+                                         similarity_page.CSP))
+            page.goto(probe.as_uri())
+            page.wait_for_timeout(500)
+            assert page.title() == "inert"
         finally:
             browser.close()
 

@@ -23,10 +23,10 @@ from urllib.parse import quote
 import numpy as np
 
 from .course import ROOT
-from .feedback import write_text
+from .feedback import with_policy, write_text
 from .similarity import MAX_ANSWER, SHOWN, THRESHOLD, Assignment, Exercise, Pair, compare
 
-#: No script, no request anywhere: styles written in the page only.
+#: Every page's Content-Security-Policy: no script, no request anywhere, styles written in the page only.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; form-action 'none'"
 REFERENCE = "reference solution"
 BINS = 20
@@ -44,7 +44,6 @@ mark { background: #ffd479; } .reference { color: #a00; font-weight: bold; }
 
 def _head(title: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>")
 
 
@@ -221,6 +220,6 @@ def write(names: Iterable[str] | None = None, root: Path = ROOT, threshold: floa
     found = compare(names, root, threshold, shown)
     folder = root / "report" / "similarity"
     for assignment in found:
-        write_text(folder / page_name(assignment.name), assignment_page(assignment))
-    write_text(folder / "index.html", index_page(found, threshold))
+        write_text(folder / page_name(assignment.name), with_policy(assignment_page(assignment), CSP))
+    write_text(folder / "index.html", with_policy(index_page(found, threshold), CSP))
     return found

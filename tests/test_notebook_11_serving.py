@@ -341,3 +341,67 @@ def speculative_with_a_loop(target, draft, prompt, steps, k):
 def test_right_answers_in_other_styles_pass(exercise, answer):
     getattr(visible, f"check_{exercise}")(answer)
     getattr(hidden, f"check_{exercise}")(answer)
+
+
+# --- each protection, fed what it stops ---------------------------------------------------------------------------------
+
+
+class NeverFull(HighestFirst):
+    """When the pool is exhausted, writes over block 0 instead of refusing."""
+
+    def append(self, seq, k, v):
+        needed = -(-(self.lengths[seq] + k.shape[1]) // self.block_size) - len(self.tables[seq])
+        if needed > len(self.free_blocks):
+            self.free_blocks += [0] * needed
+        super().append(seq, k, v)
+
+
+class CopiesTheSequence(HighestFirst):
+    """Writes in place, but copies everything its sequence holds at every append: O(n^2) for n appends."""
+
+    def append(self, seq, k, v):
+        if self.tables.get(seq):
+            self.snapshot = self.keys[self.tables[seq]].clone(), self.values[self.tables[seq]].clone()
+        super().append(seq, k, v)
+
+
+class ForgivingIds(HighestFirst):
+    """Answers for a freed sequence as for an empty one."""
+
+    def _known(self, seq):
+        self.tables.setdefault(seq, [])
+        self.lengths.setdefault(seq, 0)
+
+
+@pytest.mark.parametrize(("cache", "check", "message"), [
+    (NeverFull, visible.check_PagedKVCache, "should raise ValueError, and write nothing"),
+    (CopiesTheSequence, visible.check_PagedKVCache, "each append copies what the pool"),
+    (ForgivingIds, hidden.check_PagedKVCache, "freed sequence should raise ValueError"),
+])
+def test_each_protection_of_the_paged_cache(cache, check, message):
+    with pytest.raises(CheckFailed, match=message):
+        check(cache)
+
+
+def test_paged_attention_must_refuse_heads_that_do_not_group(solution):
+    def ungrouped(q, cache, seqs):
+        if q.shape[1] % cache.kv_heads:
+            q = q[:, :cache.kv_heads * (q.shape[1] // cache.kv_heads)]
+        return solution.paged_attention(q, cache, seqs)
+
+    with pytest.raises(CheckFailed, match="3 query heads cannot share 2 key/value heads"):
+        hidden.check_paged_attention(ungrouped)
+
+
+def twice_per_token(target, draft, prompt, steps, k):
+    """Right tokens, two target calls per token (reported)."""
+    tokens = prompt
+    for _ in range(steps):
+        target(tokens)
+        tokens = torch.cat([tokens, target(tokens)[:, -1:].argmax(dim=-1)], dim=1)
+    return tokens[:, prompt.shape[1]:], 2 * steps
+
+
+def test_more_target_calls_than_tokens_is_refused():
+    with pytest.raises(CheckFailed, match="every call must yield at least one token"):
+        visible.check_speculative_generate(twice_per_token)

@@ -4,15 +4,18 @@ attention and speculative decoding.
 The referees: numbers written out for the bytes; contiguous caches (the chunks appended, concatenated) for the
 paged cache; SDPA per sequence (math backend, float64) for paged attention; the expanded attention with the same
 weights for MLA; notebook 09's greedy decoding by full recomputation for speculative decoding. The student's
-classes run where the student's code runs, through the probes of :mod:`autograder.references.serving`.
+classes run where the student's code runs, through the probes of :mod:`autograder.references.serving`. Where the
+grader has the catalogue (never in the student's bundle), a failing visible check names the mistakes it matches.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
+from ..diagnosis import catalogue
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
@@ -29,6 +32,7 @@ from ..references.serving import (
     decoder_of,
     mla_reference,
     mla_shapes,
+    paged_attention_on,
     paged_attention_reference,
     paged_case,
     run_mla,
@@ -72,7 +76,7 @@ def check_PagedKVCache(PagedKVCache) -> None:  # noqa: N802, N803 - named after 
         (4, 2, 1, 2, script(gen, 1, 2, ["new", ("append", 0, 3), "new", ("append", 1, 2), ("append", 0, 4)]),
          torch.float64, "an append of 4 tokens that needs 2 blocks when 1 is free"),
     ]
-    check_paged_scripts(PagedKVCache, cases)
+    check_paged_scripts(PagedKVCache, cases, catalogue(NOTEBOOK, "PagedKVCache"))
     problem = append_allocation_problem(probe(append_allocations, PagedKVCache, what="64 appends of one token"))
     if problem:
         fail(problem)
@@ -87,9 +91,11 @@ def check_paged_attention(paged_attention) -> None:
                    "blocks out of pool order, 4 query heads on 2 key/value heads"),
         paged_case(gen, 4, 2, 1, 2, 4, [(0, [2, 3, 1], 5), (1, [], 0)], [1, 0], "an empty sequence first"),
     ]
+    mistakes = [replace(m, fn=lambda *args, fn=m.fn: paged_attention_on(fn, *args))
+                for m in catalogue(NOTEBOOK, "paged_attention")]
     verify(run_paged_attention(paged_attention, ATTENTION_BUILTINS), cases, paged_attention_reference,
            exercise="paged_attention", arg_names=PAGED_ARGS, outputs=None, forbid=ATTENTION_BUILTINS,
-           rtol=1e-10, atol=1e-12)
+           mistakes=mistakes, rtol=1e-10, atol=1e-12)
     print("paged_attention passes the visible checks.")
 
 
@@ -110,7 +116,8 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
     cases = [Case((weights, x), {"steps": [3, 1, 2], "absorbed": absorbed},
                   label=f"a prompt of 3, one token, then 2, absorbed={absorbed}") for absorbed in (False, True)]
     verify(run_mla(MultiHeadLatentAttention), cases, mla_reference, exercise="MultiHeadLatentAttention",
-           arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12)
+           arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12,
+           mistakes=[replace(m, fn=run_mla(m.fn)) for m in catalogue(NOTEBOOK, "MultiHeadLatentAttention")])
     problem = absorbed_problem(probe(absorbed_allocations, MultiHeadLatentAttention,
                                      LatentWeights(1131, 32, 4, 16, 8).state,
                                      what="an absorbed decode step after 256 cached tokens"))

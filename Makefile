@@ -97,6 +97,19 @@ similarity: setup ## report/similarity/index.html: similar answers per exercise,
 student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, README, one-command setup
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 
+.PHONY: hub
+HUB_EXCHANGE ?= /srv/nbgrader/exchange
+hub/node_modules/.installed: hub/package.json hub/package-lock.json
+	cd hub && npm ci --no-audit --no-fund
+	@touch $@
+
+hub: setup hub/node_modules/.installed ## JupyterHub for the class on this server, with the grading service (as root; COURSE_STUDENTS=a,b COURSE_INSTRUCTORS=prof)
+	@test "$$(id -u)" = 0 || { echo "make hub: run it as root: the hub starts each user's JupyterLab as that Linux user"; exit 2; }
+	@test -n "$(COURSE_STUDENTS)$(COURSE_INSTRUCTORS)" || { echo "make hub: say who may log in: make hub COURSE_STUDENTS=alice,bob COURSE_INSTRUCTORS=prof (Linux users of this machine)"; exit 2; }
+	mkdir -p $(HUB_EXCHANGE) && chmod 777 $(HUB_EXCHANGE)
+	NBGRADER_EXCHANGE=$(HUB_EXCHANGE) COURSE_STUDENTS=$(COURSE_STUDENTS) COURSE_INSTRUCTORS=$(COURSE_INSTRUCTORS) \
+	  $(BIN)/jupyterhub -f hub/jupyterhub_config.py
+
 .PHONY: gradescope
 gradescope: setup ## dist/gradescope/NN_name.zip: a Gradescope autograder per notebook (HIDDEN_VISIBILITY=after_published)
 	$(BIN)/python -m autograder.pipeline.gradescope build $(ASSIGNMENTS) $(if $(HIDDEN_VISIBILITY),--hidden-visibility $(HIDDEN_VISIBILITY))

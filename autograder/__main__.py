@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from .pipeline import collect, grade, release
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--workers", type=int, default=None, help="submissions graded at once (default: "
                        "GradingService.workers of nbgrader_config.py)")
     serve.add_argument("--exchange", default=None, help="the exchange folder (default: Exchange.root)")
+    serve.add_argument("--course", default=None, help="the course folder (default: this repository)")
     serve.add_argument("--until-idle", action="store_true", help="stop when nothing is left to grade now")
     serve.add_argument("--no-sandbox", action="store_true",
                        help="grade even where no sandbox can be made: students' code then runs with your rights")
@@ -105,15 +111,21 @@ def main(argv: list[str] | None = None) -> int:
         import logging
         from pathlib import Path
 
+        from .pipeline.course import ROOT
         from .service.serve import Service, summary
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        signal.signal(signal.SIGTERM, _interrupt)  # stopped by JupyterHub: finish as on Ctrl-C, the state saved
         options = grade.Options(sandbox=False if args.no_sandbox else None)
         try:
-            service = Service(exchange=Path(args.exchange) if args.exchange else None, options=options,
-                              workers=args.workers)
+            service = Service(Path(args.course).resolve() if args.course else ROOT, options=options,
+                              exchange=Path(args.exchange) if args.exchange else None, workers=args.workers)
+        except ValueError as error:
+            print(f"python -m autograder serve: {error}")
+            return 2
+        try:
             service.serve(idle_exit=args.until_idle)
-        except (grade.SandboxUnavailable, ValueError) as error:
+        except grade.SandboxUnavailable as error:
             print(f"python -m autograder serve: {error}")
             return 2
         except KeyboardInterrupt:

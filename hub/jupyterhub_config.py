@@ -1,0 +1,125 @@
+"""JupyterHub for the course on one server (``make hub``): one Linux user per student and per instructor.
+
+- Users log in with their Linux account and password (JupyterHub's PAM authenticator); only those
+  named in ``COURSE_STUDENTS`` and ``COURSE_INSTRUCTORS`` (comma-separated) may log in. Each gets
+  a JupyterLab of their own, started as their own Linux user (the hub's local process spawner).
+- Students see the Assignment List (fetch, validate, submit, fetch feedback) and not Formgrader,
+  Create Assignment or the Course List: their servers read the configuration this file writes to
+  ``$HUB_STATE/jupyter/student`` (the same settings the student bundle uses). Instructors' servers
+  open in the course folder (``COURSE_ROOT``) with Formgrader.
+- The exchange is shared as nbgrader documents it for JupyterHub: one folder every user can write
+  (``NBGRADER_EXCHANGE``, default ``/srv/nbgrader/exchange``, ``chmod 777``), named in every
+  user's nbgrader configuration with the course's id.
+- The grading service (``python -m autograder serve``, ``autograder/service/``) runs as a service
+  the hub starts and stops, as the hub's user (root: grading's sandbox runs students' code as
+  ``nobody``); it grades each submission as it arrives and releases its feedback to that student.
+- The proxy is ``configurable-http-proxy`` from ``hub/node_modules`` (``npm ci`` in ``hub/``,
+  which ``make hub`` runs); the hub's own database and cookie secret live in ``HUB_STATE``
+  (default ``build/hub``).
+
+Environment: ``COURSE_ROOT`` (default this repository), ``COURSE_STUDENTS``, ``COURSE_INSTRUCTORS``,
+``NBGRADER_EXCHANGE``, ``HUB_STATE``, ``HUB_USER_PYTHON`` (the Python of users' servers, default the hub's),
+``HUB_URL`` (default ``http://:8000``: every address, port 8000),
+``HUB_API_PORT`` (8081) and ``HUB_PROXY_API_PORT`` (8001).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from autograder.pipeline.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
+
+c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+
+HERE = Path(__file__).resolve().parent
+COURSE = Path(os.environ.get("COURSE_ROOT", HERE.parent)).resolve()
+STATE = Path(os.environ.get("HUB_STATE", HERE.parent / "build" / "hub")).resolve()
+EXCHANGE = os.environ.get("NBGRADER_EXCHANGE", "/srv/nbgrader/exchange")
+COURSE_ID = "attention"
+# The Python every user's server and kernels run: the course's environment, which every user must be able to
+# read and run (a virtual environment made from a system Python; not one under /root).
+USER_PYTHON = Path(os.environ.get("HUB_USER_PYTHON", sys.executable))
+BIN = USER_PYTHON.parent
+
+
+def _names(variable: str) -> set[str]:
+    return {name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()}
+
+
+STUDENTS, INSTRUCTORS = _names("COURSE_STUDENTS"), _names("COURSE_INSTRUCTORS")
+if not STUDENTS | INSTRUCTORS:
+    raise SystemExit("hub/jupyterhub_config.py: say who may log in: COURSE_STUDENTS=alice,bob COURSE_INSTRUCTORS=prof "
+                     "(Linux users of this machine)")
+
+# -- what each role's JupyterLab loads ----------------------------------------------------------
+
+STUDENT_NBGRADER = f"""c = get_config()
+c.CourseDirectory.course_id = {COURSE_ID!r}
+c.Exchange.root = {EXCHANGE!r}
+"""
+INSTRUCTOR_NBGRADER = f"""c = get_config()
+load_subconfig({str(COURSE / "nbgrader_config.py")!r})  # the course's own settings
+c.Exchange.root = {EXCHANGE!r}
+"""
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o644)
+
+
+for role in ("student", "instructor"):
+    (STATE / "jupyter" / role).mkdir(parents=True, exist_ok=True)
+    for folder in (STATE, STATE / "jupyter", STATE / "jupyter" / role):
+        folder.chmod(0o755)  # read by every user's server
+_write(STATE / "jupyter" / "student" / "nbgrader_config.py", STUDENT_NBGRADER)
+_write(STATE / "jupyter" / "student" / "labconfig" / "page_config.json",
+       json.dumps({"disabledExtensions": {plugin: True for plugin in INSTRUCTOR_PLUGINS}}, indent=2))
+_write(STATE / "jupyter" / "student" / "jupyter_server_config.json",
+       json.dumps({"ServerApp": {"jpserver_extensions": {ext: False for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}, indent=2))
+_write(STATE / "jupyter" / "instructor" / "nbgrader_config.py", INSTRUCTOR_NBGRADER)
+
+# -- the hub -----------------------------------------------------------------------------------
+
+c.JupyterHub.bind_url = os.environ.get("HUB_URL", "http://:8000")
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{os.environ.get('HUB_API_PORT', '8081')}"
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('HUB_PROXY_API_PORT', '8001')}"
+c.ConfigurableHTTPProxy.command = [str(HERE / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+
+c.Authenticator.allowed_users = STUDENTS | INSTRUCTORS
+c.Authenticator.admin_users = INSTRUCTORS
+
+c.Spawner.cmd = [str(USER_PYTHON), "-m", "jupyterhub.singleuser"]
+c.Spawner.default_url = "/lab"
+c.Spawner.http_timeout = 120  # a loaded machine starts JupyterLab slowly
+c.Spawner.start_timeout = 120
+c.Spawner.environment = {"NBGRADER_EXCHANGE": EXCHANGE, "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
+                         "PYTHONWARNINGS": "ignore"}
+
+
+def pre_spawn_hook(spawner) -> None:
+    """Each role's configuration; an instructor's server opens in the course folder."""
+    role = "instructor" if spawner.user.name in INSTRUCTORS else "student"
+    # The role's settings first; then the course environment's own (JupyterLab's server extension, nbgrader's),
+    # which a users' Python other than the hub's would not find by itself.
+    spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(STATE / "jupyter" / role),
+                                                                  str(Path(sys.prefix) / "etc" / "jupyter")])
+    spawner.environment["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+    if role == "instructor":
+        spawner.notebook_dir = str(COURSE)
+
+
+c.Spawner.pre_spawn_hook = pre_spawn_hook
+
+c.JupyterHub.services = [{
+    "name": "grading",
+    "command": [sys.executable, "-m", "autograder", "serve", "--course", str(COURSE), "--exchange", EXCHANGE],
+    "cwd": str(COURSE),
+    "environment": {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "NBGRADER_EXCHANGE": EXCHANGE,
+                    "PYTHONWARNINGS": "ignore"},
+}]

@@ -9,7 +9,7 @@ import torch
 
 from .diagnoses import explain_device, explain_shape, explain_values
 from .errors import CheckFailed, fail
-from .remote import Remote
+from .wire import Proxy
 
 
 class Mismatch(CheckFailed):
@@ -25,7 +25,7 @@ def describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         where = "" if x.device.type == "cpu" else f" on the device '{x.device.type}'"
         return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}{where}"
-    if isinstance(x, Remote):
+    if isinstance(x, Proxy):
         return x.description
     if isinstance(x, tuple):
         return f"a tuple of {len(x)} values ({', '.join(describe(v) for v in x)})"
@@ -38,7 +38,7 @@ UNREADABLE_TENSOR = "a Tensor"
 
 def assert_tensor(x: Any, what: str) -> torch.Tensor:
     """Fail unless ``x`` is a tensor."""
-    if isinstance(x, Remote) and x.description == UNREADABLE_TENSOR:
+    if isinstance(x, Proxy) and x.description == UNREADABLE_TENSOR:
         fail(f"{what} should be a torch.Tensor on the device of the inputs, but it is a tensor the grader cannot "
              "read, on another device (a GPU?): keep the result on the inputs' device (device=x.device), or "
              "call .cpu() on it.")

@@ -8,9 +8,10 @@ the student's function under the guard and sends back what it returned, or the e
 raised. References, expected values, comparisons and the mistake catalogue never enter the
 kernel, so nothing the student's code does there can change how its results are judged.
 
-Two sides, one module: :class:`Remote` (the grader's side, over a :class:`Channel`) and
-:func:`serve` (the kernel's side). A student's code can replace :func:`serve` in its own
-kernel; what it sends back is then still only plain data, judged like any other answer.
+This module is the grader's side, over a :class:`Channel`; the kernel's side is
+:mod:`autograder.serve`, which this module does not import. A student's code can replace
+:func:`~autograder.serve.serve` in its own kernel; what it sends back is then still only plain
+data, judged like any other answer.
 
 What this does not protect: what runs in the kernel is the student's. The guard against
 forbidden built-ins, the watches of probes and the thread check below all run there and can
@@ -20,14 +21,11 @@ for forbidden built-ins (:mod:`autograder.pipeline.source_check`) that the kerne
 
 from __future__ import annotations
 
-import base64
 import builtins
-import importlib
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from . import INSTRUCTOR_ONLY, wire
+from . import wire
 from .errors import CheckFailed, fail
 from .guard import ACTIVE_RULES, Forbidden, ForbiddenCall
 
@@ -78,7 +76,7 @@ def _student_error(info: Any) -> Exception:
     return error
 
 
-class Remote:
+class Remote(wire.Proxy):
     """A student's object in the kernel: call it, read a public attribute, take its ``len``."""
 
     def __init__(self, channel: Channel, number: int, kind: str, is_callable: bool, root: str) -> None:
@@ -207,129 +205,3 @@ def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
 def reset(channel: Channel) -> None:
     """Let the kernel forget the objects earlier requests kept."""
     channel.request(wire.encode({"op": "reset"}))
-
-
-# -- the kernel's side -------------------------------------------------------------------------
-
-_objects: dict[int, Any] = {}
-
-
-def _keep(obj: Any) -> wire.Handle:
-    number = len(_objects) + 1
-    _objects[number] = obj
-    kind = type(obj).__name__
-    return wire.Handle(number, kind[:200], callable(obj))
-
-
-def _error_info(error: BaseException) -> dict:
-    from .student import student_frames
-
-    bases = [c.__name__ for c in type(error).__mro__ if getattr(builtins, c.__name__, None) is c]
-    return {"type": type(error).__name__, "bases": bases, "message": str(error)[:20000],
-            "frames": student_frames(error)[:5000]}
-
-
-def _examiner(name: str) -> Callable[..., Any]:
-    module, _, qualname = name.partition(":")
-    parts = module.split(".")
-    if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in INSTRUCTOR_ONLY):
-        raise ValueError(f"{name} is not a probe of the public checks")
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def _running_children() -> int:
-    try:
-        import psutil
-    except ImportError:  # the student's own environment may lack it; grading's has it
-        return 0
-    return len(psutil.Process().children(recursive=True))
-
-
-def _called(request: dict) -> dict:
-    from .guard import Forbidden
-    from .student import attempt
-
-    rules = tuple(Forbidden(shown, frozenset(names), family) for shown, names, family in request.get("forbid", []))
-    target = request["target"]
-    args, kwargs, exercise = tuple(request.get("args", ())), dict(request.get("kwargs", {})), request.get("exercise", "")
-    if request["op"] == "probe":
-        args, target = (target, *args), _examiner(request["examine"])
-    threads, children = threading.active_count(), _running_children()
-    try:
-        outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
-    except ForbiddenCall as failure:
-        return {"failed": str(failure), "forbidden": failure.builtin}
-    except CheckFailed as failure:
-        return {"failed": str(failure)}
-    if threading.active_count() > threads or _running_children() > children:
-        return {"failed": f"{exercise} started a thread or a process that was still running when it returned. "
-                          "Grading runs your function on its own: compute the result in the function's own thread."}
-    if error is not None:
-        return {"error": _error_info(error)}
-    return {"value": outcome.value, "mutated": list(outcome.mutated)}
-
-
-def _answer(request: Any, namespace: dict) -> dict:
-    op = request.get("op") if isinstance(request, dict) else None
-    if op == "reset":
-        _objects.clear()
-        return {"value": None}
-    if op == "name":
-        name = request["name"]
-        return {"value": namespace[name]} if name in namespace else {"undefined": True}
-    if op in ("call", "probe"):
-        return _called(request)
-    if op == "getattr":
-        try:
-            return {"value": getattr(request["target"], request["name"])}
-        except Exception as error:  # noqa: BLE001 - reported to the check
-            return {"error": _error_info(error)}
-    if op == "len":
-        try:
-            return {"value": len(request["target"])}
-        except Exception as error:  # noqa: BLE001 - reported to the check
-            return {"error": _error_info(error)}
-    return {"failed": f"unknown request {op!r}"}
-
-
-class _Reply(str):
-    """The encoded reply; shown as itself (no quotes) where the kernel formats it."""
-
-    def __repr__(self) -> str:
-        return str.__str__(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str.__str__(self))
-
-
-def serve(request: str, namespace: dict | None = None) -> _Reply:
-    """Answer one encoded request of the grader (base64 text in, base64 text out)."""
-    if namespace is None:
-        from IPython import get_ipython
-
-        namespace = get_ipython().user_ns
-    try:
-        answer = _answer(wire.decode(base64.b64decode(request), resolve=lambda n, k, c: _objects[n]), namespace)
-    except Exception as error:  # noqa: BLE001 - every failure is an answer
-        answer = {"failed": f"the request could not be answered ({type(error).__name__}: {error})"}
-    try:
-        data = wire.encode(answer, keep=_keep)
-    except (wire.WireError, RecursionError) as error:
-        data = wire.encode({"unsendable": str(error)[:500]})
-    return _Reply(base64.b64encode(data).decode("ascii"))
-
-
-class LocalChannel:
-    """A channel to a namespace in this process (tests, and trying the protocol without a kernel)."""
-
-    def __init__(self, namespace: dict) -> None:
-        self.namespace = namespace
-
-    def request(self, message: bytes) -> bytes:
-        return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
-
-    def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
-        return None

@@ -10,7 +10,7 @@ from typing import Any
 from .diagnosis import Outcome, copy_argument, mutated_arguments
 from .errors import CheckFailed, fail
 from .guard import ACTIVE_RULES, Forbidden, Guard, forbidden_call
-from .remote import Remote
+from .wire import Proxy
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 _TORCH_MARKERS = ("/torch/", "\\torch\\")
@@ -51,7 +51,7 @@ def attempt(
     A forbidden call or an unwritten exercise stops the check at once with its message.
     A :class:`~autograder.remote.Remote` function (grading) is run in the student's kernel.
     """
-    if isinstance(fn, Remote):
+    if isinstance(fn, Proxy):
         return fn.attempt(tuple(args), dict(kwargs or {}), exercise=exercise, forbid=forbid)
     guard = Guard(tuple(forbid), exercise)
     # The student's function gets copies: changing its inputs in place must not change
@@ -136,6 +136,6 @@ def probe(
     does this call: the student's code can change what a probe returns, as it can change
     what its functions return, but never how the result is judged.
     """
-    if isinstance(target, Remote):
+    if isinstance(target, Proxy):
         return target.probe(examine, args, kwargs, what=what, forbid=forbid)
     return call_student(examine, target, *args, what=what, forbid=forbid, **kwargs)

@@ -59,6 +59,19 @@ class Handle:
     callable: bool = False
 
 
+class Proxy:
+    """What stands, on the grader's side, for an object the kernel keeps (:class:`autograder.remote.Remote`).
+
+    Modules that must recognise one (the comparisons, calling a student's function) test for this
+    base class, so they need not import the grader's side of the protocol.
+    """
+
+    description: str
+
+    def __wire_handle__(self) -> Handle:
+        raise NotImplementedError
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:

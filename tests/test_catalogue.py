@@ -25,7 +25,8 @@ from torch import nn
 from autograder.errors import CheckFailed
 from autograder.pipeline.course import assignments, module_name
 from autograder.pipeline.feedback import load_config
-from autograder.remote import LocalChannel, lookup
+from autograder.remote import lookup
+from autograder.serve import LocalChannel
 
 from .course_copy import catalogue, mistake_source
 from .notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook

@@ -39,7 +39,8 @@ from autograder.hidden import numerical_stability as hidden04
 from autograder.hidden import positional_encoding as hidden06
 from autograder.hidden import scaling as hidden02
 from autograder.hidden import soft_lookup as hidden01
-from autograder.remote import LocalChannel, Remote, lookup
+from autograder.remote import Remote, lookup
+from autograder.serve import LocalChannel
 from autograder.verify import Case, verify
 
 from .notebook_code import solution_namespace

@@ -328,7 +328,7 @@ def _forging_package(course, student):
     folder = course / "submitted" / student / A / "autograder"
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text("")
-    (folder / "remote.py").write_text(
+    (folder / "serve.py").write_text(
         "import base64, json, struct\n"
         "def serve(request, namespace=None):\n"
         "    header = json.dumps({'dict': [['value', {'bool': True}]]}).encode()\n"

@@ -19,7 +19,8 @@ from autograder.errors import CheckFailed
 from autograder.guard import SOFTMAX, SOFTMAX_BUILTINS, ForbiddenCall
 from autograder.pipeline import judge
 from autograder.pipeline.course import assignments, module_name
-from autograder.remote import LocalChannel, Remote, lookup
+from autograder.remote import Remote, lookup
+from autograder.serve import LocalChannel
 from autograder.student import call_student
 
 NOTEBOOKS = [module_name(a) for a in assignments()]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder import remote
+from autograder import remote, serve
 from autograder.checks import flash_backward as visible
 from autograder.errors import CheckFailed
 from autograder.hidden import flash_backward as hidden
@@ -19,7 +19,7 @@ from autograder.hidden.flash_backward import MISTAKES
 from autograder.pipeline.source_check import forbidden_use
 
 from .course_copy import mistake_source
-from .notebook_code import solution_namespace
+from .notebook_code import answer_cells, solution_namespace
 
 ASSIGNMENT = "08_flash_backward"
 SIGNATURES = {
@@ -71,7 +71,7 @@ def test_the_issue_mistakes_are_catalogued():
 
 
 def proxies(namespace: dict, *names: str) -> list:
-    channel = remote.LocalChannel(namespace)
+    channel = serve.LocalChannel(namespace)
     found = [remote.lookup(channel, name) for name in names]
     assert all(ok for ok, _ in found)
     return [value for _, value in found]
@@ -87,7 +87,7 @@ def test_hidden_checks_pass_through_proxies(solution, capsys):
     assert capsys.readouterr().out.count("passes the hidden checks") == len(EXERCISES)
 
 
-class SourceReadingChannel(remote.LocalChannel):
+class SourceReadingChannel(serve.LocalChannel):
     """A channel that reads the student's source for forbidden built-ins, as grading does."""
 
     def __init__(self, namespace: dict, sources: list[str]) -> None:
@@ -414,3 +414,33 @@ def test_scaled_logsumexp_is_what_sdpa_kernel_returns():
     for causal in (False, True):
         _, lse = sdpa_kernel_forward(Q, K, V, 4, causal)
         torch.testing.assert_close(visible.scaled_logsumexp(Q, K, causal), lse, rtol=1e-5, atol=1e-5)
+
+
+def forward_started_at(start: str):
+    """The reference flash_attention_forward with its running max started at ``start`` instead of -inf."""
+    source = answer_cells("08_flash_backward")["flash_attention_forward"]
+    line = 'running_max = torch.full((*q.shape[:-1], 1), float("-inf"),'
+    assert line in source
+    namespace = {"torch": torch, "math": math}
+    exec(source.replace(line, f"running_max = torch.full((*q.shape[:-1], 1), {start},"), namespace)
+    return namespace["flash_attention_forward"]
+
+
+@pytest.mark.parametrize("start", ["0.0", "-1e9", "-1e30"])
+def test_a_running_max_started_at_a_finite_value_is_caught(start):
+    """Right on every ordinary input; only rows whose scores all lie far below the start tell (0/0, lse -inf)."""
+    fn = forward_started_at(start)
+    Q, K, V = (torch.randn(2, 9, 4, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(fn(Q, K, V, 4)[0], F.scaled_dot_product_attention(Q, K, V))
+    with pytest.raises(CheckFailed, match="'the running max started at 0'"):
+        hidden.check_flash_attention_forward(fn)
+    if start == "0.0":
+        with pytest.raises(CheckFailed, match="every score about -1e"):
+            visible.check_flash_attention_forward(fn)
+
+
+def test_the_most_negative_float_is_a_safe_start(capsys):
+    fn = forward_started_at("torch.finfo(Q.dtype).min")
+    visible.check_flash_attention_forward(fn)
+    hidden.check_flash_attention_forward(fn)
+    assert "passes the hidden checks" in capsys.readouterr().out

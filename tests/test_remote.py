@@ -20,7 +20,8 @@ from autograder.guard import ATTENTION_BUILTINS
 from autograder.pipeline.course import assignments, module_name
 from autograder.pipeline.source_check import forbidden_use
 from autograder.references.numerical_stability import unchanged_by
-from autograder.remote import LocalChannel, Remote, lookup
+from autograder.remote import Remote, lookup
+from autograder.serve import LocalChannel
 from autograder.student import attempt, call_student, expect_error, probe
 
 from .course_copy import reference_answers

@@ -2,7 +2,7 @@
 
 A test cell runs in nbgrader's process (:mod:`autograder.pipeline.judge`); each call of a student's
 function is one request (:class:`autograder.remote.Channel`), sent as a silent execute request whose
-user expression runs :func:`autograder.remote.serve` in the kernel. What the student's code prints
+user expression runs :func:`autograder.serve.serve` in the kernel. What the student's code prints
 meanwhile goes into the test cell's streams. A kernel that dies, calls ``exit()`` or runs past the
 cell's deadline raises :class:`autograder.remote.KernelDied` or :class:`autograder.remote.CallTimedOut`.
 
@@ -36,7 +36,7 @@ class KernelRequests:
 
     async def _async_request(self, message: bytes) -> bytes:
         payload = base64.b64encode(message).decode("ascii")
-        expression = f"__import__('autograder.remote', fromlist=['serve']).serve({payload!r})"
+        expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
         msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
                                  allow_stdin=False)
         reply = await self._async_reply_to(msg_id)

@@ -1,0 +1,151 @@
+"""The kernel's side of grading: the student's kernel answers the grader's requests.
+
+When a notebook is graded, the checks run in the grader's process (:mod:`autograder.remote`, the
+grader's side) and send each call of a student's function here, as plain data (:mod:`autograder.wire`):
+:func:`serve` calls the function under the guard (:mod:`autograder.student`), keeps what is not plain
+data under a number (a :class:`~autograder.wire.Handle`), and answers with the value or the error.
+The grader's side never imports this module, and this module never imports the grader's: the
+boundary that grading's security rests on is a boundary in the code too.
+
+What this does not protect: everything here runs in the student's kernel, beside the student's
+code, which can replace it. Its answers are plain data, judged in the grader; what it measures about
+how an answer was computed (the guard, the probes' watches) helps honest students and is backed by
+the grader's reading of the source (:mod:`autograder.pipeline.source_check`).
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import importlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import INSTRUCTOR_ONLY, wire
+from .errors import CheckFailed
+from .guard import Forbidden, ForbiddenCall
+
+_objects: dict[int, Any] = {}
+
+
+def _keep(obj: Any) -> wire.Handle:
+    number = len(_objects) + 1
+    _objects[number] = obj
+    kind = type(obj).__name__
+    return wire.Handle(number, kind[:200], callable(obj))
+
+
+def _error_info(error: BaseException) -> dict:
+    from .student import student_frames
+
+    bases = [c.__name__ for c in type(error).__mro__ if getattr(builtins, c.__name__, None) is c]
+    return {"type": type(error).__name__, "bases": bases, "message": str(error)[:20000],
+            "frames": student_frames(error)[:5000]}
+
+
+def _examiner(name: str) -> Callable[..., Any]:
+    module, _, qualname = name.partition(":")
+    parts = module.split(".")
+    if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in INSTRUCTOR_ONLY):
+        raise ValueError(f"{name} is not a probe of the public checks")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _running_children() -> int:
+    try:
+        import psutil
+    except ImportError:  # the student's own environment may lack it; grading's has it
+        return 0
+    return len(psutil.Process().children(recursive=True))
+
+
+def _called(request: dict) -> dict:
+    from .guard import Forbidden
+    from .student import attempt
+
+    rules = tuple(Forbidden(shown, frozenset(names), family) for shown, names, family in request.get("forbid", []))
+    target = request["target"]
+    args, kwargs, exercise = tuple(request.get("args", ())), dict(request.get("kwargs", {})), request.get("exercise", "")
+    if request["op"] == "probe":
+        args, target = (target, *args), _examiner(request["examine"])
+    threads, children = threading.active_count(), _running_children()
+    try:
+        outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
+    except ForbiddenCall as failure:
+        return {"failed": str(failure), "forbidden": failure.builtin}
+    except CheckFailed as failure:
+        return {"failed": str(failure)}
+    if threading.active_count() > threads or _running_children() > children:
+        return {"failed": f"{exercise} started a thread or a process that was still running when it returned. "
+                          "Grading runs your function on its own: compute the result in the function's own thread."}
+    if error is not None:
+        return {"error": _error_info(error)}
+    return {"value": outcome.value, "mutated": list(outcome.mutated)}
+
+
+def _answer(request: Any, namespace: dict) -> dict:
+    op = request.get("op") if isinstance(request, dict) else None
+    if op == "reset":
+        _objects.clear()
+        return {"value": None}
+    if op == "name":
+        name = request["name"]
+        return {"value": namespace[name]} if name in namespace else {"undefined": True}
+    if op in ("call", "probe"):
+        return _called(request)
+    if op == "getattr":
+        try:
+            return {"value": getattr(request["target"], request["name"])}
+        except Exception as error:  # noqa: BLE001 - reported to the check
+            return {"error": _error_info(error)}
+    if op == "len":
+        try:
+            return {"value": len(request["target"])}
+        except Exception as error:  # noqa: BLE001 - reported to the check
+            return {"error": _error_info(error)}
+    return {"failed": f"unknown request {op!r}"}
+
+
+class _Reply(str):
+    """The encoded reply; shown as itself (no quotes) where the kernel formats it."""
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str.__str__(self))
+
+
+def serve(request: str, namespace: dict | None = None) -> _Reply:
+    """Answer one encoded request of the grader (base64 text in, base64 text out)."""
+    if namespace is None:
+        from IPython import get_ipython
+
+        namespace = get_ipython().user_ns
+    try:
+        answer = _answer(wire.decode(base64.b64decode(request), resolve=lambda n, k, c: _objects[n]), namespace)
+    except Exception as error:  # noqa: BLE001 - every failure is an answer
+        answer = {"failed": f"the request could not be answered ({type(error).__name__}: {error})"}
+    try:
+        data = wire.encode(answer, keep=_keep)
+    except (wire.WireError, RecursionError) as error:
+        data = wire.encode({"unsendable": str(error)[:500]})
+    return _Reply(base64.b64encode(data).decode("ascii"))
+
+
+class LocalChannel:
+    """A channel to a namespace in this process (tests, and trying the protocol without a kernel)."""
+
+    def __init__(self, namespace: dict) -> None:
+        self.namespace = namespace
+
+    def request(self, message: bytes) -> bytes:
+        return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
+
+    def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
+        """Nothing is read here: the grader reads the source (:mod:`autograder.pipeline.source_check`)."""
+        return None

@@ -405,3 +405,13 @@ def twice_per_token(target, draft, prompt, steps, k):
 def test_more_target_calls_than_tokens_is_refused():
     with pytest.raises(CheckFailed, match="every call must yield at least one token"):
         visible.check_speculative_generate(twice_per_token)
+
+
+def test_an_mla_with_a_buffer_of_its_own_passes(solution):
+    class WithBuffer(solution.MultiHeadLatentAttention):
+        def __init__(self, d_model, num_heads, d_head, d_latent):
+            super().__init__(d_model, num_heads, d_head, d_latent)
+            self.register_buffer("inverse_scale", torch.tensor(d_head**-0.5))  # persistent: in the state dict
+
+    visible.check_MultiHeadLatentAttention(WithBuffer)
+    hidden.check_MultiHeadLatentAttention(WithBuffer)

@@ -441,7 +441,7 @@ def mla_outputs(MultiHeadLatentAttention, sizes, state, x, steps=None, absorbed=
     entries concatenated ``(B, cached, d_latent)`` and the number of tokens of each entry (empty without a cache).
     """
     module = MultiHeadLatentAttention(*sizes).to(x.dtype)
-    module.load_state_dict({name: t.to(x.dtype) for name, t in state.items()})
+    module.load_state_dict({name: t.to(x.dtype) for name, t in state.items()}, strict=False)  # buffers of its own allowed
     B, d_latent = x.shape[0], sizes[3]
     if steps is None:
         return module(x, absorbed=absorbed), x.new_zeros(B, 0, d_latent), torch.zeros(0, dtype=torch.long)
@@ -499,7 +499,7 @@ def absorbed_allocations(MultiHeadLatentAttention, state, cached: int = WATCH_CA
     """
     d_model, _, d_head, _ = WATCH_SIZES
     module = MultiHeadLatentAttention(*WATCH_SIZES).double()
-    module.load_state_dict(state)
+    module.load_state_dict(state, strict=False)
     gen = torch.Generator().manual_seed(1)
     cache: list = []
     with torch.no_grad():

@@ -16,7 +16,7 @@ from autograder.errors import CheckFailed
 from autograder.hidden import complexity as hidden
 from autograder.hidden.complexity import MISTAKES
 
-from .notebook_code import ROOT, solution_namespace, source_notebook
+from .notebook_code import ROOT, answer_cells, solution_namespace, source_notebook
 
 ASSIGNMENT = "07_complexity"
 SIGNATURES = {
@@ -387,3 +387,34 @@ def test_bench_runs_the_notebook_reference():
     Q, K, V = (torch.randn(1, 2, 70, 8, generator=gen) for _ in range(3))
     torch.testing.assert_close(names["flash_attention"](Q, K, V, bench.BLOCK), F.scaled_dot_product_attention(Q, K, V))
     assert bench.fit_power_law([2, 4, 8], [3 * 2**1.5, 3 * 4**1.5, 3 * 8**1.5]) == pytest.approx(1.5)
+
+
+def flash_started_at(start: str):
+    """The reference flash_attention with its running max started at ``start`` instead of -inf."""
+    source = answer_cells(ASSIGNMENT)["flash_attention"]
+    line = 'running_max = torch.full((*q.shape[:-1], 1), float("-inf"),'
+    assert line in source
+    namespace = {"torch": torch, "math": math}
+    exec(source.replace(line, f"running_max = torch.full((*q.shape[:-1], 1), {start},"), namespace)
+    return namespace["flash_attention"]
+
+
+@pytest.mark.parametrize("start", ["0.0", "-1e9", "-1e30"])
+def test_a_running_max_started_at_a_finite_value_is_caught(start):
+    """Right on every ordinary input; only rows whose scores all lie far below the start tell (0/0)."""
+    fn = flash_started_at(start)
+    Q, K, V = (torch.randn(2, 9, 4, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(fn(Q, K, V, 4), F.scaled_dot_product_attention(Q, K, V))
+    with pytest.raises(CheckFailed, match="'the running max started at 0'"):
+        hidden.check_flash_attention(fn)
+    if start == "0.0":
+        with pytest.raises(CheckFailed, match="every score about -1e"):
+            visible.check_flash_attention(fn)
+
+
+def test_the_most_negative_float_is_a_safe_start(capsys):
+    """Any finite score lies above finfo.min, so starting there is right (the checks must not reject it)."""
+    fn = flash_started_at("torch.finfo(Q.dtype).min")
+    visible.check_flash_attention(fn)
+    hidden.check_flash_attention(fn)
+    assert "passes the hidden checks" in capsys.readouterr().out

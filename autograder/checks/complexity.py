@@ -18,6 +18,7 @@ from ..references.complexity import (
     MEMORY_ARGS,
     assert_bool_mask,
     sdpa_reference,
+    very_negative_scores,
 )
 from ..student import expect_error
 from ..verify import Case, verify, verify_number
@@ -98,11 +99,14 @@ def check_chunked_attention(chunked_attention) -> None:
 
 
 def check_flash_attention(flash_attention) -> None:
-    """Against SDPA: shorter last blocks, causal with n < m, and scores large enough to overflow exp."""
+    """Against SDPA: shorter last blocks, causal with n < m, scores large enough to overflow exp, and rows whose
+    scores are all very negative (a running max must start at -inf)."""
     gen = generator(72)
     large = Case((30 * randn(1, 9, 4, gen=gen), 30 * randn(1, 9, 4, gen=gen), randn(1, 9, 2, gen=gen), 4),
                  label="scores in the thousands: exp of a raw score overflows")
-    _check_attention(flash_attention, "flash_attention", "block_size", _attention_cases() + [large])
+    negative = Case((*very_negative_scores(gen, (1,), 5, 9, 4, 2, 1e4), 4),
+                    label="every score about -1e4: a running max started at 0 underflows every exp")
+    _check_attention(flash_attention, "flash_attention", "block_size", _attention_cases() + [large, negative])
     print("flash_attention passes the visible checks.")
 
 

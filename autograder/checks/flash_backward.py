@@ -14,6 +14,7 @@ examine it where the student's code runs (:func:`autograder.student.probe`) with
 from __future__ import annotations
 
 from ..inputs import generator, randn
+from ..references.complexity import very_negative_scores
 from ..references.flash_backward import (
     AUTOGRAD_BUILTINS,
     BACKWARD_ARGS,
@@ -82,13 +83,16 @@ def check_attention_backward(attention_backward) -> None:
 
 
 def check_flash_attention_forward(flash_attention_forward) -> None:
-    """(O, lse) against SDPA and torch.logsumexp of the scaled scores: short last blocks, causal, huge scores."""
+    """(O, lse) against SDPA and torch.logsumexp of the scaled scores: short last blocks, causal, huge scores,
+    scores all far below 0."""
     gen = generator(82)
     cases = [
         Case(qkv(gen, (2,), 10, 10, 4, 3)[:3] + (4,), label="n = m = 10, blocks of 4: the last block has 2"),
         Case(qkv(gen, (2,), 7, 11, 4, 5)[:3] + (3,), {"is_causal": True}, label="causal with n = 7 < m = 11"),
         Case(qkv(gen, (1,), 9, 9, 4, 2, scale=30.0)[:3] + (4,),
              label="scores in the thousands: exp of a raw score overflows"),
+        Case((*very_negative_scores(gen, (1,), 5, 9, 4, 2, 1e4), 4),
+             label="every score about -1e4: a running max started at 0 underflows every exp"),
     ]
     verify(flash_attention_forward, cases, forward_reference, exercise="flash_attention_forward",
            arg_names=FORWARD_ARGS, outputs=("O", "lse"), forbid=FORWARD_BUILTINS, rtol=1e-9, atol=1e-11)

@@ -25,6 +25,7 @@ from ..references.complexity import (
     MEMORY_ARGS,
     assert_bool_mask,
     sdpa_reference,
+    very_negative_scores,
 )
 from ..student import expect_error
 from ..verify import Case, verify, verify_number
@@ -284,6 +285,30 @@ def flash_no_max(Q, K, V, block_size, is_causal=False):
             p = torch.exp(s)
             row_sum = row_sum + p.sum(dim=-1, keepdim=True)
             acc = acc + p @ V[..., k0:k0 + block_size, :]
+        outputs.append(acc / row_sum)
+    return torch.cat(outputs, dim=-2)
+
+
+def flash_max_started_at_zero(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)  # a finite start: fine unless every score is below it
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_max)
+            row_sum = torch.exp(row_max - new_max) * row_sum + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
         outputs.append(acc / row_sum)
     return torch.cat(outputs, dim=-2)
 
@@ -561,6 +586,10 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("no running max (exp overflows)", "exp of a raw score overflows to inf for large scores and "
                 "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, flash_no_max,
                 id="complexity/flash_attention/no-running-max-exp-overflows"),
+        Mistake("the running max started at 0", "start the running max at -inf (m_0 = -inf): from a finite start c, "
+                "a row whose scores all lie far below c (by more than about 745 in float64) has every exp(s - c) "
+                "underflow to 0, and the output is 0/0.", FLASH, flash_max_started_at_zero,
+                id="complexity/flash_attention/the-running-max-started-at-0"),
         Mistake("no final division by the running sum", "the accumulator holds sum_j exp(s_j - m) v_j; the "
                 "output is the accumulator divided by the running sum.", FLASH, flash_no_final_division,
                 id="complexity/flash_attention/no-final-division-by-the-running-sum"),
@@ -793,7 +822,14 @@ def check_flash_attention(flash_attention) -> None:
         Case((40 * randn(2, 11, 4, gen=gen), 40 * randn(2, 13, 4, gen=gen), randn(2, 13, 3, gen=gen), 5),
              {"is_causal": True}, label="causal, scores in the thousands"),
     ]
+    large.append(Case((*very_negative_scores(gen, (2,), 7, 9, 4, 3, 1e4), 3), {"is_causal": True},
+                      "every score about -1e4, causal"))
     _check_attention(flash_attention, "flash_attention", "block_size", 760, large)
+    # Alone: a running max started at -1e9 passes the case above, which must not rule out naming its mistake here.
+    verify(flash_attention, [Case((*very_negative_scores(gen, (2,), 7, 9, 4, 3, 1e300), 4),
+                                  label="every score about -1e300")], sdpa_reference, exercise="flash_attention",
+           arg_names=("Q", "K", "V", "block_size"), outputs=None, forbid=ATTENTION_BUILTINS,
+           mistakes=MISTAKES["flash_attention"], rtol=1e-9, atol=1e-11)
     for causal in (False, True):
         _check_no_n_by_m(flash_attention, "flash_attention", "block_size", is_causal=causal)
     _check_keys_tiled(flash_attention)

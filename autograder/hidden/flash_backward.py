@@ -20,6 +20,7 @@ from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..guard import ForbiddenCall
 from ..inputs import generator, randn
+from ..references.complexity import very_negative_scores
 from ..references.flash_backward import (
     AUTOGRAD_BUILTINS,
     BACKWARD_ARGS,
@@ -279,6 +280,30 @@ def flash_forward_lse_column(Q, K, V, block_size, is_causal=False):
         outputs.append(acc / total)
         lses.append(top + torch.log(total))
     return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2)
+
+
+def flash_forward_max_started_at_zero(Q, K, V, block_size, is_causal=False):
+    n, m = Q.shape[-2], K.shape[-2]
+    Q = Q / math.sqrt(Q.shape[-1])
+    outputs, lses = [], []
+    for q0 in range(0, n, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        top = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)  # a finite start: fine unless every score is below it
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - new_top)
+            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
+            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
+            top = new_top
+        outputs.append(acc / total)
+        lses.append((top + torch.log(total)).squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
 
 
 def flash_forward_bottom_right(Q, K, V, block_size, is_causal=False):
@@ -816,6 +841,10 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("lse kept as a column (..., n, 1)", "lse has one number per query: shape (..., n), like "
                 "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE, flash_forward_lse_column,
                 id="flash_backward/flash_attention_forward/lse-kept-as-a-column-n-1"),
+        Mistake("the running max started at 0", "start the running max at -inf: from a finite start c, a row whose "
+                "scores all lie far below c (by more than about 745 in float64) has every exp(s - c) underflow to 0, "
+                "and the row is 0/0 (its lse log 0).", LSE, flash_forward_max_started_at_zero,
+                id="flash_backward/flash_attention_forward/the-running-max-started-at-0"),
         Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, flash_forward_bottom_right,
                 id="flash_backward/flash_attention_forward/bottom-right-causal-alignment"),
         Mistake("last key block dropped", LAST_BLOCK, LSE, flash_forward_last_key_block_dropped,
@@ -1130,11 +1159,29 @@ def _check_flash_values(fn, exercise: str, seed: int) -> None:
            outputs=outputs, forbid=forbid, mistakes=MISTAKES[exercise], rtol=1e-4, atol=1e-5)
 
 
+def _check_very_negative_rows(fn, exercise: str, seed: int) -> None:
+    """Rows whose every score is about -1e4, then -1e300: an online softmax must start its running max at -inf."""
+    make, reference, outputs, names, forbid = _KINDS[exercise]
+    gen = generator(seed)
+    # One verify per magnitude: a running max started at -1e9 passes the -1e4 cases, which must not rule out
+    # naming its mistake on the -1e300 one.
+    for runs in ([(1e4, False, 3), (1e4, True, 4)], [(1e300, False, 4)]):
+        cases = []
+        for magnitude, causal, size in runs:
+            Q, K, V = very_negative_scores(gen, (2,), 7, 9, 4, 3, magnitude)
+            args, kwargs = make(Q, K, V, randn(2, 7, 3, gen=gen), size, causal)
+            cases.append(Case(args, kwargs if causal else {}, f"every score about -{magnitude:g}"
+                              + (", causal" if causal else "")))
+        verify(fn, cases, reference, exercise=exercise, arg_names=names, outputs=outputs, forbid=forbid,
+               mistakes=MISTAKES[exercise], rtol=1e-9, atol=1e-11)
+
+
 @hidden
 def check_flash_attention_forward(flash_attention_forward) -> None:
     """(O, lse) against SDPA and torch.logsumexp on many shapes and huge scores; no n x m tensor; tiles; memory."""
     exercise = "flash_attention_forward"
     _check_flash_values(flash_attention_forward, exercise, 850)
+    _check_very_negative_rows(flash_attention_forward, exercise, 856)
     for causal in (False, True):
         _check_no_n_by_m(flash_attention_forward, exercise, is_causal=causal)
     _check_tiled(flash_attention_forward, exercise, 20, 70)

@@ -1,13 +1,15 @@
 """What is right in notebook 07, the cost of attention: ``F.scaled_dot_product_attention`` (math
 backend, float64) as the referee of the attention exercises, the arguments of the counting
-exercises and the tolerance of a fitted exponent."""
+exercises, the tolerance of a fitted exponent, and inputs whose every score is very negative."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..errors import fail
-from ..inputs import math_sdpa
+from ..inputs import math_sdpa, randn
 from ..student import call_student
 
 #: Tolerances of a fitted exponent: loose enough for a fit computed in float32.
@@ -32,3 +34,26 @@ def assert_bool_mask(sliding_window_mask) -> None:
         got = f"dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         fail(f"sliding_window_mask(4, 2) should return a torch.bool tensor (True = may attend, SDPA's "
              f"convention), but it returned {got}. A comparison such as (a >= 0) & (a < w) is already boolean.")
+
+
+def very_negative_scores(gen: torch.Generator, batch: tuple, n: int, m: int, d_k: int, d_v: int,
+                         magnitude: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V (float64) whose every scaled score is -magnitude plus an ordinary random score.
+
+    The keys share a component ``a u`` along one unit vector u and the queries the opposite one,
+    ``-a u``, with a^2 = magnitude sqrt(d_k); what is left of each is orthogonal to u. So
+    q.k / sqrt(d_k) = -magnitude + q'.k' / sqrt(d_k). An online softmax whose running maximum
+    starts at a finite value above the scores, 0 say, sees exp(s - 0) underflow to 0 in every
+    entry of the row and returns 0/0. Beyond about 1e16 the random part is lost in rounding and
+    every score of a row is the same number (uniform weights), whichever correct formula computes it.
+    """
+    u = randn(d_k, gen=gen)
+    u = u / u.norm()
+
+    def orthogonal(x: torch.Tensor) -> torch.Tensor:
+        return x - (x @ u)[..., None] * u
+
+    a = math.sqrt(magnitude * math.sqrt(d_k))
+    Q = orthogonal(randn(*batch, n, d_k, gen=gen)) - a * u
+    K = orthogonal(randn(*batch, m, d_k, gen=gen)) + a * u
+    return Q, K, randn(*batch, m, d_v, gen=gen)

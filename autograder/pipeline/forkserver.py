@@ -33,7 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import kernel_pool, sandbox, zygote
+from . import kernel_manager, kernel_pool, sandbox, zygote
 
 
 def _child(request: dict, prepared=None) -> None:
@@ -93,7 +93,7 @@ def _waiting(like: dict, pipe: int, zygote_address: str | None) -> None:
         os.environ.clear()
         os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
         try:
-            prepared = kernel_pool.prepare(like, zygote_address)
+            prepared = kernel_manager.prepare(like, zygote_address)
         except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
             prepared = None
         with os.fdopen(pipe, "rb") as requests:

@@ -42,6 +42,7 @@ from traitlets import Integer
 from . import cgroup, kernel_pool, zygote
 from .sandbox import RUN_VARIABLE, Limits, control_group, environment, kill_leftovers, mode, sandbox_owner, wrap
 from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
+from .settings import course_config
 
 
 def _limit(name: str, text: str) -> Integer:
@@ -216,3 +217,10 @@ class SandboxedKernelManager(AsyncKernelManager):
             self._group = None
             shutil.rmtree(self._private, ignore_errors=True)
 
+
+def prepare(request: dict, zygote: str | None = None) -> kernel_pool.PreparedKernel | None:
+    """In a waiting process of the pool: start its sandboxed kernel for requests like ``request``.
+
+    ``zygote``: the address of the fork server's zygote (:mod:`autograder.pipeline.zygote`), if it has one.
+    """
+    return SandboxedKernelManager(config=course_config(Path(request["cwd"]))).prestart(zygote)

@@ -186,16 +186,6 @@ def discard_unused() -> None:
         _offered.discard()
 
 
-def prepare(request: dict, zygote: str | None = None) -> PreparedKernel | None:
-    """In a waiting process: start its sandboxed kernel for requests like ``request`` (None if it cannot).
-
-    ``zygote``: the address of the fork server's zygote (:mod:`autograder.pipeline.zygote`), if it has one.
-    """
-    from .kernel_manager import SandboxedKernelManager
-
-    return SandboxedKernelManager(config=course_config(Path(request["cwd"]))).prestart(zygote)
-
-
 @dataclass
 class Waiting:
     """The fork server's view of a waiting process."""

@@ -665,6 +665,11 @@ def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
     verify(run_recurrent(linear_attention_recurrent), cases, recurrent_flat, exercise="linear_attention_recurrent",
            arg_names=LINEAR_ARGS, outputs=RECURRENT_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-9,
            atol=1e-13)
+    float32 = [Case((randn(2, 4, 3, gen=gen, dtype=torch.float32), randn(2, 4, 3, gen=gen, dtype=torch.float32),
+                     randn(2, 4, 2, gen=gen, dtype=torch.float32)), label="float32: output and state in float32")]
+    verify(run_recurrent(linear_attention_recurrent), float32, recurrent_flat, exercise="linear_attention_recurrent",
+           arg_names=LINEAR_ARGS, outputs=RECURRENT_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4,
+           atol=1e-6)
     _offender_mistake(linear_attention_recurrent,
                       (randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen)), {},
                       "linear_attention_recurrent", "long_context/linear_attention_recurrent/n-by-n-matrix")

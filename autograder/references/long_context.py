@@ -242,6 +242,15 @@ def held_bytes_problem(RollingKVCache, batch=1, kv_heads=2, window=3, sinks=2, d
     return held_problem(held, batch, kv_heads, window, sinks, d_head)
 
 
+#: What to do instead of an n x m tensor, by exercise.
+LINEAR_ADVICE = {
+    "linear_attention": "Linear attention never builds it, not even as a causal mask: sum phi(k_j) v_j^T first (a "
+                        "(d, d_v) matrix, or its prefix sums (n, d, d_v) when causal), then multiply by phi(q_i).",
+    "linear_attention_recurrent": "The recurrent form keeps only its state: S (d, d_v) and z (d,), updated by each "
+                                  "token, read by its query.",
+}
+
+
 def watch_linear(fn, exercise: str, args: tuple, kwargs: dict) -> None:
     """Run ``fn`` under the watch: no tensor with the n x m scores' number of elements (or two long axes)."""
     n, m = args[0].shape[-2], args[1].shape[-2]
@@ -252,9 +261,7 @@ def watch_linear(fn, exercise: str, args: tuple, kwargs: dict) -> None:
         shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(LINEAR_ARGS, args))
         flags = "".join(f", {k}={v}" for k, v in kwargs.items())
         fail(f"With {shapes}{flags}: {exercise} allocated a tensor of shape {tuple(shape)} (in {op}), as big as the "
-             f"n x m = {n} x {m} matrix phi(Q) phi(K)^T. Linear attention never builds it, not even as a causal "
-             "mask: sum phi(k_j) v_j^T first (a (d, d_v) matrix, or its prefix sums (n, d, d_v) when causal), then "
-             "multiply by phi(q_i).")
+             f"n x m = {n} x {m} matrix phi(Q) phi(K)^T. {LINEAR_ADVICE[exercise]}")
     return value
 
 

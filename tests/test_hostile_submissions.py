@@ -435,6 +435,49 @@ def html_inject(rel, ref, course):
     return notebook
 
 
+def deep_metadata(rel, ref, course):
+    """Metadata nested 700 levels deep, the notebook's and a cell's: graded on its answers."""
+    folder = course / "submitted" / "deep_metadata" / A
+    folder.mkdir(parents=True)
+    notebook = fill(rel, ref)
+    notebook.metadata["deep"] = "@deep@"
+    notebook.cells[cell_index(notebook, "hard_lookup")].metadata["jupyter"] = "@deep@"
+    deep = '{"x": ' * 700 + "{}" + "}" * 700  # as text: no JSON encoder nests that deep
+    (folder / f"{A}.ipynb").write_text(json.dumps(notebook).replace('"@deep@"', deep))
+
+
+def notebook_folder(rel, ref, course):
+    """A folder named like the notebook, beside the notebook saved under another name."""
+    folder = course / "submitted" / "notebook_folder" / A
+    (folder / f"{A}.ipynb").mkdir(parents=True)
+    (folder / f"{A}.ipynb" / "inside.txt").write_text("not a notebook")
+    nbformat.write(fill(rel, ref), folder / f"{A} (1).ipynb")
+
+
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQABpfZFQAAAAABJRU5ErkJggg=="
+
+
+def image_metadata(rel, ref, course):
+    """An image whose width and height (written unquoted by nbconvert's template) carry event handlers."""
+    code = ("from IPython.display import display\n"
+            f"display({{'image/png': '{PIXEL}', 'text/plain': 'x'}}, raw=True,\n"
+            "        metadata={'width': '1 onload=alert(1)', 'image/png': {'height': '1 onerror=alert(2)'}})")
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", code)
+
+
+def terminal_escapes(rel, ref, course):
+    """Names with terminal escapes and a forged summary line: a file, an extra notebook, an added cell's grade_id."""
+    folder = course / "submitted" / "terminal_escapes" / A
+    folder.mkdir(parents=True)
+    forged = f"\ngraded 99, could not be graded 0\n  {A} / reference: forged\x1b]0;pwned\x07\x1b[2J"
+    in_a_name = forged.replace(" / ", " \u2215 ")  # a file name cannot hold "/": a division slash looks the same
+    (folder / f"link{in_a_name}").symlink_to("/etc/passwd")
+    nbformat.write(fill(rel, WRONG), folder / f"extra{in_a_name}.ipynb")
+    fake = {"nbgrader": {"grade": True, "grade_id": f"bonus{forged}", "locked": True, "points": 5,
+                         "schema_version": 3, "solution": False, "task": False}}
+    return with_cell(fill(rel, ref), "test_hard_lookup_hidden", "print('mine')", fake)
+
+
 def exit_call(rel, ref, course):
     """exit() in a cell: that cell is blamed, and it is not run again at every restart."""
     return with_cell(fill(rel, ref), "test_hard_lookup_hidden", "exit()")
@@ -472,6 +515,10 @@ CASES = {
     "odd_text": (odd_text, [], ["claims to be graded"]),
     "html_inject": (html_inject, [], []),
     "exit_call": (exit_call, [], ["The kernel", "exit()"]),
+    "deep_metadata": (deep_metadata, [], ["nest more than 32 levels deep was left out"]),
+    "notebook_folder": (notebook_folder, [], ["is a folder, not a notebook", "was named 01_soft_lookup (1).ipynb"]),
+    "image_metadata": (image_metadata, [], []),
+    "terminal_escapes": (terminal_escapes, [], ["claims to be graded", "is a symbolic link", "is not part of this"]),
     "edit_tests": (edit_tests, TESTS_OF["scaled_dot_product_attention"], ["was edited; the original was run"]),
     "delete_tests": (delete_tests, TESTS_OF["nadaraya_watson"], ["was missing from your notebook"]),
     "reorder_tests": (reorder_tests, [], ["had been moved"]),
@@ -562,6 +609,15 @@ def test_a_hostile_class(tmp_path):
     page = (course / "feedback" / "html_inject" / A / f"{A}.html").read_text()
     live = re.findall(r"<[^>]*\bonerror\s*=|<script[^>]*>\s*alert", page)  # as markup, not as escaped source text
     check(not live, f"html_inject: the student's script is live in the feedback page: {live}")
+    page = (course / "feedback" / "image_metadata" / A / f"{A}.html").read_text()
+    live = re.findall(r"<[^>]*\son\w+\s*=", page)  # an event handler in any tag (the template writes width unquoted)
+    check(not live, f"image_metadata: an event handler in the feedback page: {live}")
+    # the summary: one line per note, whatever a name holds; no escape sequence reaches the terminal
+    summary_lines = str(summary).split("\n")
+    check([line for line in summary_lines if line.startswith("graded ")] == summary_lines[:1]
+          and not any(re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", line) for line in summary_lines)
+          and not any("reference: forged" in line and not line.startswith(f"  {A} / terminal_escapes: ")
+                      for line in summary_lines), f"terminal_escapes: the summary: {summary_lines}")
     exit_notes = (course / "autograded" / "exit_call" / A / NOTES_FILE).read_text()
     check("not run" not in exit_notes and exit_notes.count("The kernel") == 1, f"exit_call: {exit_notes[:500]}")
     check("def _lookup_cases" not in printed("leak"), "leak: the hidden module could be read")

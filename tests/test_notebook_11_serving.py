@@ -415,3 +415,21 @@ def test_an_mla_with_a_buffer_of_its_own_passes(solution):
 
     visible.check_MultiHeadLatentAttention(WithBuffer)
     hidden.check_MultiHeadLatentAttention(WithBuffer)
+
+
+def test_proposals_beyond_the_steps_are_refused(solution):
+    def always_k(target, draft, prompt, steps, k):
+        """Proposes k tokens in every round and cuts the output to steps: right tokens and calls, wasted proposals."""
+        tokens, calls = prompt, 0
+        while tokens.shape[1] - prompt.shape[1] < steps:
+            n, proposed = tokens.shape[1], tokens
+            for _ in range(k):
+                proposed = torch.cat([proposed, draft(proposed)[:, -1:].argmax(dim=-1)], dim=1)
+            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
+            calls += 1
+            accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
+            tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
+        return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
+
+    with pytest.raises(CheckFailed, match="called the draft"):
+        hidden.check_speculative_generate(always_k)

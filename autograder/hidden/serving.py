@@ -1058,6 +1058,11 @@ def check_speculative_generate(speculative_generate) -> None:
         found = speculative_problem(got, spec, draft, prompt, steps, k, greedy, calls)
         if found is not None:
             raise MistakeFound(f"{found[1]}\n({label})", _mistakes_named(got, (spec, draft, prompt, steps, k)))
+        if got[3] != draft_model.calls:  # the reference's proposals: min(k, steps left - 1) per round
+            fail(f"speculative_generate(target, draft, prompt (1, {prompt.shape[1]}), {steps}, {k}) ({label}) gave the "
+                 f"right tokens and target calls, but called the draft {got[3]} times where the rounds propose "
+                 f"{draft_model.calls} tokens in all: each round proposes min(k, steps left - 1) tokens, one call of "
+                 "the draft each, and no proposal is made that could only produce a token beyond steps.")
     for args, why in [((torch.zeros(2, 3, dtype=torch.long), 4, 2), "the prompt must be a batch of one, (1, T)"),
                       ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "k = 0: a round proposes at least one token"),
                       ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "steps = 0: at least one token is asked for")]:

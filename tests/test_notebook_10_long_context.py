@@ -124,9 +124,63 @@ def recurrent_by_addcmul(Q, K, V, eps=1e-6):
     return out, (S, z)
 
 
-@pytest.mark.parametrize(("exercise", "answer"), [("sink_window_mask", mask_by_loops), ("RollingKVCache", DequeCache),
-                                                  ("linear_attention", linear_by_einsum),
-                                                  ("linear_attention_recurrent", recurrent_by_addcmul)])
+def mask_by_tril(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError("window >= 1 and sinks >= 0")
+    ones = torch.ones(n, m, dtype=torch.bool)
+    causal, too_old = ones.tril(m - n), ones.tril(m - n - window)
+    sink = torch.zeros(n, m, dtype=torch.bool)
+    sink[:, :sinks] = True
+    return (causal & ~too_old) | (sink & causal)
+
+
+class RingWithPositions:
+    """Storage made in the constructor, a ring of positions read back with argsort."""
+
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError("window >= 1 and sinks >= 0")
+        self.window, self.sinks, self.shape, self.seen = window, sinks, (batch, kv_heads, 1, d_head), 0
+        self.k = torch.zeros(batch, kv_heads, sinks + window, d_head, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.full((sinks + window,), -1, dtype=torch.long)
+
+    def __len__(self):
+        return self.seen
+
+    def append(self, k, v):
+        if k.shape != self.shape or v.shape != self.shape:
+            raise ValueError(f"one token of shape {self.shape}")
+        slot = self.seen if self.seen < self.sinks else self.sinks + (self.seen - self.sinks) % self.window
+        self.k[:, :, slot], self.v[:, :, slot], self.pos[slot] = k[:, :, 0], v[:, :, 0], self.seen
+        self.seen += 1
+        used = (self.pos >= 0).nonzero().flatten()
+        order = used[self.pos[used].argsort()]
+        return self.k[:, :, order], self.v[:, :, order], self.pos[order]
+
+
+def linear_by_chunks(Q, K, V, is_causal=False, eps=1e-6, chunk=16):
+    """The causal form by chunks: small quadratic blocks inside a chunk, a carried state between chunks."""
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or (is_causal and Q.shape[-2] != K.shape[-2]):
+        raise ValueError("shapes do not fit")
+    fq, fk = torch.where(Q > 0, Q + 1, torch.exp(Q)), torch.where(K > 0, K + 1, torch.exp(K))
+    if not is_causal:
+        return fq @ (fk.transpose(-1, -2) @ V) / (fq @ fk.sum(-2, keepdim=True).transpose(-1, -2) + eps)
+    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
+    z = Q.new_zeros(*Q.shape[:-2], 1, Q.shape[-1])
+    outputs = []
+    for s in range(0, Q.shape[-2], chunk):
+        q, k, v = fq[..., s:s + chunk, :], fk[..., s:s + chunk, :], V[..., s:s + chunk, :]
+        A = (q @ k.transpose(-1, -2)).tril()
+        outputs.append((q @ S + A @ v) / ((q * z).sum(-1, keepdim=True) + A.sum(-1, keepdim=True) + eps))
+        S, z = S + k.transpose(-1, -2) @ v, z + k.sum(-2, keepdim=True)
+    return torch.cat(outputs, -2)
+
+
+@pytest.mark.parametrize(("exercise", "answer"), [
+    ("sink_window_mask", mask_by_loops), ("sink_window_mask", mask_by_tril), ("RollingKVCache", DequeCache),
+    ("RollingKVCache", RingWithPositions), ("linear_attention", linear_by_einsum),
+    ("linear_attention", linear_by_chunks), ("linear_attention_recurrent", recurrent_by_addcmul)])
 def test_correct_answers_in_other_styles_pass(exercise, answer, capsys):
     both_checks(exercise, answer)
     assert f"{exercise} passes the hidden checks" in capsys.readouterr().out

@@ -1011,6 +1011,10 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
     verify(run_mla(MultiHeadLatentAttention), cases, mla_reference, exercise="MultiHeadLatentAttention",
            arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-10,
            atol=1e-12)
+    float32 = [Case((LatentWeights(11035, 16, 2, 8, 6, dtype=torch.float32), randn(2, 5, 16, gen=gen, dtype=torch.float32)),
+                    {"steps": [3, 2], "absorbed": absorbed}, label=f"float32, absorbed={absorbed}") for absorbed in (False, True)]
+    verify(run_mla(MultiHeadLatentAttention), float32, mla_reference, exercise="MultiHeadLatentAttention",
+           arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
     weights = LatentWeights(11034, *(32, 4, 16, 8))
     problem = absorbed_problem(probe(absorbed_allocations, MultiHeadLatentAttention, weights.state,
                                      what="an absorbed decode step after 256 cached tokens"))

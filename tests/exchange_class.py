@@ -7,8 +7,6 @@ home and a cache of their own.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 import nbformat
@@ -37,26 +35,16 @@ def _config(exchange: Path, assignment: str, root: Path | None = None, student: 
     return config
 
 
-@contextlib.contextmanager
-def _in(folder: Path):
-    before = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def _run(cls, config: Config, folder: Path):
-    with _in(folder):
-        step = cls(coursedir=CourseDirectory(config=config), authenticator=Authenticator(config=config), config=config)
-        return step.start()
+def _run(cls, config: Config):
+    """One step of nbgrader's exchange (no working folder: the paths are in ``config``, so threads may run steps)."""
+    step = cls(coursedir=CourseDirectory(config=config), authenticator=Authenticator(config=config), config=config)
+    return step.start()
 
 
 def release(course: Path, exchange: Path, assignment: str) -> None:
     """The instructor releases ``assignment`` (generated in ``course``) to the exchange."""
     exchange.mkdir(parents=True, exist_ok=True)
-    _run(ExchangeReleaseAssignment, _config(exchange, assignment, root=course), course)
+    _run(ExchangeReleaseAssignment, _config(exchange, assignment, root=course))
 
 
 class Student:
@@ -67,24 +55,26 @@ class Student:
         home.mkdir(parents=True, exist_ok=True)
 
     def _config(self, assignment: str) -> Config:
-        return _config(self.exchange, assignment, student=self.name, cache=self.home / ".nbgrader-cache")
+        config = _config(self.exchange, assignment, student=self.name, cache=self.home / ".nbgrader-cache")
+        config.Exchange.assignment_dir = str(self.home)  # where the Assignment List's server runs
+        return config
 
     def notebook_path(self, assignment: str) -> Path:
         return self.home / assignment / f"{assignment}.ipynb"
 
     def fetch(self, assignment: str) -> nbformat.NotebookNode:
         """Fetch the released assignment; its notebook."""
-        _run(ExchangeFetchAssignment, self._config(assignment), self.home)
+        _run(ExchangeFetchAssignment, self._config(assignment))
         return nbformat.read(self.notebook_path(assignment), as_version=4)
 
     def submit(self, assignment: str, notebook: nbformat.NotebookNode) -> None:
         """Save ``notebook`` as the assignment's notebook and submit it."""
         nbformat.write(notebook, self.notebook_path(assignment))
-        _run(ExchangeSubmit, self._config(assignment), self.home)
+        _run(ExchangeSubmit, self._config(assignment))
 
     def fetch_feedback(self, assignment: str) -> dict[str, str]:
         """Fetch the feedback released so far: submission time -> the page of the assignment's notebook."""
-        _run(ExchangeFetchFeedback, self._config(assignment), self.home)
+        _run(ExchangeFetchFeedback, self._config(assignment))
         pages = {}
         for page in sorted((self.home / assignment / "feedback").glob(f"*/{assignment}.html")):
             pages[page.parent.name] = page.read_text(encoding="utf-8")

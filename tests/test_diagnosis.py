@@ -746,8 +746,7 @@ def alt_causal_mask(n, m=None, *, align="top_left", device=None):
 
 
 def alt_padding_mask(lengths, max_len):
-    """One row per sequence, written with a Python loop."""
-    lengths = torch.as_tensor(lengths)
+    """One row per sequence, written with a Python loop, moved to the device of lengths."""
     if lengths.dim() != 1:
         raise ValueError("lengths must have shape (B,)")
     rows = []

@@ -145,3 +145,41 @@ def test_bad_inputs_raise_value_error(solution):
         solution.masked_attention(torch.zeros(3, 4), torch.zeros(5, 6), torch.zeros(5, 4))
     with pytest.raises(ValueError):
         solution.to_additive_mask(torch.zeros(2, 3), torch.float32)
+
+
+def mask_filled_on_the_default_device(lengths, max_len):
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError("lengths do not fit")
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.bool)  # on the default device
+    for b, length in enumerate(lengths.tolist()):
+        mask[b, :length] = True
+    return mask
+
+
+def mask_of_lengths_copied_by_as_tensor(lengths, max_len):
+    lengths = torch.as_tensor(lengths)  # copies lengths to the default device
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError("lengths do not fit")
+    return torch.arange(max_len, device=lengths.device) < lengths[:, None]
+
+
+def mask_moved_to_the_device_of_lengths(lengths, max_len):
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError("lengths do not fit")
+    return (torch.arange(max_len) < lengths.to(torch.get_default_device())[:, None]).to(lengths.device)
+
+
+@pytest.mark.parametrize("fn", [mask_filled_on_the_default_device, mask_of_lengths_copied_by_as_tensor])
+def test_a_mask_made_on_the_default_device_fails(fn):
+    """Right while the default device is the CPU, as in every other case; wrong once a program moves it."""
+    assert torch.equal(fn(torch.tensor([2, 0, 3]), 4), visible.padding_reference(torch.tensor([2, 0, 3]), 4))
+    for check in (visible.check_padding_mask, hidden.check_padding_mask):
+        with pytest.raises(CheckFailed, match="default device"):
+            check(fn)
+
+
+def test_a_mask_moved_to_the_device_of_lengths_passes(capsys):
+    """Built on the default device and moved to that of lengths: right wherever the default device holds data."""
+    visible.check_padding_mask(mask_moved_to_the_device_of_lengths)
+    hidden.check_padding_mask(mask_moved_to_the_device_of_lengths)
+    assert "padding_mask passes the hidden checks" in capsys.readouterr().out

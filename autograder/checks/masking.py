@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..references.masking import (
     INF,
     assert_exact_zeros,
     causal_reference,
+    default_device_problem,
     masked_attention_reference,
+    padding_mask_off_the_default_device,
     padding_reference,
 )
 from ..references.masking import lower_right_pattern as lower_right_pattern  # the tests import them from here
 from ..references.masking import sdpa_causal_pattern as sdpa_causal_pattern
-from ..student import call_student, expect_error
+from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
@@ -66,7 +69,8 @@ def check_causal_mask(causal_mask) -> None:
 
 
 def check_padding_mask(padding_mask) -> None:
-    """Against pad_sequence on sequences of True of the given lengths."""
+    """Against pad_sequence on sequences of True of the given lengths; on the device of lengths whatever the
+    default device."""
     cases = [
         Case((torch.tensor([3, 1, 4]), 4), label="the longest sequence fills max_len"),
         Case((torch.tensor([2, 0]), 5), label="an empty sequence"),
@@ -75,6 +79,11 @@ def check_padding_mask(padding_mask) -> None:
            arg_names=("lengths", "max_len"), outputs=None, rtol=0.0, atol=0.0)
     expect_error(padding_mask, torch.tensor([2, 6]), 5, error=ValueError, what="padding_mask(tensor([2, 6]), 5)",
                  why="a length of 6 does not fit in max_len = 5")
+    record = probe(padding_mask_off_the_default_device, padding_mask, torch.tensor([3, 1, 4]), 5,
+                   what="padding_mask(tensor([3, 1, 4]), 5) with the default device set to meta")
+    problem = default_device_problem(record, [3, 1, 4], 5)
+    if problem:
+        fail(problem)
     print("padding_mask passes the visible checks.")
 
 

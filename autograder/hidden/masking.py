@@ -6,17 +6,20 @@ import math
 
 import torch
 
-from ..diagnosis import Mistake
+from ..compare import is_close
+from ..diagnosis import Mistake, MistakeFound, run
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..references.masking import (
     INF,
     assert_exact_zeros,
     causal_reference,
+    default_device_problem,
     masked_attention_reference,
+    padding_mask_off_the_default_device,
     padding_reference,
 )
-from ..student import call_student, expect_error
+from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
 from . import hidden
 
@@ -134,6 +137,12 @@ def padding_mask_inverted(lengths, max_len):
     if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
         raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
     return torch.arange(max_len) >= lengths[:, None]
+
+
+def padding_mask_on_the_default_device(lengths, max_len):
+    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
+        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
+    return torch.arange(max_len) < lengths[:, None]  # arange on the default device, not on that of lengths
 
 
 def padding_mask_transposed(lengths, max_len):
@@ -292,6 +301,10 @@ MISTAKES: dict[str, list[Mistake]] = {
                 padding_mask_inverted, id="masking/padding_mask/inverted-boolean-convention"),
         Mistake("the mask transposed", "the mask has one row per sequence: shape (B, max_len), not (max_len, B).",
                 PADDING, padding_mask_transposed, id="masking/padding_mask/the-mask-transposed"),
+        Mistake("the mask made on the default device", "torch.arange(max_len) goes to PyTorch's default device, "
+                "which a program may set elsewhere (torch.set_default_device(\"cuda\")); the mask belongs on the "
+                "device of lengths: torch.arange(max_len, device=lengths.device).", PADDING,
+                padding_mask_on_the_default_device, id="masking/padding_mask/the-mask-made-on-the-default-device"),
     ],
     "masked_attention": [
         Mistake("inverted boolean convention", INVERTED, MHA_SECTION, masked_attention_inverted,
@@ -374,7 +387,8 @@ def check_causal_mask(causal_mask) -> None:
 
 @hidden
 def check_padding_mask(padding_mask) -> None:
-    """Random lengths including 0 and max_len, one sequence, a long batch; against pad_sequence."""
+    """Random lengths including 0 and max_len, one sequence, a long batch; against pad_sequence; on the device of
+    lengths whatever the default device."""
     gen = generator(320)
     cases = [
         Case((torch.tensor([5, 2, 3]), 5), label="lengths 5, 2, 3"),
@@ -391,7 +405,25 @@ def check_padding_mask(padding_mask) -> None:
                  why="a length cannot be negative")
     expect_error(padding_mask, torch.tensor([[3, 1]]), 7, error=ValueError,
                  what="padding_mask(lengths of shape (1, 2), 7)", why="lengths must have shape (B,)")
+    lengths, max_len = [2, 0, 6, 3], 6
+    record = probe(padding_mask_off_the_default_device, padding_mask, torch.tensor(lengths), max_len,
+                   what=f"padding_mask(tensor({lengths}), {max_len}) with the default device set to meta")
+    problem = default_device_problem(record, lengths, max_len)
+    if problem:
+        raise MistakeFound(problem, _same_off_the_default_device(record, lengths, max_len))
     print("padding_mask passes the hidden checks.")
+
+
+def _same_off_the_default_device(record: dict, lengths: list[int], max_len: int) -> list[Mistake]:
+    """The catalogued padding masks that are right on the CPU and do what the student's does off the default device."""
+    right = padding_reference(torch.tensor(lengths), max_len)
+    found = []
+    for mistake in MISTAKES["padding_mask"]:
+        on_the_cpu = run(mistake.fn, (torch.tensor(lengths), max_len))
+        if (on_the_cpu.error is None and is_close(on_the_cpu.value, right, 0.0, 0.0)
+                and padding_mask_off_the_default_device(mistake.fn, torch.tensor(lengths), max_len) == record):
+            found.append(mistake)
+    return found
 
 
 def _padded_causal(lengths: list[int], n: int) -> torch.Tensor:

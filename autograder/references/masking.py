@@ -1,4 +1,5 @@
-"""What is right in notebook 03, masks: PyTorch's masked attention as the referee, and the masks it takes."""
+"""What is right in notebook 03, masks: PyTorch's masked attention as the referee, the masks it takes, and a
+padding mask made on the device of its lengths whatever the default device is."""
 
 from __future__ import annotations
 
@@ -86,3 +87,48 @@ def assert_exact_zeros(result, mask, what: str) -> None:
                 f"but they contain {bad[0].item():.6g}"
                 + (" (NaN: softmax of a row that is all -inf is 0/0)." if bool(bad.isnan().any()) else ".")
             )
+
+
+#: What moving a meta tensor says: it holds no data. An answer that built the mask on the default device and
+#: moved it to the device of ``lengths`` itself says it; with a default device that holds data it is right.
+MOVED_OFF_META = "Cannot copy out of meta tensor"
+
+
+def padding_mask_off_the_default_device(padding_mask, lengths: torch.Tensor, max_len: int) -> dict:
+    """A probe: ``padding_mask(lengths, max_len)`` with PyTorch's default device set to meta, ``lengths`` on the CPU.
+
+    Returns ``{"moved": True}`` when the answer built on the default device and moved its result to the device
+    of ``lengths`` (right, but meta has no data to move), ``{"error": ...}`` for another error, and otherwise
+    the result's device and, when it is on the CPU, its values.
+    """
+    try:
+        with torch.device("meta"):
+            mask = padding_mask(lengths, max_len)
+    except Exception as error:  # noqa: BLE001 - NotImplementedError included: meta's, not an unwritten answer's
+        if MOVED_OFF_META in str(error):
+            return {"moved": True}
+        return {"error": f"{type(error).__name__}: {error}"}
+    if not isinstance(mask, torch.Tensor):
+        return {"returned": type(mask).__name__}
+    return {"device": mask.device.type, "values": mask.tolist() if mask.device.type == "cpu" else None}
+
+
+def default_device_problem(record: dict, lengths: list[int], max_len: int) -> str | None:
+    """What is wrong with a :func:`padding_mask_off_the_default_device` record, or None."""
+    call = (f"With PyTorch's default device set to another device than that of lengths (here `with "
+            f"torch.device(\"meta\"):`, lengths on the CPU), padding_mask(tensor({lengths}), {max_len})")
+    fix = ("A tensor made without device= goes to the default device, which a program may set "
+           "(torch.set_default_device(\"cuda\")), and torch.as_tensor(lengths) or torch.tensor(lengths) copies "
+           "lengths there: build the mask on the device of lengths, torch.arange(max_len, device=lengths.device).")
+    if record.get("moved"):
+        return None
+    if "error" in record:
+        return f"{call} raised {record['error']}\n{fix}"
+    if "returned" in record:
+        return f"{call} returned a {record['returned']}, not a tensor."
+    if record["device"] != "cpu":
+        return f"{call} returned a mask on the {record['device']} device, not on the CPU where lengths is.\n{fix}"
+    expected = padding_reference(torch.tensor(lengths), max_len).tolist()
+    if record["values"] != expected:
+        return f"{call} returned {record['values']}, not {expected}."
+    return None

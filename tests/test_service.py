@@ -199,6 +199,25 @@ def test_submissions_that_cannot_be_graded_are_refused_and_said_so(tmp_path, cou
     assert "cannot be graded" in page and "in the name of" in page
 
 
+def test_collecting_copies_files_and_links_never_what_a_link_points_to_or_a_pipe(tmp_path):
+    folder = tmp_path / "inbound" / f"alice+{A}+2026-03-02 09:00:00.000000 UTC+x"
+    (folder / "sub").mkdir(parents=True)
+    (folder / f"{A}.ipynb").write_text("{}")
+    (folder / inbox.SECRET_FILE).write_text("s")
+    (folder / "timestamp.txt").symlink_to("/etc/passwd")
+    (folder / "sub" / "data.txt").write_text("mine")
+    (folder / "secrets").symlink_to(tmp_path / "instructor")
+    (tmp_path / "instructor").write_text("the answers")
+    os.mkfifo(folder / "pipe")
+    submission = inbox.parse(folder, {A})
+    assert submission.problem == "" and submission.student == "alice"
+    target = inbox.collect(submission, tmp_path / "course")
+    assert target == tmp_path / "course" / "submitted" / "alice" / A
+    assert (target / "sub" / "data.txt").read_text() == "mine" and (target / "secrets").is_symlink()
+    assert not (target / "pipe").exists() and not (target / "timestamp.txt").is_symlink()
+    assert (target / "timestamp.txt").read_text().startswith(submission.time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
 class Broken(grade.Runner):
     """A runner whose nbgrader always fails, as a full disk would make it."""
 

@@ -121,16 +121,23 @@ def scan(inbound: Path, assignments: set[str]) -> list[Submission]:
     return sorted(found, key=lambda s: (s.time, s.key))
 
 
+def _special(folder: str, names: list[str]) -> set[str]:
+    """The entries of ``folder`` that are neither files, folders nor links (a pipe would block the copy)."""
+    return {name for name in names if not (stat.S_ISREG(mode := _lstat_mode(Path(folder) / name))
+                                           or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))}
+
+
 def collect(submission: Submission, root: Path) -> Path:
     """Copy the submission to ``root/submitted/<student>/<assignment>/`` (replacing what was there), as ``nbgrader collect``.
 
-    Links are copied as links (never followed: staging then leaves them out with a note), and
+    Links are copied as links (never followed: staging then leaves them out with a note), pipes,
+    sockets and devices are left out (reading a pipe would wait for ever), and
     ``timestamp.txt`` says the time of :attr:`Submission.time`, which late penalties use.
     """
     target = root / "submitted" / submission.student / submission.assignment
     partial = target.with_name(f".{target.name}.collecting")
     shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(submission.path, partial, symlinks=True)
+    shutil.copytree(submission.path, partial, symlinks=True, ignore=_special)
     stamp = partial / TIMESTAMP_FILE
     if stamp.is_symlink() or stamp.exists():
         stamp.unlink() if not stamp.is_dir() or stamp.is_symlink() else shutil.rmtree(stamp)

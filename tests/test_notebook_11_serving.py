@@ -433,3 +433,21 @@ def test_proposals_beyond_the_steps_are_refused(solution):
 
     with pytest.raises(CheckFailed, match="called the draft"):
         hidden.check_speculative_generate(always_k)
+
+
+class PoolAsProperties(HighestFirst):
+    """keys and values are views of one pool tensor, made afresh at every read (properties)."""
+
+    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
+        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
+        self.pool = torch.zeros(2, num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
+        self.free_blocks = list(range(num_blocks))
+        self.tables, self.lengths, self.count = {}, {}, 100
+
+    keys = property(lambda self: self.pool[0])
+    values = property(lambda self: self.pool[1])
+
+
+def test_a_pool_read_through_views_is_the_same_pool():
+    visible.check_PagedKVCache(PoolAsProperties)
+    hidden.check_PagedKVCache(PoolAsProperties)

@@ -41,11 +41,11 @@ def paged_scenario(PagedKVCache, num_blocks, block_size, kv_heads, d_head, ops: 
     After each append the caller overwrites its ``k`` and ``v`` with NaN (a model reuses its buffers). A
     ``ValueError`` is recorded, not raised (the checks expect some). Returns plain data: the ids made, and per
     operation the error (or None), the lengths, block tables and gathered keys and values of the live sequences in
-    the order they were made, the pool as it is then, and whether the pool tensors are still the ones made at
-    construction.
+    the order they were made, the pool as it is then, and whether the pool tensors still use the memory allocated
+    at construction.
     """
     cache = PagedKVCache(num_blocks, block_size, kv_heads, d_head, dtype=dtype)
-    pool = (cache.keys, cache.values)
+    pool = [_storage(cache.keys), _storage(cache.values)]
     ids: list = []
     live: list[int] = []
     states = []
@@ -78,8 +78,13 @@ def paged_scenario(PagedKVCache, num_blocks, block_size, kv_heads, d_head, ops: 
             values.append(gathered[1].detach().clone())
         states.append({"error": error, "live": list(live), "lengths": lengths, "tables": tables, "keys": tuple(keys),
                        "values": tuple(values), "pool": cache.keys.detach().clone(),
-                       "same_pool": cache.keys is pool[0] and cache.values is pool[1]})
+                       "same_pool": [_storage(cache.keys), _storage(cache.values)] == pool})
     return {"ids": ids, "states": states}
+
+
+def _storage(pool) -> list:
+    """Where a pool tensor's memory is, and its shape: the same after an append that wrote in place (a view too)."""
+    return [pool.untyped_storage().data_ptr(), list(pool.shape)] if isinstance(pool, torch.Tensor) else [None, None]
 
 
 def paged_expected(num_blocks: int, block_size: int, ops: Sequence[Op]) -> list[dict]:
@@ -175,7 +180,7 @@ def judge_paged(got: dict, num_blocks: int, block_size: int, ops: Sequence[Op], 
                           "blocks for it" + (", counting the blocks of the sequences freed before: free(seq) must "
                                              "give its blocks back to the pool." if kind == "not-reused" else "."))
         if not state["same_pool"]:
-            return "reallocated", (f"{where}, cache.keys or cache.values is no longer the tensor made at construction: "
+            return "reallocated", (f"{where}, cache.keys or cache.values no longer uses the memory allocated at construction: "
                                    "the pool is allocated once, and appends write into it in place (a slice assignment,"
                                    " not a new tensor).")
         if state["live"] != want["live"]:

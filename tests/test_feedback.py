@@ -142,12 +142,15 @@ HOSTILE_METADATA = [
 
 @pytest.mark.slow
 def test_output_metadata_is_numbers_or_nothing(course):
-    """An image's width and height are written unquoted (width=1 onload=...): only plain numbers are kept."""
+    """An image's width and height are written unquoted (width=1 onload=...): only plain numbers are kept; so is a count."""
     notebook = released(course, ASSIGNMENT)
     cell = nbformat.v4.new_code_cell("show()")
     cell.outputs = HOSTILE_METADATA
     notebook.cells.insert(1, cell)
     notebook.cells[1]["execution_count"] = "<img src=x onerror=alert(5)>"
+    added = nbformat.v4.new_markdown_cell("mine", metadata={"nbgrader": {  # the template writes grade_id unescaped
+        "grade": True, "grade_id": 'x"><img src=x onerror=alert(6)>', "points": 1, "solution": False, "locked": True}})
+    notebook.cells.insert(2, added)
     graded(course, "metadata", json.loads(json.dumps(notebook, allow_nan=True)))
     run = feedback.feedback([ASSIGNMENT], root=course)
     assert not run.broken, str(run)

@@ -34,6 +34,7 @@ import copy
 import html
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -171,16 +172,25 @@ def _count(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
+#: What nbgrader's feedback template may write as a cell's ``grade_id``: it writes it as it is, in
+#: an attribute and as text (staging gives every graded cell the release's id; this is the last word).
+GRADE_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def inert_notebook(nb):
     """A copy of ``nb`` whose outputs are :func:`inert_output` and whose execution counts are numbers or nothing.
 
     Done before nbconvert validates the notebook, which refuses a count that is not a number
-    (the student's page would then say only that it could not be shown).
+    (the student's page would then say only that it could not be shown). A cell whose ``grade_id``
+    is not a plain name loses its grading metadata (it is shown as an ordinary cell).
     """
     nb = copy.deepcopy(nb)
     for cell in nb.get("cells", []):
         if "execution_count" in cell and not _count(cell["execution_count"]):
             cell["execution_count"] = None  # the template writes it as it is: "In [<img onerror=...>]"
+        grading = (cell.get("metadata") or {}).get("nbgrader")
+        if isinstance(grading, dict) and "grade_id" in grading and not GRADE_ID.fullmatch(str(grading["grade_id"])):
+            del cell["metadata"]["nbgrader"]
         for output in cell.get("outputs", []) if isinstance(cell.get("outputs"), list) else []:
             if isinstance(output, dict):
                 inert_output(output)

@@ -107,7 +107,7 @@ def test_a_workers_copy_of_the_course_is_the_graders_alone(tmp_path, monkeypatch
 
     monkeypatch.setattr(cluster, "course_folder", lambda name: course)
     monkeypatch.setattr(cluster, "_WORKER", types.SimpleNamespace(using=lambda *args: contextlib.nullcontext()))
-    monkeypatch.setattr(cluster, "_run_nbgrader", run)
+    monkeypatch.setattr(cluster, "run_nbgrader", run)
     graded = cluster.grade_staged("c", A, "kim", {f"{A}.ipynb": b"{}"}, grade.Options(sandbox=False), 10)
     assert graded.error == "stopped before nbgrader"
     assert oct(seen["mode"]) == oct(0o700) and not seen["private"].exists()

@@ -8,7 +8,7 @@ submission is staged here, as always (:mod:`autograder.pipeline.staging`); then
    worker that runs it, the task lays out a private course in a temporary folder (the
    assignment's config, source and a gradebook in which it is recorded), grades the copy there
    with ``nbgrader autograde`` exactly as ``make autograde`` does (the same
-   :func:`~autograder.pipeline.grade._run_nbgrader`, the same sandbox, forked from one
+   :func:`~autograder.pipeline.grade.run_nbgrader`, the same sandbox, forked from one
    :class:`~autograder.pipeline.forkserver.ForkServer` per worker), and returns plain data
    (:class:`Graded`): the files of ``autograded/``, the scores and comments nbgrader recorded,
    the submission's timestamp, or why it could not be graded;
@@ -57,7 +57,7 @@ from pathlib import Path, PurePosixPath
 
 from . import gradescope, sandbox, settings
 from .course import ROOT
-from .grade import Options, Runner, SandboxUnavailable, _run_nbgrader, db_url, fork_server
+from .grade import Options, Runner, SandboxUnavailable, db_url, fork_server, run_nbgrader
 
 #: Seconds to wait for the first worker of the cluster before giving up.
 WAIT_FOR_WORKERS = 120
@@ -237,7 +237,7 @@ def grade_staged(course: str, assignment: str, student: str, files: dict[str, by
         staged = private / "staged"
         write_tree(staged / student / assignment, files)
         with _WORKER.using(folder, settings.grading(private).forkserver) as server:
-            error = _run_nbgrader(assignment, student, private, staged, options, limit, server)
+            error = run_nbgrader(assignment, student, private, staged, options, limit, server)
         if error is not None:
             return Graded(error=error)
         return _read_back(private, assignment, student)

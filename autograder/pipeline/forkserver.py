@@ -212,11 +212,13 @@ def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:
 class ForkServer:
     """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
 
-    def __init__(self, cwd: Path | None = None) -> None:
-        """Start the server in ``cwd`` (default: this module's folder; a cluster worker gives its unpacked course)."""
+    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Start the server in ``cwd`` (default: this module's folder; a cluster worker gives its unpacked course)
+        with ``env`` (default: this process's; a run gives its mark and temporary folder)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.pipeline.forkserver"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ), cwd=str(cwd or Path(__file__).parent),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env if env is not None else os.environ),
+            cwd=str(cwd or Path(__file__).parent),
         )
         self._lock = threading.Lock()
         self._next = 0

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import notes, sandbox, settings, staging
+from . import notes, runs, sandbox, settings, staging
 from .course import ROOT, assignments, nbgrader, tool_env
 from .forkserver import ForkServer
 from .notes import Note, NoteKind, inert_text, safe_text
@@ -104,8 +104,21 @@ class Runner:
     :class:`autograder.pipeline.cluster.Remote` is the other one.
     """
 
-    def __init__(self, server: ForkServer | None = None) -> None:
+    server: ForkServer | None = None
+    run: runs.Run | None = None  # the run it belongs to (:mod:`autograder.pipeline.runs`), if any
+
+    def __init__(self, server: ForkServer | None = None, run: runs.Run | None = None) -> None:
         self.server = server
+        self.run = run
+
+    @classmethod
+    def start(cls, root: Path, forkserver: bool = True) -> Runner:
+        """A runner registered as a run of the course at ``root`` (:mod:`autograder.pipeline.runs`), with its fork server.
+
+        A run stopped earlier is cleaned up first; :meth:`close` ends this one.
+        """
+        run = runs.start(root)
+        return cls(fork_server(forkserver, env=run.environment(dict(os.environ))), run)
 
     def mode(self) -> str:
         """:func:`sandbox.mode` where this runner runs the student's code."""
@@ -113,11 +126,15 @@ class Runner:
 
     def __call__(self, assignment: str, student: str, root: Path, staged: Path, options: Options,
                  limit: float) -> str | None:
-        return _run_nbgrader(assignment, student, root, staged, options, limit, self.server)
+        return run_nbgrader(assignment, student, root, staged, options, limit, self.server, self.run)
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        try:
+            if self.server is not None:
+                self.server.close()
+        finally:
+            if self.run is not None:
+                self.run.close()
 
 
 @dataclass
@@ -190,15 +207,17 @@ def _reason(output: str, code: int) -> str:
     return chosen[:300]
 
 
-def _run_nbgrader(assignment: str, student: str, root: Path, staged: Path, options: Options, limit: float,
-                  server: ForkServer | None) -> str | None:
-    """``nbgrader autograde`` on the staged copy; None on success, else what went wrong."""
+def run_nbgrader(assignment: str, student: str, root: Path, staged: Path, options: Options, limit: float,
+                 server: ForkServer | None, run: runs.Run | None = None) -> str | None:
+    """``nbgrader autograde`` on the staged copy; None on success, else what went wrong.
+
+    ``run``: the run it belongs to, whose mark and temporary folder its processes carry.
+    """
     args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
             f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
             f"--ResilientExecute.notebook_timeout={options.notebook_timeout}", f"--Execute.timeout={options.cell_timeout}"]
-    token = uuid.uuid4().hex
-    env = tool_env()
-    env[RUN_VARIABLE] = token
+    token = run.token() if run is not None else uuid.uuid4().hex
+    env = run.environment(tool_env(), token) if run is not None else dict(tool_env(), **{RUN_VARIABLE: token})
     if not options.sandbox:
         env["AUTOGRADER_SANDBOX"] = "off"
     try:
@@ -270,7 +289,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     started = time.monotonic()
     outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION,
                                                        f"How your code ran: {protection(options, runner.mode())}.")])
-    private = Path(tempfile.mkdtemp(prefix="autograder-staging-"))
+    private = Path(tempfile.mkdtemp(prefix="autograder-staging-", dir=runner.run.folder if runner.run else None))
     try:
         staged = staging.stage(root, assignment, student, private, course)
         outcome.notes += staged.notes
@@ -351,7 +370,7 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
         runner: Runner = Remote(cluster, sorted({a for a, _ in jobs}), root, options)
         workers = workers or course.workers or len(jobs)
     else:  # the fork server first, so that its imports overlap with preparing the gradebook
-        runner = Runner(fork_server(course.forkserver) if jobs else None)
+        runner = Runner.start(root, course.forkserver) if jobs else Runner()
         workers = workers or course.workers or os.cpu_count() or 1
     summary = Summary(protection=protection(options, runner.mode()))
     try:
@@ -376,13 +395,13 @@ def require_sandbox(options: Options) -> None:
             f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
 
 
-def fork_server(enabled: bool = True, cwd: Path | None = None) -> ForkServer | None:
-    """A :class:`ForkServer` started in ``cwd``; None where it is turned off (``Grading.forkserver``,
-    ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
+def fork_server(enabled: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
+    """A :class:`ForkServer` started in ``cwd`` with ``env`` (default: this process's); None where it is turned off
+    (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
     if not enabled or os.environ.get("AUTOGRADER_FORKSERVER", "1") == "0":
         return None
     try:
-        return ForkServer(cwd)
+        return ForkServer(cwd, env)
     except OSError:
         return None
 

@@ -315,8 +315,9 @@ def _nobody_runs_python() -> bool:
     return os.geteuid() == 0 and setpriv is not None and _run_quiet([*_as_nobody(setpriv), sys.executable, "-S", "-c", again])
 
 
-def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE) -> int:
-    """Kill every process whose environment has ``variable=token``; return how many were killed."""
+def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE, prefix: bool = False) -> int:
+    """Kill every process whose environment has ``variable=token`` (``prefix``: a value that starts with
+    ``token``); return how many were killed."""
     import psutil
 
     killed = 0
@@ -325,7 +326,8 @@ def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE) -> int:
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(variable) == token:
+            value = proc.environ().get(variable)
+            if value == token or (prefix and value is not None and value.startswith(token)):
                 proc.kill()
                 killed += 1
         except (psutil.Error, OSError):

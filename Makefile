@@ -125,6 +125,10 @@ bench: setup ## time and memory: attention, its backward pass (08), decoding wit
 bench-similarity: setup ## make similarity's time on a generated class of 1000 submissions of one notebook (bench/results/)
 	$(BIN)/python bench/similarity_bench.py
 
+.PHONY: bench-hub
+bench-hub: setup ## the grading service's time from Submit to feedback, for one student and 20 at once (bench/results/)
+	$(BIN)/python bench/hub_bench.py
+
 bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient
 	$(BIN)/python bench/grading_bench.py
 

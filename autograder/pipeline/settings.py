@@ -62,7 +62,7 @@ class GradingService(Configurable):
                              "their messages, only passed or failed, or nothing; after it, everything."
                              ).tag(config=True)
     poll_seconds = Float(2.0, help="Seconds between two looks at the exchange for new submissions.").tag(config=True)
-    workers = Integer(1, help="Submissions the service grades at once.").tag(config=True)
+    workers = Integer(0, help="Submissions the service grades at once; 0: the number of cores.").tag(config=True)
     retries = Integer(2, help="Times a submission that could not be graded (not the student's doing) is graded "
                       "again before it is left to the instructor.").tag(config=True)
 

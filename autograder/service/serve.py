@@ -84,7 +84,7 @@ class Service:
         if not self.course_id:
             raise ValueError("the course has no id: set c.CourseDirectory.course_id in nbgrader_config.py")
         self.settings = settings.grading_service(root)
-        self.workers = workers or self.settings.workers or 1
+        self.workers = workers or self.settings.workers or os.cpu_count() or 1
         self.options = (options or grade.Options()).resolved(root)
         self.now = now or (lambda: datetime.now(UTC))
         self.state = State(root / STATE_FILE)

@@ -8,6 +8,7 @@ their own, without grading.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -134,6 +135,7 @@ def test_hidden_checks_shown_as_the_setting_says():
     nothing = visibility.shown(nb, "nothing")
     assert [c.outputs[0].get("text", "").strip() for c in nothing.cells[1:]] == [visibility.HIDDEN] * 2
     assert not nothing.cells[1].metadata.nbgrader["grade"]
+    assert nothing.cells[1].source == "# Hidden" and nothing.cells[2].source == ""  # no hidden region left
     assert "the secret message" in str(nb) and "the secret message" not in str(pass_fail) + str(nothing)
     with pytest.raises(ValueError, match="hidden_before_due must be one of"):
         visibility.shown(nb, "some")
@@ -320,3 +322,21 @@ def test_a_class_graded_on_submit(tmp_path, course):
         assert gb.find_submission(A, "alice").score == _score(page)[0]
         assert gb.find_submission(A, "bob").score == total
     assert nbformat.read(root / "autograded" / "alice" / A / f"{A}.ipynb", as_version=4).cells
+    assert sum(1 for _ in (exchange / "attention" / "inbound").iterdir()) == 6, "a submission was not kept"
+
+    # What a page before the due date shows of the hidden checks, in each mode, rendered as the student gets it.
+    shown = {mode: second.pages(finals["alice"], [], mode)[A] for mode in visibility.MODES}
+    for mode, page in shown.items():
+        assert "could not be shown" not in page and _score(page)[0] < total, mode
+        assert "BEGIN HIDDEN TESTS" not in page and "hidden_check" not in page, mode
+    graded = nbformat.read(root / "autograded" / "alice" / A / f"{A}.ipynb", as_version=4)
+    messages = {o.get("evalue", "") for c in graded.cells if visibility.is_hidden_check(c) for o in c.outputs}
+    visible = " ".join(str(c.get("outputs", "")) for c in graded.cells if not visibility.is_hidden_check(c))
+    secret = [m for m in messages if len(m) > 40 and m[:60] not in visible]
+    assert secret, "alice's final submission fails no hidden check with a message of its own"
+    text = {mode: html.unescape(page) for mode, page in shown.items()}
+    assert all(m[:60] in text["messages"] for m in secret)
+    assert not any(m[:60] in text["pass_fail"] + text["nothing"] for m in secret), "a hidden message was shown"
+    assert visibility.FAILED in shown["pass_fail"] and visibility.HIDDEN not in shown["pass_fail"]
+    assert visibility.HIDDEN in shown["nothing"] and visibility.FAILED not in shown["nothing"]
+    assert visibility.FAILED not in shown["messages"] and visibility.HIDDEN not in shown["messages"]

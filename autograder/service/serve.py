@@ -216,7 +216,7 @@ class Service:
             record.notified = Status.GRADED
             lines = self._graded_lines(record)
             mode = self._mode(record)
-            pages = self._pages(record, outcome.notes, mode)
+            pages = self.pages(record, outcome.notes, mode)
         for name, page in pages.items():
             for notebook_id in self._notebook_ids(submission) | {name}:
                 release.release(self.exchange, self.course_id, submission.secret(), notebook_id,
@@ -253,7 +253,7 @@ class Service:
             lines.append(VISIBILITY_LINES[self._mode(record)])
         return lines
 
-    def _pages(self, record: Record, grading_notes: list[notes.Note], mode: str) -> dict[str, str]:
+    def pages(self, record: Record, grading_notes: list[notes.Note], mode: str) -> dict[str, str]:
         """notebook name -> its feedback page, made by ``make feedback``'s code from a copy shown as ``mode`` allows."""
         graded = self.root / "autograded" / record.student / record.assignment
         work = Path(tempfile.mkdtemp(prefix="autograder-service-"))

@@ -46,5 +46,7 @@ def shown(notebook: NotebookNode, mode: str) -> NotebookNode:
         else:
             text = HIDDEN
             cell.metadata.nbgrader["grade"] = False  # its points are not shown beside it
+            source = "".join(cell.source)  # and nbgrader renders no hidden region outside a graded cell
+            cell.source = source[:source.rfind("\n", 0, source.find(HIDDEN_MARKER)) + 1].rstrip()
         cell.outputs = [v4.new_output("stream", name="stdout", text=text + "\n")]
     return notebook

@@ -220,6 +220,15 @@ def test_collecting_copies_files_and_links_never_what_a_link_points_to_or_a_pipe
     assert (target / "timestamp.txt").read_text().startswith(submission.time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
+def test_a_submission_is_as_old_as_its_folder_whatever_its_name_says(tmp_path):
+    folder = tmp_path / f"alice+{A}+2099-01-01 00:00:00.000000 UTC+x"  # made by hand, dated in the future
+    folder.mkdir()
+    (folder / inbox.SECRET_FILE).write_text("s")
+    before = datetime.now(UTC)
+    submission = inbox.parse(folder, {A})
+    assert submission.problem == "" and abs((submission.time - before).total_seconds()) < 60
+
+
 class Broken(grade.Runner):
     """A runner whose nbgrader always fails, as a full disk would make it."""
 

@@ -8,9 +8,10 @@ lacks its secret is listed as :attr:`Submission.problem`, never guessed at.
 
 What this does *not* protect: the inbound folder is the student's own (nbgrader makes it
 writable by everyone so that the instructor can remove it), so what is graded is what it holds
-when it is collected; its time is the later of the time in its name and the time the folder last
-changed (``st_ctime``, which a user cannot set), so a student cannot make a late submission look
-early, only an early one look late. Who submitted is the folder's owner: a submission in another
+when it is collected. Its time is when the folder last changed (``st_ctime``, which a user
+cannot set back; ``nbgrader submit`` changes it last, when it sets its mode), not the time in its
+name, which a student could write: a late submission cannot be made to look early, nor an old one
+to look like the newest. Who submitted is the folder's owner: a submission in another
 student's name (``Submission.owner``) is refused by :mod:`.serve`.
 """
 
@@ -87,7 +88,6 @@ def parse(path: Path, assignments: set[str]) -> Submission:
     changed = datetime.fromtimestamp(info.st_ctime, UTC)
     parts = path.name.split("+")
     student, assignment = (parts + ["", ""])[:2]
-    claimed = None
     problem = ""
     if len(parts) not in (3, 4) or not student or not assignment:
         problem = "its folder's name is not <student>+<assignment>+<time>[+<random>] (nbgrader submit's)"
@@ -97,15 +97,14 @@ def parse(path: Path, assignments: set[str]) -> Submission:
         problem = f"the course has no assignment {assignment!r}"
     else:
         try:
-            claimed = _aware(parse_utc(parts[2]))
+            _aware(parse_utc(parts[2]))  # nbgrader's format, though the folder's own time is used
         except Exception:  # noqa: BLE001 - any unreadable time is the same problem
             problem = f"its time {parts[2]!r} is not a time"
     if not problem and (path.is_symlink() or not path.is_dir()):
         problem = "it is not a folder"
     elif not problem and not stat.S_ISREG(_lstat_mode(path / SECRET_FILE)):
         problem = f"it has no {SECRET_FILE} (it was not made by nbgrader submit)"
-    time = max(claimed, changed) if claimed else changed
-    return Submission(path.name, student, assignment, time, path, _owner(info), problem)
+    return Submission(path.name, student, assignment, changed, path, _owner(info), problem)
 
 
 def scan(inbound: Path, assignments: set[str]) -> list[Submission]:

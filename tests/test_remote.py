@@ -308,3 +308,24 @@ def test_an_input_changed_in_place_is_seen_on_both_sides():
         assert torch.equal(scale, torch.ones(1))
     outcome, _ = attempt(proxy("f", lambda x: x + 0), (torch.tensor([float("nan")]),), exercise="f")
     assert outcome.mutated == ()
+
+
+def test_an_output_nested_too_deeply_is_kept_without_its_depth():
+    """display() with metadata 700 levels deep: the output is kept, its metadata dropped (nbformat would recurse)."""
+    from autograder.pipeline.execute import ResilientExecute
+
+    execute = ResilientExecute()
+    execute.reset_execution_trackers()  # nbclient's own state, as at the start of a notebook
+    execute.clear_before_next_output = False  # as nbclient sets it before a cell runs
+    execute._output_bytes, execute._noted = {}, {}
+    deep: dict = {}
+    level = deep
+    for _ in range(700):
+        level["a"] = {}
+        level = level["a"]
+    outputs: list = []
+    content = {"data": {"text/plain": "x", "application/json": [deep]}, "metadata": deep, "transient": {}}
+    execute.output(outputs, {"msg_type": "display_data", "header": {"msg_type": "display_data"},
+                             "parent_header": {"msg_id": "m"}, "content": content}, None, 0)
+    assert len(outputs) == 1 and outputs[0].metadata == {}
+    assert outputs[0].data == {"text/plain": "(an output nested too deeply to keep)"}

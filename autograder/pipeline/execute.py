@@ -54,6 +54,7 @@ from . import judge, source_check
 from .judge import error_output
 from .kernel_requests import KernelRequests
 from .notes import KERNEL_DIED, NOT_RUN, TIMEOUT, describe_exit, output_cut, safe_tree
+from .staging import MAX_DEPTH
 
 #: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
 HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
@@ -62,6 +63,18 @@ HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
 def is_test_cell(cell) -> bool:
     """A locked cell that nbgrader scores: the instructor's checks."""
     return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether ``value`` (lists and dicts) nests more than ``limit`` levels deep; without recursion."""
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return False
 
 
 def limit_own_memory(mb: int) -> None:
@@ -397,6 +410,11 @@ class ResilientExecute(KernelRequests, Execute):
         if msg_type in ("stream", "display_data", "execute_result", "update_display_data", "error"):
             # every kind of output counts, its metadata too: nothing a cell prints can grow the notebook unbounded
             content = msg.get("content", {})
+            for key in ("metadata", "data", "transient"):
+                # nbformat builds an output recursively: a value nested deeper than a notebook needs is dropped
+                # (a display() with metadata 700 deep made its submission ungradeable)
+                if _deeper_than(content.get(key), MAX_DEPTH):
+                    content[key] = {"text/plain": "(an output nested too deeply to keep)"} if key == "data" else {}
             if not self._count(cell_index, content):
                 if msg_type == "error":  # the error still shows (nbgrader scores the cell from it), cut to fit
                     ename = str(content.get("ename", "Error"))[:100]

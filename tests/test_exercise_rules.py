@@ -29,6 +29,7 @@ import pytest
 
 from autograder import guard as guard_module
 from autograder import student
+from autograder.guard import SDPA
 from autograder.pipeline.course import assignments, module_name
 
 from .notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -199,3 +200,13 @@ def test_the_rules_are_read_from_the_checks(monkeypatch, capsys):
     assert ways_to_name("torch.nn.functional.scaled_dot_product_attention")[0] == "F.scaled_dot_product_attention"
     assert not forbids("Compare with F.scaled_dot_product_attention. Do not use loops.", ["F.scaled_dot_product_attention"])
     assert forbids("Do not call F.scaled_dot_product_attention inside.", ["F.scaled_dot_product_attention"])
+
+
+def test_a_text_without_its_forbidding_sentence_fails():
+    """Notebook 08's forward pass: its text forbids the fused CPU kernel a cell shows; cut that sentence and it does not."""
+    text = exercise_text("08_flash_backward", "flash_attention_forward")
+    alias = "_scaled_dot_product_flash_attention_for_cpu"
+    assert forbids(text, [alias])
+    cut = " ".join(s for s in sentences(text) if not (FORBIDDING.search(s) and alias in s))
+    assert not forbids(cut, [alias])
+    assert aliases_shown("08_flash_backward", SDPA) == [alias]

@@ -103,10 +103,12 @@ class Service:
         return self.exchange / self.course_id / "inbound"
 
     def runner(self) -> grade.Runner:
-        """The runner every grading shares (its fork server started once)."""
-        if self._runner is None:
-            self._runner = grade.Runner(grade.fork_server(settings.grading(self.root).forkserver))
-        return self._runner
+        """The runner every grading shares: one run of the course (:mod:`autograder.pipeline.runs`: what a
+        service stopped by ``SIGKILL`` left is cleaned up by the next run), its fork server started once."""
+        with self.lock:  # two workers' first gradings must not start two
+            if self._runner is None:
+                self._runner = grade.Runner.start(self.root, settings.grading(self.root).forkserver)
+            return self._runner
 
     def serve(self, stop: threading.Event | None = None, idle_exit: bool = False) -> None:
         """Grade until ``stop`` is set (or, with ``idle_exit``, until nothing is left to grade now)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
 from nbgrader.converters.autograde import Autograde
 from nbgrader.preprocessors import Execute
 from traitlets.utils.importstring import import_item
@@ -78,3 +79,16 @@ def test_the_table_names_where_each_setting_is_set():
         row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
         assert flag in row, (key, row)
     assert re.search(r"\| `ResilientExecute.notebook_timeout` \| 600 \|", table)
+
+
+@pytest.mark.parametrize("word", ["0", "off", "OFF", "no", "false", "None", " off "])
+def test_every_switch_is_turned_off_by_the_same_words(word, monkeypatch):
+    """AUTOGRADER_SANDBOX, AUTOGRADER_FORKSERVER and AUTOGRADER_KERNEL_POOL: one vocabulary for "off"."""
+    from autograder.pipeline import kernel_pool, sandbox
+
+    for variable in ("AUTOGRADER_SANDBOX", "AUTOGRADER_FORKSERVER", "AUTOGRADER_KERNEL_POOL"):
+        monkeypatch.setenv(variable, word)
+    assert sandbox.mode() == "limits only" and sandbox.why_not() == "AUTOGRADER_SANDBOX is off"
+    assert grade.fork_server(True) is None
+    assert not kernel_pool.wanted(kernel_pool.KernelPool(), {"AUTOGRADER_KERNEL_POOL": word})
+    assert settings.switched_off("AUTOGRADER_FORKSERVER") and not settings.switched_off("AUTOGRADER_UNSET_SWITCH")

@@ -398,7 +398,7 @@ def require_sandbox(options: Options) -> None:
 def fork_server(enabled: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
     """A :class:`ForkServer` started in ``cwd`` with ``env`` (default: this process's); None where it is turned off
     (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
-    if not enabled or os.environ.get("AUTOGRADER_FORKSERVER", "1") == "0":
+    if not enabled or settings.switched_off("AUTOGRADER_FORKSERVER"):
         return None
     try:
         return ForkServer(cwd, env)

@@ -45,7 +45,7 @@ from traitlets.config import Configurable
 
 from . import cgroup
 from .sandbox import INPUT, RUN_VARIABLE, Limits, kill_leftovers, mode
-from .settings import course_config
+from .settings import course_config, switched_off
 
 #: Set to 0 (or off, no) to grade without the pool, whatever ``nbgrader_config.py`` says.
 SWITCH_VARIABLE = "AUTOGRADER_KERNEL_POOL"
@@ -72,9 +72,7 @@ def settings(course: str | os.PathLike) -> KernelPool:
 
 def wanted(pool: KernelPool, env: dict[str, str]) -> bool:
     """Whether kernels are started ahead for a run with environment ``env``."""
-    if env.get(SWITCH_VARIABLE, "").lower() in {"0", "off", "no", "false"}:
-        return False
-    if env.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
+    if switched_off(SWITCH_VARIABLE, env) or switched_off("AUTOGRADER_SANDBOX", env):
         return False
     return pool.enabled and mode() != "limits only"
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from .. import INSTRUCTOR_ONLY
 from . import cgroup
 from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
+from .settings import switched_off
 
 #: The user the sandboxed code runs as when the grader is root.
 NOBODY = 65534
@@ -108,7 +109,7 @@ def mode() -> str:
 
     ``AUTOGRADER_SANDBOX=off`` forces ``"limits only"`` (what ``--no-sandbox`` sets).
     """
-    if os.environ.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
+    if switched_off("AUTOGRADER_SANDBOX"):
         return "limits only"
     return _probed_mode()
 
@@ -132,7 +133,7 @@ def why_not() -> str:
     """Why :func:`mode` is ``"limits only"`` here, in words ("" when a sandbox can be made)."""
     if mode() != "limits only":
         return ""
-    if os.environ.get("AUTOGRADER_SANDBOX", "").lower() in {"off", "0", "no", "none"}:
+    if switched_off("AUTOGRADER_SANDBOX"):
         return "AUTOGRADER_SANDBOX is off"
     if shutil.which("bwrap") is None:
         return "bwrap is not installed"

@@ -17,7 +17,9 @@ accepted, and grades every cell as timed out).
 from __future__ import annotations
 
 import importlib
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,16 @@ class GradingService(Configurable):
     workers = Integer(0, help="Submissions the service grades at once; 0: the number of cores.").tag(config=True)
     retries = Integer(2, help="Times a submission that could not be graded (not the student's doing) is graded "
                       "again before it is left to the instructor.").tag(config=True)
+
+
+#: The words that turn an on/off environment switch off (``AUTOGRADER_SANDBOX``, ``AUTOGRADER_FORKSERVER``,
+#: ``AUTOGRADER_KERNEL_POOL``), in any case: one vocabulary for all of them.
+OFF = frozenset({"0", "off", "no", "false", "none"})
+
+
+def switched_off(variable: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment switch ``variable`` (of ``env``, default this process's) is turned off (:data:`OFF`)."""
+    return (os.environ if env is None else env).get(variable, "").strip().lower() in OFF
 
 
 #: Command-line flags that override a trait for one run.

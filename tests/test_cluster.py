@@ -60,8 +60,8 @@ class _Client:
         return _Future(self.outcome)
 
 
-def _remote(outcome, mode: str = "bwrap") -> cluster.Remote:
-    remote = cluster.Remote.__new__(cluster.Remote)  # no scheduler: only what happens around a task
+def _remote(outcome, mode: str = "bwrap") -> cluster.ClusterRunner:
+    remote = cluster.ClusterRunner.__new__(cluster.ClusterRunner)  # no scheduler: only what happens around a task
     remote.server, remote.course, remote.client, remote._mode = None, "course", _Client(outcome), mode
     remote._writing = threading.Lock()
     return remote

@@ -1,6 +1,6 @@
 """``make autograde CLUSTER=tcp://host:8786``: grade on the workers of a Dask cluster, write the grades here.
 
-:class:`Remote` is the :class:`~autograder.pipeline.grade.Runner` that
+:class:`ClusterRunner` is the :class:`~autograder.pipeline.grade.Runner` that
 :func:`~autograder.pipeline.grade.autograde` uses when it is given a scheduler's address. Each
 submission is staged here, as always (:mod:`autograder.pipeline.staging`); then
 
@@ -296,7 +296,7 @@ def _late_penalties(root: Path, assignment: str, student: str, notebooks: list[s
         penalties.preprocess(nbformat.v4.new_notebook(), resources)
 
 
-class Remote(Runner):
+class ClusterRunner(Runner):
     """Grades on the workers of the Dask scheduler at ``address`` (see the module doc).
 
     Connecting ships the course (:func:`build_archive`) and checks that the workers can make a

@@ -101,7 +101,7 @@ class Runner:
 
     A runner leaves the graded notebooks in ``autograded/`` and the grades in the gradebook, and
     returns None, or why the submission could not be graded.
-    :class:`autograder.pipeline.cluster.Remote` is the other one.
+    :class:`autograder.pipeline.cluster.ClusterRunner` is the other one.
     """
 
     server: ForkServer | None = None
@@ -365,9 +365,9 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     start = time.monotonic()
     if cluster is not None and jobs:
-        from .cluster import Remote
+        from .cluster import ClusterRunner
 
-        runner: Runner = Remote(cluster, sorted({a for a, _ in jobs}), root, options)
+        runner: Runner = ClusterRunner(cluster, sorted({a for a, _ in jobs}), root, options)
         workers = workers or course.workers or len(jobs)
     else:  # the fork server first, so that its imports overlap with preparing the gradebook
         runner = Runner.start(root, course.forkserver) if jobs else Runner()

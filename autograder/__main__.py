@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         from .pipeline.course import ROOT
         from .service.serve import Service, summary
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("autograder.service").setLevel(logging.INFO)  # one line per submission, not nbconvert's
         signal.signal(signal.SIGTERM, _interrupt)  # stopped by JupyterHub: finish as on Ctrl-C, the state saved
         options = grade.Options(sandbox=False if args.no_sandbox else None)
         try:

@@ -229,6 +229,11 @@ def test_a_submission_is_as_old_as_its_folder_whatever_its_name_says(tmp_path):
     assert submission.problem == "" and abs((submission.time - before).total_seconds()) < 60
 
 
+def test_a_folder_that_is_not_a_course_is_refused_with_why(tmp_path):
+    with pytest.raises(ValueError, match="is not a course: it has no nbgrader_config.py"):
+        Service(tmp_path)
+
+
 class Broken(grade.Runner):
     """A runner whose nbgrader always fails, as a full disk would make it."""
 

@@ -77,6 +77,8 @@ class Service:
     def __init__(self, root: Path = ROOT, exchange: Path | None = None, course_id: str | None = None,
                  options: grade.Options | None = None, runner: grade.Runner | None = None,
                  now: Callable[[], datetime] | None = None, workers: int | None = None) -> None:
+        if not (root / settings.CONFIG_FILE).is_file() or not (root / "source").is_dir():
+            raise ValueError(f"{root} is not a course: it has no {settings.CONFIG_FILE} or no source/ folder")
         config = feedback.load_config(root)
         self.root = root
         self.exchange = Path(exchange or config.Exchange.get("root", "/srv/nbgrader/exchange"))

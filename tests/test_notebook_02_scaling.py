@@ -10,7 +10,6 @@ import torch
 from autograder.checks import scaling as visible
 from autograder.errors import CheckFailed
 from autograder.hidden import scaling as hidden
-from autograder.references.scaling import saturation_curve_reference
 
 from .notebook_code import solution_namespace
 
@@ -286,7 +285,7 @@ def test_saturation_table_agrees_with_the_reference():
     seeds = range(20000, 20012)
     for scaled in (False, True):
         runs = [
-            saturation_curve_reference(hidden.TABLE_D_KS, scaled, hidden.TABLE_NUM_KEYS, hidden.TABLE_NUM_QUERIES,
+            hidden.saturation_curve_reference(hidden.TABLE_D_KS, scaled, hidden.TABLE_NUM_KEYS, hidden.TABLE_NUM_QUERIES,
                                      torch.Generator().manual_seed(s))
             for s in seeds
         ]
@@ -296,3 +295,16 @@ def test_saturation_table_agrees_with_the_reference():
             assert ((values.mean(0) - means).abs() <= 5 * sds / math.sqrt(len(seeds)) + 1e-3).all(), (scaled, key)
 
 
+
+
+def test_the_visible_checks_expected_draws_are_the_hidden_references():
+    """The numbers the visible checks compare with are what the prescribed draws give (so they cannot go stale)."""
+    from autograder.inputs import generator
+    from autograder.references.scaling import VISIBLE_SATURATION, VISIBLE_SCORE_VARIANCE
+
+    for scaled, value in VISIBLE_SCORE_VARIANCE.items():
+        assert value == pytest.approx(hidden.score_variance_reference(16, 20000, scaled, generator(1)), rel=1e-12)
+    for scaled, seed in ((False, 5), (True, 6)):
+        curves = hidden.saturation_curve_reference([16, 128, 1024], scaled, 16, 500, generator(seed))
+        for key, values in VISIBLE_SATURATION[scaled].items():
+            assert values == pytest.approx(curves[key].tolist(), rel=1e-12), (scaled, key)

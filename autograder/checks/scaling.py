@@ -17,11 +17,11 @@ from ..references.scaling import (
     KEYS,
     SATURATION_DRAW,
     SCORE_VARIANCE_DRAW,
+    VISIBLE_SATURATION,
+    VISIBLE_SCORE_VARIANCE,
     answer_value,
     autograd_softmax_jacobian,
     reproduces,
-    saturation_curve_reference,
-    score_variance_reference,
     score_variance_standard_error,
 )
 from ..student import call_student, expect_error
@@ -63,7 +63,7 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
         if other == value:
             fail(f"{what} returned {value!r} both with a generator seeded 1 and with one seeded 2: the result must "
                  "depend on the generator it is given. Draw every random number from `generator`.")
-        expected = score_variance_reference(d_k, n, scaled, generator(1))
+        expected = VISIBLE_SCORE_VARIANCE[scaled]
         if not reproduces(value, expected):
             fail(f"{what} with a generator seeded 1 returned {value!r}, which agrees with the theory, but the "
                  f"draws the text prescribes give {expected!r}.\n{SCORE_VARIANCE_DRAW}")
@@ -178,7 +178,7 @@ def check_saturation_curve(saturation_curve) -> None:
         fail(f"With scaling the rows should stay far from one-hot, but the curves are "
              f"{ {k: [round(x, 4) for x in v.tolist()] for k, v in scaled.items()} }.")
     for curves, is_scaled, seed in ((unscaled, False, 5), (scaled, True, 6)):
-        expected = saturation_curve_reference(d_ks, is_scaled, 16, 500, generator(seed))
+        expected = {key: torch.tensor(values, dtype=torch.float64) for key, values in VISIBLE_SATURATION[is_scaled].items()}
         for key in KEYS:
             if not reproduces({key: curves[key]}, {key: expected[key]}):
                 fail(f"saturation_curve(d_ks={d_ks}, scaled={is_scaled}, num_keys=16, num_queries=500, generator "

@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from ..compare import is_close
-from ..diagnosis import Mistake, MistakeFound, run
+from ..diagnosis import Mistake, MistakeFound
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..references.masking import (
@@ -18,6 +17,7 @@ from ..references.masking import (
     masked_attention_reference,
     padding_mask_off_the_default_device,
     padding_reference,
+    same_off_the_default_device,
 )
 from ..student import call_student, expect_error, probe
 from ..verify import Case, verify
@@ -410,20 +410,9 @@ def check_padding_mask(padding_mask) -> None:
                    what=f"padding_mask(tensor({lengths}), {max_len}) with the default device set to meta")
     problem = default_device_problem(record, lengths, max_len)
     if problem:
-        raise MistakeFound(problem, _same_off_the_default_device(record, lengths, max_len))
+        raise MistakeFound(problem, same_off_the_default_device(MISTAKES["padding_mask"], record, lengths, max_len))
     print("padding_mask passes the hidden checks.")
 
-
-def _same_off_the_default_device(record: dict, lengths: list[int], max_len: int) -> list[Mistake]:
-    """The catalogued padding masks that are right on the CPU and do what the student's does off the default device."""
-    right = padding_reference(torch.tensor(lengths), max_len)
-    found = []
-    for mistake in MISTAKES["padding_mask"]:
-        on_the_cpu = run(mistake.fn, (torch.tensor(lengths), max_len))
-        if (on_the_cpu.error is None and is_close(on_the_cpu.value, right, 0.0, 0.0)
-                and padding_mask_off_the_default_device(mistake.fn, torch.tensor(lengths), max_len) == record):
-            found.append(mistake)
-    return found
 
 
 def _padded_causal(lengths: list[int], n: int) -> torch.Tensor:

@@ -35,8 +35,6 @@ from ..references.scaling import (
     autograd_softmax_jacobian,
     entropy_reference,
     reproduces,
-    saturation_curve_reference,
-    score_variance_reference,
     score_variance_standard_error,
 )
 from ..student import attempt, call_student, describe_error, expect_error
@@ -49,6 +47,36 @@ MEASURING = "3. Measuring the variance"
 SATURATION = "4. What large scores do to softmax"
 GRADIENT = "5. The gradient of softmax"
 MEASURING_SATURATION = "6. Measuring saturation"
+
+# --- the experiments drawn as the texts prescribe (the answers: never in the student's bundle) -------
+
+
+def score_variance_reference(d_k: int, num_samples: int, scaled: bool, generator: torch.Generator) -> float:
+    """empirical_score_variance as its text prescribes: queries, then keys, (num_samples, d_k) float64
+    standard normal from ``generator``; the unbiased sample variance (``Tensor.var``) of the row-wise dot products."""
+    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
+    scores = (q * k).sum(dim=-1) / (math.sqrt(d_k) if scaled else 1.0)
+    return scores.var().item()
+
+
+def saturation_curve_reference(d_ks, scaled: bool, num_keys: int, num_queries: int,
+                               generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """saturation_curve as its text prescribes: for each d_k in order, Q (num_queries, d_k) then K (num_keys, d_k),
+    float64 standard normal from ``generator``; the means over the rows of the largest weight, the entropy in nats
+    and the Frobenius norm of the softmax Jacobian."""
+    curves: dict[str, list] = {key: [] for key in KEYS}
+    for d_k in d_ks:
+        Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        weights = torch.softmax(Q @ K.T / (math.sqrt(d_k) if scaled else 1.0), dim=-1)
+        jacobian = torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
+        curves["max_weight"].append(weights.amax(dim=-1).mean())
+        curves["entropy"].append(entropy_reference(weights).mean())
+        curves["jacobian_norm"].append(torch.linalg.matrix_norm(jacobian).mean())
+    return {key: torch.stack(values) for key, values in curves.items()}
+
+
 
 # --- the mistake catalogue: each function makes exactly one mistake ----------------------
 

@@ -9,6 +9,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.utils.rnn import pad_sequence
 
+from ..compare import is_close
+from ..diagnosis import run
 from ..errors import fail
 from ..inputs import math_sdpa
 
@@ -132,3 +134,15 @@ def default_device_problem(record: dict, lengths: list[int], max_len: int) -> st
     if record["values"] != expected:
         return f"{call} returned {record['values']}, not {expected}."
     return None
+
+
+def same_off_the_default_device(mistakes, record: dict, lengths: list[int], max_len: int) -> list:
+    """Of ``mistakes`` (padding masks), those right on the CPU that do what ``record`` says off the default device."""
+    right = padding_reference(torch.tensor(lengths), max_len)
+    found = []
+    for mistake in mistakes:
+        on_the_cpu = run(mistake.fn, (torch.tensor(lengths), max_len))
+        if (on_the_cpu.error is None and is_close(on_the_cpu.value, right, 0.0, 0.0)
+                and padding_mask_off_the_default_device(mistake.fn, torch.tensor(lengths), max_len) == record):
+            found.append(mistake)
+    return found

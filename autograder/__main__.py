@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from .pipeline import collect, grade, release
+from .pipeline import collect, grade, release, settings
 
 
 def _interrupt(signum, frame) -> None:
@@ -65,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "autograde":
         options = grade.Options(args.cell_timeout, args.notebook_timeout, sandbox=False if args.no_sandbox else None)
         try:
-            summary = grade.autograde(args.assignments, args.workers, options=options, cluster=args.cluster)
+            address = args.cluster or settings.grading().cluster or None
+            if address is not None:
+                from .pipeline import cluster
+
+                summary = cluster.autograde(address, args.assignments, args.workers, options=options)
+            else:
+                summary = grade.autograde(args.assignments, args.workers, options=options)
         except (grade.SandboxUnavailable, OSError, RuntimeError) as error:  # OSError: no file, no scheduler
             print(f"make autograde: {error}")
             return 2
@@ -104,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print("\n".join(str(p) for p in written))
     elif args.command == "settings":
-        from .pipeline import settings
-
         print(settings.table(), end="")
     elif args.command == "serve":
         import logging

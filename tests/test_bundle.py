@@ -106,7 +106,7 @@ def test_student_lab_has_no_instructor_tools(bundle):
 
 def test_student_config_matches_the_course(bundle, tmp_path):
     """The bundle's nbgrader settings: the instructor's validator width and cell limit, an exchange that exists."""
-    from autograder.pipeline.feedback import load_config
+    from autograder.pipeline.settings import course_config as load_config
 
     (tmp_path / "nbgrader_config.py").write_text(bundle["attention-course/nbgrader_config.py"])
     student, instructor = load_config(tmp_path), load_config(ROOT)

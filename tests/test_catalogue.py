@@ -24,7 +24,7 @@ from torch import nn
 
 from autograder.errors import CheckFailed
 from autograder.pipeline.course import assignments, module_name
-from autograder.pipeline.feedback import load_config
+from autograder.pipeline.settings import course_config
 from autograder.remote import lookup
 from autograder.serve import LocalChannel
 
@@ -34,7 +34,7 @@ from .notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, so
 #: Mistakes a visible check cannot see, with why; the test asserts they still pass it (so the list cannot go stale).
 VISIBLE_MISSES: set[tuple[str, str, str]] = set()
 #: How ``nbgrader validate`` shows a failing check (nbgrader_config.py's Validator.width, its indent).
-VALIDATE_WIDTH = int(load_config(ROOT).Validator.width)
+VALIDATE_WIDTH = int(course_config(ROOT).Validator.width)
 VALIDATE_INDENT = "    "
 #: What a mistake's source may use without importing it: the notebook's own imports (as the answer cell has them).
 PASTED_INTO = {"torch": torch, "math": math, "F": F, "nn": nn}

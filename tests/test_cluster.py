@@ -290,7 +290,7 @@ def test_a_cluster_grades_like_here_when_a_worker_dies(tmp_path, dask_cluster, m
         original(root, assignment, student, graded, notebooks)
 
     monkeypatch.setattr(cluster, "record", record_then_kill_a_busy_worker)
-    remote = grade.autograde([A], root=there, progress=False, options=grading_options(), cluster=address)
+    remote = cluster.autograde(address, [A], root=there, progress=False, options=grading_options())
     local = grade.autograde([A], workers=2, root=here, progress=False, options=grading_options())
 
     assert killed, "no worker was grading when the first result came: nothing was lost"

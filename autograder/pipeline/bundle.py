@@ -23,6 +23,8 @@ from pathlib import Path
 
 from .. import INSTRUCTOR_ONLY
 from .course import ROOT, assignments
+from .course import pins as course_pins
+from .settings import course_config
 
 TOP = "attention-course"
 #: What students need from the pinned dependencies (the rest are the instructor's tools).
@@ -220,25 +222,16 @@ if __name__ == "__main__":
 '''
 
 
-def _pins(root: Path) -> dict[str, str]:
-    import tomllib
-
-    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    return {d.split("==")[0]: d for d in deps}
-
-
 def requirements(root: Path = ROOT) -> str:
     """The pinned packages a student needs (read from pyproject.toml), nbgrader included."""
-    pins = _pins(root)
+    pins = course_pins(root)
     return "".join(f"{pins[name]}\n" for name in STUDENT_PACKAGES)
 
 
 def _instructor_value(root: Path, name: str, default: int) -> int:
     """A number set in the instructor's nbgrader_config.py (``c.Section.name = 60``)."""
-    from .feedback import load_config
-
     section, key = name.split(".")
-    value = load_config(root).get(section, {}).get(key, default)
+    value = course_config(root).get(section, {}).get(key, default)
     return int(value)
 
 
@@ -251,7 +244,7 @@ def generated_files(root: Path = ROOT) -> dict[str, str]:
                                    width=_instructor_value(root, "Validator.width", 640))
     notebooks = ", ".join(f"`{name}`" for name in assignments(root) if (root / "notebooks" / f"{name}.ipynb").is_file())
     return {
-        f"{TOP}/README.md": README.format(notebooks=notebooks, torch=_pins(root)["torch"]),
+        f"{TOP}/README.md": README.format(notebooks=notebooks, torch=course_pins(root)["torch"]),
         f"{TOP}/requirements.txt": requirements(root),
         f"{TOP}/course.py": COURSE_SCRIPT,
         f"{TOP}/nbgrader_config.py": config,

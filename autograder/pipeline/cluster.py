@@ -57,7 +57,8 @@ from pathlib import Path, PurePosixPath
 
 from . import gradescope, sandbox, settings
 from .course import ROOT
-from .grade import Options, Runner, SandboxUnavailable, db_url, fork_server, run_nbgrader
+from .grade import Options, Runner, SandboxUnavailable, Summary, db_url, fork_server, run_nbgrader, submissions
+from .grade import autograde as grade_all
 
 #: Seconds to wait for the first worker of the cluster before giving up.
 WAIT_FOR_WORKERS = 120
@@ -353,3 +354,15 @@ class ClusterRunner(Runner):
 
     def close(self) -> None:
         self.client.close()
+
+
+def autograde(address: str, names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
+              progress: bool = True, options: Options | None = None, students: list[str] | None = None) -> Summary:
+    """:func:`autograder.pipeline.grade.autograde` with nbgrader run on the workers of the scheduler at ``address``.
+
+    Raises :class:`SandboxUnavailable` where a worker cannot make a sandbox and ``options.sandbox`` is True.
+    """
+    options = (options or Options()).resolved(root)
+    jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
+    runner = ClusterRunner(address, sorted({a for a, _ in jobs}), root, options) if jobs else None
+    return grade_all(names, workers, root, progress, options, students, runner=runner)

@@ -44,3 +44,11 @@ def nbgrader(*args: str, root: Path = ROOT, check: bool = True) -> subprocess.Co
         text=True,
         capture_output=True,
     )
+
+
+def pins(root: Path = ROOT) -> dict[str, str]:
+    """The course's pinned dependencies (``pyproject.toml``): package name -> ``name==version``."""
+    import tomllib
+
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {d.split("==")[0]: d for d in deps}

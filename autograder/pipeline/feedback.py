@@ -49,6 +49,7 @@ from nbconvert.preprocessors.sanitize import SanitizeHTML
 from traitlets import default
 
 from . import notes as grading_notes
+from . import settings
 from .course import ROOT, assignments
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
@@ -308,22 +309,12 @@ def install_mathjax(feedback_dir: Path) -> Path:
     return target
 
 
-def load_config(root: Path):
-    """nbgrader's configuration of the course at ``root`` (its ``nbgrader_config.py``)."""
-    from traitlets.config.loader import Config, PyFileConfigLoader
-
-    path = root / "nbgrader_config.py"
-    config = PyFileConfigLoader(path.name, path=str(root)).load_config() if path.is_file() else Config()
-    config.CourseDirectory.root = str(root)
-    return config
-
-
 def make_exporter(root: Path, db_url: str) -> HTMLExporter:
     """The exporter nbgrader's ``generate_feedback`` would use for the course at ``root``."""
     from nbgrader.converters import GenerateFeedback
     from nbgrader.coursedir import CourseDirectory
 
-    config = load_config(root)
+    config = settings.course_config(root)
     config.CourseDirectory.db_url = db_url
     converter = GenerateFeedback(coursedir=CourseDirectory(config=config), config=config)
     exporter = converter.exporter_class(parent=converter, config=converter.config)

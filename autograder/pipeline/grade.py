@@ -18,9 +18,10 @@ submission can never take another down. For each submission (:func:`grade_one`):
 3. what happened is kept with the graded submission and shown at the top of its feedback.
 
 How nbgrader is run on the staged copy is a :class:`Runner`: here, several at a time (the
-default), or on a Dask cluster (``cluster=ADDRESS``, :mod:`autograder.pipeline.cluster`), which
-grades each staged copy on a worker and hands back the graded notebook and the scores that are
-then written here; staging, the notes, the progress bar and the summary are the same either way.
+default), or on a Dask cluster (:func:`autograder.pipeline.cluster.autograde` gives
+:func:`autograde` its runner; this module does not import that one), which grades each staged
+copy on a worker and hands back the graded notebook and the scores that are then written here;
+staging, the notes, the progress bar and the summary are the same either way.
 
 Grading refuses to start where no sandbox can be made, unless the instructor says
 ``sandbox=False`` (``--no-sandbox``). A submission without a notebook to grade scores 0 with a
@@ -350,25 +351,22 @@ def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[st
 
 def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
               progress: bool = True, options: Options | None = None, students: list[str] | None = None,
-              cluster: str | None = None) -> Summary:
+              runner: Runner | None = None) -> Summary:
     """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once.
 
-    ``cluster``: the address of a Dask scheduler whose workers grade (default ``Grading.cluster``).
-    Raises :class:`SandboxUnavailable` where no sandbox can be made (here, or on a worker of the
-    cluster) and ``options.sandbox`` is True.
+    ``runner``: where nbgrader runs (default: here, a :meth:`Runner.start`); it is closed at the end.
+    :func:`autograder.pipeline.cluster.autograde` gives a Dask cluster's.
+    Raises :class:`SandboxUnavailable` where no sandbox can be made here (``runner`` None) and
+    ``options.sandbox`` is True.
     """
     options = (options or Options()).resolved(root)
     course = settings.grading(root)
-    cluster = cluster or course.cluster or None
-    if cluster is None:
+    if runner is None:
         require_sandbox(options)
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     start = time.monotonic()
-    if cluster is not None and jobs:
-        from .cluster import ClusterRunner
-
-        runner: Runner = ClusterRunner(cluster, sorted({a for a, _ in jobs}), root, options)
-        workers = workers or course.workers or len(jobs)
+    if runner is not None:
+        workers = workers or course.workers or len(jobs) or 1
     else:  # the fork server first, so that its imports overlap with preparing the gradebook
         runner = Runner.start(root, course.forkserver) if jobs else Runner()
         workers = workers or course.workers or os.cpu_count() or 1

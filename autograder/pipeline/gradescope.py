@@ -53,8 +53,7 @@ import nbformat
 
 from . import grade, sandbox
 from . import notes as grading_notes
-from .bundle import _pins
-from .course import ROOT, assignments, nbgrader
+from .course import ROOT, assignments, nbgrader, pins
 
 #: Gradescope's folder; AUTOGRADER_GRADESCOPE_ROOT moves it (the tests use a temporary one).
 GRADESCOPE_ROOT = Path("/autograder")
@@ -92,7 +91,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 def grading_pins(root: Path = ROOT) -> list[str]:
     """The exact pins of pyproject.toml that grading needs (``torch==2.13.0``, ...), in its order."""
-    return [pin for name, pin in _pins(root).items() if name not in NOT_FOR_GRADING]
+    return [pin for name, pin in pins(root).items() if name not in NOT_FOR_GRADING]
 
 
 def setup_script(root: Path = ROOT) -> str:

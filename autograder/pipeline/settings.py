@@ -124,10 +124,10 @@ OTHER_CLASSES = ("nbgrader.coursedir.CourseDirectory", "nbgrader.exchange.defaul
 
 
 def course_config(root: Path = ROOT) -> Config:
-    """The configuration of ``root/nbgrader_config.py`` (empty where the course has none)."""
-    if not (root / CONFIG_FILE).is_file():
-        return Config()
-    return PyFileConfigLoader(CONFIG_FILE, path=str(root)).load_config()
+    """The configuration of ``root/nbgrader_config.py`` (empty where the course has none), rooted at ``root``."""
+    config = PyFileConfigLoader(CONFIG_FILE, path=str(root)).load_config() if (root / CONFIG_FILE).is_file() else Config()
+    config.CourseDirectory.root = str(root)
+    return config
 
 
 def grading(root: Path = ROOT) -> Grading:

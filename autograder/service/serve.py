@@ -79,7 +79,7 @@ class Service:
                  now: Callable[[], datetime] | None = None, workers: int | None = None) -> None:
         if not (root / settings.CONFIG_FILE).is_file() or not (root / "source").is_dir():
             raise ValueError(f"{root} is not a course: it has no {settings.CONFIG_FILE} or no source/ folder")
-        config = feedback.load_config(root)
+        config = settings.course_config(root)
         self.root = root
         self.exchange = Path(exchange or config.Exchange.get("root", "/srv/nbgrader/exchange"))
         self.course_id = course_id or config.CourseDirectory.get("course_id", "")

@@ -118,9 +118,11 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     assert notebook["mistake"][f"test_{exercise}_hidden"] == 0.0
     assert {k: v for k, v in notebook["mistake"].items() if exercise not in k} == {
         k: v for k, v in maximum.items() if exercise not in k}
-    # torch.allclose replaced in the kernel changes nothing: the checks compare in the grader, so the
-    # wrong hard_lookup scores 0 and the honest answers keep their points
-    assert notebook["patched"] == {k: 0.0 if "hard_lookup" in k else v for k, v in maximum.items()}
+    # torch.allclose replaced in the kernel changes no comparison (the checks compare in the grader): the wrong
+    # hard_lookup scores 0, the answers of exercises that forbid no built-in keep their points, and the one that
+    # forbids built-ins scores 0, because the notebook changes what a module holds (source reading)
+    forbidding = "scaled_dot_product_attention"
+    assert notebook["patched"] == {k: 0.0 if "hard_lookup" in k or forbidding in k else v for k, v in maximum.items()}
 
     nbgrader("export", "--to", str(course / "grades.csv"), f"--db={postgres_url}", "--log-level=WARN", root=course)
     rows = (course / "grades.csv").read_text().strip().splitlines()

@@ -42,7 +42,7 @@ print(json.dumps({
     "hidden checks": sorted(os.listdir(os.path.join(package, "autograder", "hidden"))),
     "environment": sorted(os.environ),
     "secret in /proc/self/environ": b"grader-secret" in open("/proc/self/environ", "rb").read(),
-    "address space": resource.getrlimit(resource.RLIMIT_AS),
+    "private memory": resource.getrlimit(resource.RLIMIT_DATA),
     "cpu seconds": resource.getrlimit(resource.RLIMIT_CPU),
     "torch imported": "torch" in sys.modules,
     "grader's modules": grader_modules,
@@ -110,7 +110,7 @@ def test_a_forked_kernel_is_confined_as_a_cold_one(forker, tmp_path, monkeypatch
     assert not forked["umount /proc"] and forked["hidden checks"] == []
     assert not forked["secret in /proc/self/environ"] and forked["torch imported"]
     assert forked["grader's modules"] == []  # the zygote was started by exec, not forked from the grader
-    assert forked["address space"][0] == SandboxedKernelManager().limits.memory_mb * 2**20
+    assert forked["private memory"][0] == SandboxedKernelManager().limits.memory_mb * 2**20
 
 
 @pytest.mark.slow

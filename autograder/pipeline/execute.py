@@ -78,16 +78,18 @@ def _deeper_than(value, limit: int) -> bool:
 
 
 def limit_own_memory(mb: int) -> None:
-    """Cap this process's address space at ``mb`` MB (0: leave it), as its soft limit only.
+    """Cap this process's private writable memory at ``mb`` MB (0: leave it), as its soft limit only.
+
+    ``RLIMIT_DATA``, not the address space: the CUDA build of PyTorch maps gigabytes of library code.
 
     The soft limit: the kernels this process starts inherit it and may raise it to the hard one, so the
     sandbox still sets their own limits (:mod:`autograder.pipeline.sandbox`).
     """
     if mb <= 0:
         return
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     soft = mb * 2**20 if hard == resource.RLIM_INFINITY else min(mb * 2**20, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 class ResilientExecute(KernelRequests, Execute):
@@ -97,7 +99,7 @@ class ResilientExecute(KernelRequests, Execute):
     max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
     max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
     sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.pipeline.sandbox.").tag(config=True)
-    grader_memory_mb = Integer(4096, help="Address space of the grading process itself in MB (RLIMIT_AS, its soft "
+    grader_memory_mb = Integer(4096, help="Private writable memory of the grading process itself in MB (RLIMIT_DATA, its soft "
                                "limit; 0: none): whatever a kernel answers, one submission's grading fails alone "
                                "instead of starving the machine.").tag(config=True)
     checks_in_grader = Bool(True, help="Run test cells in the grader's process, the student's functions in the "

@@ -54,7 +54,7 @@ def _limit(name: str, text: str) -> Integer:
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels run in the sandbox (see the module doc)."""
 
-    memory_mb = _limit("memory_mb", "Address space of each sandboxed process in MB (RLIMIT_AS), and the memory "
+    memory_mb = _limit("memory_mb", "Private writable memory of each sandboxed process in MB (RLIMIT_DATA), and the memory "
                                     "of the sandbox's control group.")
     cpu_seconds = _limit("cpu_seconds", "CPU seconds of each sandboxed process (RLIMIT_CPU).")
     file_mb = _limit("file_mb", "Largest file a sandboxed process may write, in MB (RLIMIT_FSIZE).")

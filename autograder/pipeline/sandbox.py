@@ -12,7 +12,7 @@ kernel's command is wrapped, so that the kernel (and anything it starts) runs
   process, :mod:`autograder.pipeline.judge`), and a writable *copy* of the submission's
   folder, a home and a ``TMPDIR``, each a size-limited ``tmpfs`` (what the code writes is
   thrown away, and it cannot fill the grader's disk);
-- under resource limits (address space, CPU seconds, file size, a small private ``TMPDIR``),
+- under resource limits (private memory, CPU seconds, file size, a small private ``TMPDIR``),
   one thread for PyTorch and an environment with nothing of the grader's (no database URL,
   no tokens);
 - in its own control group where the grader may make one (:mod:`autograder.pipeline.cgroup`),
@@ -67,7 +67,7 @@ class Limits:
     (``nbgrader_config.py``); the environment variables of :meth:`from_environment` override them.
     """
 
-    memory_mb: int = 4096  # address space of each process (RLIMIT_AS), and memory of the control group
+    memory_mb: int = 4096  # private writable memory of each process (RLIMIT_DATA), and memory of the control group
     cpu_seconds: int = 1200  # CPU time of each process (RLIMIT_CPU)
     file_mb: int = 256  # largest file written (RLIMIT_FSIZE)
     tmp_mb: int = 256  # size of the private /tmp, and of the working folder and of the home (each a tmpfs)
@@ -157,7 +157,9 @@ def rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
     """The per-process resource limits (``resource`` module names, soft and hard) of ``limits``."""
     mb = 2**20
     found = {
-        "RLIMIT_AS": (limits.memory_mb * mb, limits.memory_mb * mb),
+        # Private writable memory (heap, anonymous maps, libraries' data), not address space: PyPI's CUDA build of
+        # PyTorch (every Python but this machine's 3.11) maps 3.4 GB of library code at import, 0.9 GB for the CPU build.
+        "RLIMIT_DATA": (limits.memory_mb * mb, limits.memory_mb * mb),
         "RLIMIT_CPU": (limits.cpu_seconds, limits.cpu_seconds + 5),
         "RLIMIT_FSIZE": (limits.file_mb * mb, limits.file_mb * mb),
         "RLIMIT_CORE": (0, 0),

@@ -1,0 +1,53 @@
+"""Sphinx's configuration of the course's manual (``make docs``).
+
+The pages are Markdown (MyST); the API pages are autodoc's, from the docstrings of the package;
+the settings page's table is printed here, at build time, by the code that reads the settings.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+project = "Attention, from soft lookup to FlashAttention"
+author = "The course's instructors"
+copyright = "the course's instructors, MIT licence"
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary"]
+source_suffix = {".md": "markdown"}
+exclude_patterns = ["_build"]
+templates_path = ["_templates"]
+
+# [text](#a-heading) and [text](page.md#a-heading) resolve, and a link to a heading that is not there is a warning.
+myst_heading_anchors = 3
+myst_enable_extensions = ["colon_fence"]
+
+autosummary_generate = True
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+
+# The manual is read offline too: nothing is fetched while it builds (no intersphinx, no linkcheck).
+html_theme = "alabaster"
+html_title = "Attention course: the manual"
+html_theme_options = {"description": "An autograded course on attention, built on nbgrader", "fixed_sidebar": True}
+
+
+class SettingsTable(SphinxDirective):
+    """The table ``python -m autograder settings`` prints: every setting, its value in this course, where to set it."""
+
+    def run(self) -> list[nodes.Node]:
+        from autograder.course import settings
+
+        return self.parse_text_to_nodes(settings.table(ROOT))
+
+
+def setup(app):
+    app.add_directive("settings-table", SettingsTable)
+    return {"parallel_read_safe": True}

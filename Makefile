@@ -85,10 +85,10 @@ feedback: setup ## write feedback/ HTML for every graded submission
 	$(BIN)/python -m autograder feedback $(ASSIGNMENTS)
 
 grades: setup ## grades.csv (nbgrader export) and grades-canvas.csv (Canvas's gradebook import)
-	$(BIN)/python -m autograder.pipeline.export
+	$(BIN)/python -m autograder.grading.export
 
 report: setup ## report/index.html: the class report (scores per exercise, named mistakes, failures, time)
-	$(BIN)/python -m autograder.pipeline.report $(ASSIGNMENTS)
+	$(BIN)/python -m autograder.grading.report $(ASSIGNMENTS)
 
 .PHONY: similarity
 similarity: setup ## report/similarity/index.html: similar answers per exercise, and answers matching the reference (THRESHOLD=0.5)
@@ -112,7 +112,7 @@ hub: setup hub/node_modules/.installed ## JupyterHub for the class on this serve
 
 .PHONY: gradescope
 gradescope: setup ## dist/gradescope/NN_name.zip: a Gradescope autograder per notebook (HIDDEN_VISIBILITY=after_published)
-	$(BIN)/python -m autograder.pipeline.gradescope build $(ASSIGNMENTS) $(if $(HIDDEN_VISIBILITY),--hidden-visibility $(HIDDEN_VISIBILITY))
+	$(BIN)/python -m autograder.grading.gradescope build $(ASSIGNMENTS) $(if $(HIDDEN_VISIBILITY),--hidden-visibility $(HIDDEN_VISIBILITY))
 
 bench: setup ## time and memory: attention, its backward pass (08), decoding with a KV cache (09), long context (10), paged vs contiguous caches (11) (bench/results/)
 	$(BIN)/python bench/attention_bench.py

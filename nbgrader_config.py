@@ -41,10 +41,10 @@ c.Execute.shutdown_kernel = "immediate"
 
 # Grading a class safely (README): nbgrader's Execute is replaced by one that runs the kernel
 # in a sandbox, keeps grading after the student's code kills or hangs its kernel, limits the
-# time of the whole notebook and caps output (autograder/pipeline/execute.py). The other
+# time of the whole notebook and caps output (autograder/engine/execute.py). The other
 # steps are nbgrader's defaults.
 c.Autograde.autograde_preprocessors = [
-    "autograder.pipeline.execute.ResilientExecute",
+    "autograder.engine.execute.ResilientExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
@@ -67,12 +67,12 @@ c.LimitOutput.max_traceback = 30
 # messages without a traceback (autograder/errors.py). Nothing a student wrote runs when the
 # page is opened: outputs and raw cells go through nbconvert's SanitizeHTML, markdown cells are
 # cleaned once rendered (FeedbackExporter), which also loads MathJax from feedback/_mathjax/
-# instead of a CDN and wraps long lines (autograder/pipeline/feedback.py).
-c.GenerateFeedback.exporter_class = "autograder.pipeline.feedback.FeedbackExporter"
+# instead of a CDN and wraps long lines (autograder/grading/feedback.py).
+c.GenerateFeedback.exporter_class = "autograder.grading.feedback.FeedbackExporter"
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
-    "autograder.pipeline.feedback.SanitizeOutputs",
+    "autograder.grading.feedback.SanitizeOutputs",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
 
@@ -85,7 +85,7 @@ c.Validator.width = 640
 # instead of warning on every run that its TCP traffic is not encrypted.
 c.KernelManager.transport_encryption = "auto"
 
-# Resource limits of each sandboxed kernel (autograder/pipeline/kernel_manager.py); the
+# Resource limits of each sandboxed kernel (autograder/engine/kernel_manager.py); the
 # environment variables AUTOGRADER_MEMORY_MB, AUTOGRADER_CPU_SECONDS, ... override them.
 c.SandboxedKernelManager.memory_mb = 4096
 c.SandboxedKernelManager.cpu_seconds = 1200
@@ -94,7 +94,7 @@ c.SandboxedKernelManager.tmp_mb = 256
 c.SandboxedKernelManager.processes = 256
 c.SandboxedKernelManager.threads = 1
 
-# The warm kernel pool (autograder/pipeline/kernel_pool.py): while a class is graded, the fork
+# The warm kernel pool (autograder/engine/kernel_pool.py): while a class is graded, the fork
 # server keeps sandboxed kernels started ahead (PyTorch and matplotlib imported, nothing of a
 # student), one fresh kernel per submission. AUTOGRADER_KERNEL_POOL=0
 # turns it off.

@@ -3,12 +3,15 @@
 Public part (shipped to students, and the only part a student's kernel sees when a notebook
 is graded): ``errors``, ``compare``, ``guard``, ``diagnosis``, ``diagnoses``, ``student``,
 ``verify``, ``inputs``, ``watches``, ``wire``, ``remote`` and ``checks``. Instructor-only part
-(:data:`INSTRUCTOR_ONLY`): ``hidden`` (hidden checks and the mistake catalogue), ``pipeline``
-(release, grading, feedback, bundle), ``service`` (the grading service) and the command line.
+(:data:`INSTRUCTOR_ONLY`): ``hidden`` (hidden checks and the mistake catalogue), and the three
+layers of the instructor's tools: ``course`` (the repository, its settings, release, scaffold,
+bundle), ``engine`` (running and judging one notebook: staging, the sandbox, the kernel, the
+source reading) and ``grading`` (a class's run and its platforms, feedback, export, report);
+``service`` (the hub's grading service) and the command line.
 """
 
 __version__ = "1.0.0"
 
 #: The parts of the package that never leave the instructor's side: not in the student bundle,
 #: not in the grading sandbox, never run as a probe.
-INSTRUCTOR_ONLY = ("hidden", "pipeline", "service", "__main__.py")
+INSTRUCTOR_ONLY = ("hidden", "course", "engine", "grading", "service", "__main__.py")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import signal
 
-from .pipeline import collect, grade, release, settings
+from .course import release, settings
+from .grading import collect, grade
 
 
 def _interrupt(signum, frame) -> None:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             address = args.cluster or settings.grading().cluster or None
             if address is not None:
-                from .pipeline import cluster
+                from .grading import cluster
 
                 summary = cluster.autograde(address, args.assignments, args.workers, options=options)
             else:
@@ -82,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(collect.collect_zip(args.assignment, Path(args.zip), args.pattern))
     elif args.command == "feedback":
-        from .pipeline import feedback
+        from .grading import feedback
 
         run = feedback.feedback(args.assignments)
         print(run)
         return 1 if run.broken else 0
     elif args.command == "similarity":
-        from .pipeline import similarity, similarity_page
+        from .grading import similarity, similarity_page
 
         threshold = similarity.THRESHOLD if args.threshold is None else args.threshold
         if not 0.0 <= threshold <= 1.0:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(similarity_page.summary(found, threshold))
     elif args.command == "new-notebook":
-        from .pipeline import scaffold
+        from .course import scaffold
 
         try:
             written = scaffold.create(args.name, args.title)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         import logging
         from pathlib import Path
 
-        from .pipeline.course import ROOT
+        from .course.repository import ROOT
         from .service.serve import Service, summary
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         print(summary(service))
     elif args.command == "bundle":
-        from .pipeline import bundle as bundle_module
+        from .course import bundle as bundle_module
 
         print(bundle_module.write_bundle(args.output))
     return 0

@@ -62,7 +62,7 @@ class Outcome:
 class MistakeFound(CheckFailed):
     """A failure whose answer is what catalogued mistakes give: the message names them.
 
-    The grader records their ids (:mod:`autograder.pipeline.judge`), so that the class report
+    The grader records their ids (:mod:`autograder.engine.judge`), so that the class report
     counts mistakes by id, never by the words of a message.
     """
 

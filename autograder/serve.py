@@ -10,7 +10,7 @@ boundary that grading's security rests on is a boundary in the code too.
 What this does not protect: everything here runs in the student's kernel, beside the student's
 code, which can replace it. Its answers are plain data, judged in the grader; what it measures about
 how an answer was computed (the guard, the probes' watches) helps honest students and is backed by
-the grader's reading of the source (:mod:`autograder.pipeline.source_check`).
+the grader's reading of the source (:mod:`autograder.engine.source_check`).
 """
 
 from __future__ import annotations
@@ -147,5 +147,5 @@ class LocalChannel:
         return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
 
     def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
-        """Nothing is read here: the grader reads the source (:mod:`autograder.pipeline.source_check`)."""
+        """Nothing is read here: the grader reads the source (:mod:`autograder.engine.source_check`)."""
         return None

@@ -129,8 +129,8 @@ def probe(
 ) -> Any:
     """``examine(target, *args, **kwargs)`` run where the student's code runs; its plain-data result.
 
-    ``examine`` is a module-level function of the package's public part (never ``hidden``
-    or ``pipeline``) that looks at the student's object in the student's own process
+    ``examine`` is a module-level function of the package's public part (never its
+    instructor-only part) that looks at the student's object in the student's own process
     (autograd through it, its parameters, a watch on the torch calls it makes) and returns
     plain data. When a notebook is graded, ``target`` lives in the sandboxed kernel and so
     does this call: the student's code can change what a probe returns, as it can change

@@ -46,8 +46,9 @@ sys.path.insert(0, str(ROOT))
 import nbclient  # noqa: E402
 import nbformat  # noqa: E402
 
-from autograder.pipeline import grade, kernel_pool, sandbox  # noqa: E402
-from autograder.pipeline.course import assignments, module_name, nbgrader  # noqa: E402
+from autograder.course.repository import assignments, module_name, nbgrader  # noqa: E402
+from autograder.engine import kernel_pool, sandbox  # noqa: E402
+from autograder.grading import grade  # noqa: E402
 from tests.course_copy import fill, make_course, mistake_source, reference_answers, released, submit  # noqa: E402
 
 BROKEN = "def {name}(*args, **kwargs):\n    raise RuntimeError('not finished')\n"

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from nbgrader.utils import notebook_hash  # noqa: E402
 
-from autograder.pipeline import sandbox  # noqa: E402
+from autograder.engine import sandbox  # noqa: E402
 from autograder.service.serve import Service  # noqa: E402
 from tests.course_copy import fill, grading_options, make_course, reference_answers  # noqa: E402
 from tests.exchange_class import COURSE_ID, Student, release  # noqa: E402

@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder.pipeline import similarity_page  # noqa: E402
-from autograder.pipeline.similarity import THRESHOLD  # noqa: E402
+from autograder.grading import similarity_page  # noqa: E402
+from autograder.grading.similarity import THRESHOLD  # noqa: E402
 from tests.course_copy import fill, reference_answers, submit  # noqa: E402
 from tests.similarity_class import (  # noqa: E402
     ASSIGNMENT,

@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from autograder.pipeline.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
+from autograder.course.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 

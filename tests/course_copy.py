@@ -14,10 +14,11 @@ from pathlib import Path
 import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
 
+from autograder.course.repository import module_name, nbgrader
 from autograder.diagnosis import Mistake
-from autograder.pipeline import grade, sandbox
-from autograder.pipeline.course import module_name, nbgrader
-from autograder.pipeline.source_check import definition_closure
+from autograder.engine import sandbox
+from autograder.engine.source_check import definition_closure
+from autograder.grading import grade
 
 from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
 

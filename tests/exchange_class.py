@@ -15,7 +15,7 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.exchange.default import ExchangeFetchAssignment, ExchangeFetchFeedback, ExchangeReleaseAssignment, ExchangeSubmit
 from traitlets.config import Config
 
-from autograder.pipeline import settings
+from autograder.course import settings
 
 COURSE_ID = "attention"
 

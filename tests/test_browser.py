@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from autograder.course.bundle import TOP, write_bundle
 from autograder.errors import CheckFailed
-from autograder.pipeline import feedback, grade
-from autograder.pipeline.bundle import TOP, write_bundle
+from autograder.grading import feedback, grade
 
 from .course_copy import fill, make_course, mistake_source, reference_answers, released, submit
 

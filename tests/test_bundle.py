@@ -11,8 +11,9 @@ import zipfile
 
 import pytest
 
-from autograder.pipeline.bundle import write_bundle
-from autograder.pipeline.course import assignments, module_name
+import autograder
+from autograder.course.bundle import write_bundle
+from autograder.course.repository import assignments, module_name
 
 from .notebook_code import ROOT, answer_cells
 
@@ -52,7 +53,7 @@ def test_bundle_has_the_notebooks_and_public_checks(bundle):
     for assignment in assignments():
         assert f"attention-course/{assignment}.ipynb" in names
         assert f"attention-course/autograder/checks/{module_name(assignment)}.py" in names
-    assert not any("/hidden/" in n or "/pipeline/" in n for n in names)
+    assert not [n for n in names if n.split("/")[1:2] == ["autograder"] and n.split("/")[2] in autograder.INSTRUCTOR_ONLY]
 
 
 @pytest.mark.parametrize("marker", ["BEGIN HIDDEN TESTS", "BEGIN SOLUTION", "autograder.hidden", "MISTAKES"])
@@ -106,7 +107,7 @@ def test_student_lab_has_no_instructor_tools(bundle):
 
 def test_student_config_matches_the_course(bundle, tmp_path):
     """The bundle's nbgrader settings: the instructor's validator width and cell limit, an exchange that exists."""
-    from autograder.pipeline.settings import course_config as load_config
+    from autograder.course.settings import course_config as load_config
 
     (tmp_path / "nbgrader_config.py").write_text(bundle["attention-course/nbgrader_config.py"])
     student, instructor = load_config(tmp_path), load_config(ROOT)

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autograder.course.repository import assignments, module_name
+from autograder.course.settings import course_config
 from autograder.errors import CheckFailed
-from autograder.pipeline.course import assignments, module_name
-from autograder.pipeline.settings import course_config
 from autograder.remote import lookup
 from autograder.serve import LocalChannel
 

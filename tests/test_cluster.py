@@ -20,14 +20,15 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade, sandbox
-from autograder.pipeline.course import module_name, nbgrader
+from autograder.course.repository import module_name, nbgrader
+from autograder.engine import sandbox
+from autograder.grading import grade
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 from .notebook_code import ROOT
 
 distributed = pytest.importorskip("distributed", reason="the Dask tests need `distributed` (make setup installs it)")
-from autograder.pipeline import cluster  # noqa: E402 - only where distributed is there
+from autograder.grading import cluster  # noqa: E402 - only where distributed is there
 
 A = "01_soft_lookup"
 MARK = "AUTOGRADER_TEST_CLUSTER"  # in the environment of every process a test's workers start

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.pipeline import collect
+from autograder.grading import collect
 
 from .notebook_code import ROOT
 

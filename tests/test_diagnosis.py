@@ -568,7 +568,7 @@ def test_most_catalogued_mistakes_are_named_by_the_visible_checks():
 
 def test_the_student_bundle_says_the_generic_diagnoses_only(tmp_path):
     """In a real bundle, autograder.hidden does not exist: a float32 answer is explained, no mistake is named."""
-    from autograder.pipeline.bundle import write_bundle
+    from autograder.course.bundle import write_bundle
 
     with zipfile.ZipFile(write_bundle(tmp_path / "course.zip")) as archive:
         archive.extractall(tmp_path)

@@ -29,8 +29,8 @@ import pytest
 
 from autograder import guard as guard_module
 from autograder import student
+from autograder.course.repository import assignments, module_name
 from autograder.guard import SDPA
-from autograder.pipeline.course import assignments, module_name
 
 from .notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
 

@@ -7,7 +7,7 @@ import csv
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import export, grade
+from autograder.grading import export, grade
 
 from .course_copy import make_course
 

@@ -18,8 +18,8 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import __main__ as cli
-from autograder.pipeline import feedback, grade
-from autograder.pipeline.notes import Note, write_notes
+from autograder.engine.notes import Note, write_notes
+from autograder.grading import feedback, grade
 
 from .course_copy import make_course, released
 

@@ -30,9 +30,12 @@ import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_output
 
-from autograder.pipeline import bundle, gradescope, sandbox
-from autograder.pipeline import notes as grading_notes
-from autograder.pipeline.course import module_name
+from autograder import INSTRUCTOR_ONLY
+from autograder.course import bundle
+from autograder.course.repository import module_name
+from autograder.engine import notes as grading_notes
+from autograder.engine import sandbox
+from autograder.grading import gradescope
 
 from .course_copy import fill, mistake_source, reference_answers
 from .notebook_code import ROOT, nbgrader_meta, source_notebook
@@ -153,7 +156,9 @@ def test_zip_holds_the_whole_package_and_the_course(unpacked):
 
 
 def test_hidden_checks_stay_out_of_the_student_bundle():
-    assert not [name for name in bundle.bundle_files() if "/hidden/" in name or "/pipeline/" in name]
+    private = [name for name in bundle.bundle_files()
+               if name.split("/")[1:2] == ["autograder"] and name.split("/")[2] in INSTRUCTOR_ONLY]
+    assert not private
 
 
 def test_build_refuses_an_unknown_visibility(tmp_path):

@@ -24,8 +24,8 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import feedback, grade
-from autograder.pipeline.course import assignments
+from autograder.course.repository import assignments
+from autograder.grading import feedback, grade
 
 from .course_copy import (
     catalogue,

@@ -23,9 +23,10 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import cgroup, feedback, grade, sandbox
-from autograder.pipeline.kernel_manager import SandboxedKernelManager
-from autograder.pipeline.notes import NOTES_FILE
+from autograder.engine import cgroup, sandbox
+from autograder.engine.kernel_manager import SandboxedKernelManager
+from autograder.engine.notes import NOTES_FILE
+from autograder.grading import feedback, grade
 
 from .course_copy import fill, make_course, reference_answers, released, submit
 from .notebook_code import ROOT, nbgrader_meta
@@ -243,7 +244,7 @@ def snoop(rel, ref, course):
         "gradebook": course / "gradebook.db",
         "other student": course / "submitted" / "reference" / A / f"{A}.ipynb",
         "other hidden checks": ROOT / "autograder" / "hidden" / "masking.py",
-        "pipeline": ROOT / "autograder" / "pipeline" / "grade.py",
+        "grading tools": ROOT / "autograder" / "grading" / "grade.py",
     }
     code = ["import os, socket", "results = []"]
     for what, path in targets.items():

@@ -33,7 +33,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autograder.pipeline import export, sandbox
+from autograder.engine import sandbox
+from autograder.grading import export
 
 from .course_copy import make_course, mistake_source, reference_answers
 from .exchange_class import release

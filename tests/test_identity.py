@@ -14,11 +14,11 @@ import re
 import pytest
 import torch
 
+from autograder.course.repository import assignments, module_name
 from autograder.diagnosis import Mistake, MistakeFound, by_id
+from autograder.engine import judge
 from autograder.errors import CheckFailed
 from autograder.guard import SOFTMAX, SOFTMAX_BUILTINS, ForbiddenCall
-from autograder.pipeline import judge
-from autograder.pipeline.course import assignments, module_name
 from autograder.remote import Remote, lookup
 from autograder.serve import LocalChannel
 from autograder.student import call_student

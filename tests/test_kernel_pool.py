@@ -15,10 +15,11 @@ import psutil
 import pytest
 from traitlets.config import Config
 
-from autograder.pipeline import grade, kernel_pool, sandbox, zygote
-from autograder.pipeline.course import module_name, nbgrader, tool_env
-from autograder.pipeline.kernel_manager import SandboxedKernelManager
-from autograder.pipeline.notes import KERNEL_DIED
+from autograder.course.repository import module_name, nbgrader, tool_env
+from autograder.engine import kernel_pool, sandbox, zygote
+from autograder.engine.kernel_manager import SandboxedKernelManager
+from autograder.engine.notes import KERNEL_DIED
+from autograder.grading import grade
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 
@@ -121,7 +122,7 @@ def _kernel_folders(processes: list[psutil.Process]) -> set[str]:
 @pytest.mark.slow
 @needs_bwrap
 def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
-    from autograder.pipeline.forkserver import ForkServer
+    from autograder.engine.forkserver import ForkServer
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.max_idle = 4\n")
     server = ForkServer()
@@ -164,7 +165,7 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
 @pytest.mark.slow
 @needs_bwrap
 def test_the_zygote_can_be_switched_off(tmp_path):
-    from autograder.pipeline.forkserver import ForkServer
+    from autograder.engine.forkserver import ForkServer
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.zygote = False\n")
     server = ForkServer()
@@ -251,7 +252,7 @@ def test_the_limits_are_traits_and_the_environment_overrides_them(monkeypatch):
 
 
 def test_the_course_config_sets_the_limits_and_the_pool():
-    from autograder.pipeline.settings import course_config
+    from autograder.course.settings import course_config
 
     from .notebook_code import ROOT
 

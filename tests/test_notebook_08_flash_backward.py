@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from autograder import remote, serve
 from autograder.checks import flash_backward as visible
+from autograder.engine.source_check import forbidden_use
 from autograder.errors import CheckFailed
 from autograder.hidden import flash_backward as hidden
 from autograder.hidden.flash_backward import MISTAKES
-from autograder.pipeline.source_check import forbidden_use
 
 from .course_copy import mistake_source
 from .notebook_code import answer_cells, solution_namespace

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from autograder.pipeline import notes
-from autograder.pipeline.notes import Note, NoteKind
+from autograder.engine import notes
+from autograder.engine.notes import Note, NoteKind
 
 
 def test_notes_round_trip_with_their_kinds(tmp_path):
@@ -62,7 +62,7 @@ def test_a_note_is_one_line_whatever_it_quotes():
 
 def test_the_summary_of_a_run_cannot_be_forged_or_steer_the_terminal():
     """A student id, a reason and a note that each hold a newline, a summary-like line and escapes."""
-    from autograder.pipeline import grade
+    from autograder.grading import grade
 
     a, forged = "01_soft_lookup", "\ngraded 40, could not be graded 0, in 1.0 s"
     evil = "eve" + ESCAPES["title"] + forged

@@ -14,8 +14,9 @@ import pytest
 import sqlalchemy
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import collect, grade, settings
-from autograder.pipeline.course import module_name, nbgrader
+from autograder.course import settings
+from autograder.course.repository import module_name, nbgrader
+from autograder.grading import collect, grade
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 from .notebook_code import ROOT
@@ -187,8 +188,8 @@ def test_an_lms_zip_lands_in_submitted(tmp_path):
 
 
 def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):
-    from autograder.pipeline.course import tool_env
-    from autograder.pipeline.forkserver import ForkServer
+    from autograder.course.repository import tool_env
+    from autograder.engine.forkserver import ForkServer
 
     server = ForkServer()
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade
-from autograder.pipeline.course import module_name, nbgrader
+from autograder.course.repository import module_name, nbgrader
+from autograder.grading import grade
 
 from .course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
 

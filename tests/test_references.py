@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import autograder
-from autograder.pipeline.course import assignments, module_name
+from autograder.course.repository import assignments, module_name
 
 PACKAGE = Path(autograder.__file__).parent
 NOTEBOOKS = [module_name(a) for a in assignments()]

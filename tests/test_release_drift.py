@@ -13,8 +13,8 @@ import nbformat
 import pytest
 from nbgrader.converters import GenerateSolution
 
-from autograder.pipeline.course import ROOT, assignments
-from autograder.pipeline.release import UNEXECUTED, VOLATILE_TAG, release_one
+from autograder.course.release import UNEXECUTED, VOLATILE_TAG, release_one
+from autograder.course.repository import ROOT, assignments
 
 
 def cells_only(notebook: nbformat.NotebookNode) -> str:

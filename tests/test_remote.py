@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from autograder import wire
+from autograder.course.repository import assignments, module_name
+from autograder.engine.source_check import forbidden_use
 from autograder.errors import CheckFailed
 from autograder.guard import ATTENTION_BUILTINS
-from autograder.pipeline.course import assignments, module_name
-from autograder.pipeline.source_check import forbidden_use
 from autograder.references.numerical_stability import unchanged_by
 from autograder.remote import Remote, lookup
 from autograder.serve import LocalChannel
@@ -145,7 +145,7 @@ def test_what_the_grader_reads_is_bounded_before_anything_is_built():
 
 def test_what_a_check_call_prints_is_kept_only_to_the_cells_budget():
     """1 GB printed while a check runs the student's function: the grader keeps the budget and one character."""
-    from autograder.pipeline.kernel_requests import KernelRequests
+    from autograder.engine.kernel_requests import KernelRequests
 
     requests = KernelRequests()
     requests.max_output_bytes, requests._streams, requests._streams_size = 1000, [], 0
@@ -159,7 +159,7 @@ def test_the_grading_process_caps_its_own_memory():
     import subprocess
     import sys
 
-    code = ("from autograder.pipeline.execute import limit_own_memory\nlimit_own_memory({mb})\n"
+    code = ("from autograder.engine.execute import limit_own_memory\nlimit_own_memory({mb})\n"
             "try:\n    kept = bytearray(3 * 2**30)\nexcept MemoryError:\n    print('refused')\nelse:\n    print('allowed')")
     capped = subprocess.run([sys.executable, "-c", code.format(mb=2048)], capture_output=True, text=True, timeout=120)
     uncapped = subprocess.run([sys.executable, "-c", code.format(mb=0)], capture_output=True, text=True, timeout=120)
@@ -312,7 +312,7 @@ def test_an_input_changed_in_place_is_seen_on_both_sides():
 
 def test_an_output_nested_too_deeply_is_kept_without_its_depth():
     """display() with metadata 700 levels deep: the output is kept, its metadata dropped (nbformat would recurse)."""
-    from autograder.pipeline.execute import ResilientExecute
+    from autograder.engine.execute import ResilientExecute
 
     execute = ResilientExecute()
     execute.reset_execution_trackers()  # nbclient's own state, as at the start of a notebook

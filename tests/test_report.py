@@ -10,10 +10,10 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.diagnosis import by_id
+from autograder.engine.judge import mistakes_record
+from autograder.engine.notes import Note, write_notes
+from autograder.grading import grade, report
 from autograder.hidden.soft_lookup import MISTAKES
-from autograder.pipeline import grade, report
-from autograder.pipeline.judge import mistakes_record
-from autograder.pipeline.notes import Note, write_notes
 
 from .course_copy import make_course, released
 

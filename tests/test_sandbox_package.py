@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from autograder.pipeline import sandbox
+from autograder.engine import sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.mode() == "limits only", reason=f"no sandbox here: {sandbox.why_not()}")
 
@@ -25,7 +25,7 @@ def test_the_kernel_imports_the_graders_package():
 
 PROBED = """
 import sys
-from autograder.pipeline import sandbox
+from autograder.engine import sandbox
 code, out, err = sandbox.run([sys.executable, "-c", "import autograder; print('imported')"], stdin=b"", timeout=120)
 print(sandbox.mode(), code, out.decode().strip(), err.decode(errors="replace")[-300:], sandbox.PACKAGE, sep="|")
 """

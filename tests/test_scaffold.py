@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from autograder.pipeline import sandbox, scaffold
+from autograder.course import scaffold
+from autograder.engine import sandbox
 
 from .notebook_code import ROOT
 
@@ -39,7 +40,7 @@ def test_nothing_is_overwritten(tmp_path):
 GRADE = textwrap.dedent(f"""
     from pathlib import Path
     from nbgrader.api import Gradebook
-    from autograder.pipeline import grade
+    from autograder.grading import grade
     from tests.course_copy import fill, grading_options, make_course, reference_answers, released, submit
 
     Path("course").mkdir()

@@ -19,7 +19,7 @@ import pytest
 from nbformat import v4
 from nbgrader.api import Gradebook, MissingEntry
 
-from autograder.pipeline import grade
+from autograder.grading import grade
 from autograder.service import inbox, queue, visibility
 from autograder.service.serve import Service
 from autograder.service.state import Record, State, Status

@@ -10,8 +10,10 @@ from nbgrader.converters.autograde import Autograde
 from nbgrader.preprocessors import Execute
 from traitlets.utils.importstring import import_item
 
-from autograder.pipeline import grade, settings, staging
-from autograder.pipeline.execute import ResilientExecute
+from autograder.course import settings
+from autograder.engine import staging
+from autograder.engine.execute import ResilientExecute
+from autograder.grading import grade
 
 from .notebook_code import ROOT
 
@@ -84,7 +86,7 @@ def test_the_table_names_where_each_setting_is_set():
 @pytest.mark.parametrize("word", ["0", "off", "OFF", "no", "false", "None", " off "])
 def test_every_switch_is_turned_off_by_the_same_words(word, monkeypatch):
     """AUTOGRADER_SANDBOX, AUTOGRADER_FORKSERVER and AUTOGRADER_KERNEL_POOL: one vocabulary for "off"."""
-    from autograder.pipeline import kernel_pool, sandbox
+    from autograder.engine import kernel_pool, sandbox
 
     for variable in ("AUTOGRADER_SANDBOX", "AUTOGRADER_FORKSERVER", "AUTOGRADER_KERNEL_POOL"):
         monkeypatch.setenv(variable, word)

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from autograder.__main__ import main
 from autograder.checks import soft_lookup as checks
-from autograder.pipeline import report, similarity, similarity_page
-from autograder.pipeline.feedback import with_policy
+from autograder.grading import report, similarity, similarity_page
+from autograder.grading.feedback import with_policy
 
 from .course_copy import fill, submit
 from .similarity_class import (

@@ -8,8 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from autograder.engine.source_check import definition_closure, forbidden_use
 from autograder.guard import ATTENTION_BUILTINS, MULTI_HEAD_ATTENTION, SOFTMAX_BUILTINS
-from autograder.pipeline.source_check import definition_closure, forbidden_use
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.pipeline import staging
-from autograder.pipeline.notes import safe_tree
-from autograder.pipeline.settings import Grading
-from autograder.pipeline.staging import normalize, stage
+from autograder.course.settings import Grading
+from autograder.engine import staging
+from autograder.engine.notes import safe_tree
+from autograder.engine.staging import normalize, stage
 
 from .notebook_code import ROOT, nbgrader_meta
 

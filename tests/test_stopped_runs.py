@@ -1,5 +1,5 @@
 """A grading run stopped at any moment (SIGKILL) loses nothing: the next run cleans up after it and grades as
-an uninterrupted one would (:mod:`autograder.pipeline.runs`)."""
+an uninterrupted one would (:mod:`autograder.grading.runs`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder.pipeline import grade, runs
-from autograder.pipeline.sandbox import RUN_VARIABLE
+from autograder.engine.sandbox import RUN_VARIABLE
+from autograder.grading import grade, runs
 
 from .course_copy import fill, grading_options, make_course, reference_answers, released, submit
 
@@ -29,7 +29,7 @@ STUDENTS = ("ada", "bo", "cy")
 DRIVER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from autograder.pipeline import grade
+    from autograder.grading import grade
     grade.autograde([sys.argv[1]], workers=2, root=Path(sys.argv[2]), progress=False,
                     options=grade.Options(sandbox={sandbox}))
 """)

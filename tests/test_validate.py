@@ -11,9 +11,9 @@ import zipfile
 import nbformat
 import pytest
 
+from autograder.course.bundle import TOP, write_bundle
+from autograder.course.repository import module_name
 from autograder.errors import CheckFailed
-from autograder.pipeline.bundle import TOP, write_bundle
-from autograder.pipeline.course import module_name
 
 from .course_copy import fill, mistake_source, reference_answers
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from autograder.pipeline import kernel_pool, zygote
-from autograder.pipeline.kernel_manager import SandboxedKernelManager
+from autograder.engine import kernel_pool, zygote
+from autograder.engine.kernel_manager import SandboxedKernelManager
 
 #: One worker runs this module: its zygote (a module-scoped fixture) starts once (make test: --dist loadgroup).
 pytestmark = [pytest.mark.skipif(not zygote.usable(), reason="kernels are forked only where bubblewrap runs as root "

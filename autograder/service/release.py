@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nbgrader.utils import notebook_hash
 
-from ..pipeline.feedback import with_policy, write_text
+from ..grading.feedback import with_policy, write_text
 
 #: The exchange's feedback folder: enter (not list) for everyone, as ``nbgrader release_feedback`` makes it.
 FOLDER_MODE = stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH

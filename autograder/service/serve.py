@@ -3,11 +3,11 @@
 Each cycle (:meth:`Service.cycle`) looks at the exchange's ``inbound/`` (:mod:`.inbox`), records
 every new submission in the state (:mod:`.state`), asks the fair queue what to grade now
 (:mod:`.queue`), and hands that to ``GradingService.workers`` threads. A grading collects the
-submission into ``submitted/`` and grades it with :func:`autograder.pipeline.grade.grade_one`, the
+submission into ``submitted/`` and grades it with :func:`autograder.grading.grade.grade_one`, the
 pipeline of ``make autograde`` (staging, the sandbox, the checks in the grader, a fork server
 shared by every grading), so its grade is in the gradebook and its graded notebook in
 ``autograded/`` as if the instructor had graded it; its page is made by
-:func:`autograder.pipeline.feedback.submission_pages` from a copy of the graded notebook whose
+:func:`autograder.grading.feedback.submission_pages` from a copy of the graded notebook whose
 hidden checks show what :mod:`.visibility` allows, with the quota at its top, and released to that
 student only (:mod:`.release`). A submission that could not be graded (not the student's doing)
 is released as such, never with a score, and graded again (``GradingService.retries``). A student
@@ -35,8 +35,10 @@ from pathlib import Path
 
 import nbformat
 
-from ..pipeline import feedback, grade, notes, settings
-from ..pipeline.course import ROOT, assignments
+from ..course import settings
+from ..course.repository import ROOT, assignments
+from ..engine import notes
+from ..grading import feedback, grade
 from . import inbox, queue, release, visibility
 from .state import Record, State, Status
 
@@ -105,7 +107,7 @@ class Service:
         return self.exchange / self.course_id / "inbound"
 
     def runner(self) -> grade.Runner:
-        """The runner every grading shares: one run of the course (:mod:`autograder.pipeline.runs`: what a
+        """The runner every grading shares: one run of the course (:mod:`autograder.grading.runs`: what a
         service stopped by ``SIGKILL`` left is cleaned up by the next run), its fork server started once."""
         with self.lock:  # two workers' first gradings must not start two
             if self._runner is None:

@@ -1,0 +1,282 @@
+"""``make student-bundle``: what students get, and nothing else, set up by one command.
+
+The bundle holds the released notebooks and the public part of the ``autograder`` package
+(the visible checks and the machinery they use). The hidden checks, the mistake catalogue
+(near-solutions) and the instructor pipeline stay out. Beside them:
+
+- ``README.md``: what the course is, and how to set up, open, check, validate and submit;
+- ``requirements.txt``: the pinned packages a student needs, nbgrader included (Validate);
+- ``course.py``: ``python course.py`` makes ``.venv`` and installs the requirements on its first
+  run, then opens JupyterLab on the notebooks, with ``jupyter/`` as its configuration folder;
+- ``jupyter/``: JupyterLab without nbgrader's instructor tools (Formgrader, Create Assignment,
+  Course List, disabled both in the page and on the server), with long lines wrapped in the
+  Validate dialog;
+- ``nbgrader_config.py``: the course id, an exchange folder made when missing, and the
+  validator settings of the instructor's course (whole messages, no TCP warning).
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from .. import INSTRUCTOR_ONLY
+from .repository import ROOT, assignments
+from .repository import pins as course_pins
+from .settings import course_config
+
+TOP = "attention-course"
+#: What students need from the pinned dependencies (the rest are the instructor's tools).
+STUDENT_PACKAGES = ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")
+#: nbgrader's JupyterLab plugins and server extensions that are for instructors only.
+INSTRUCTOR_PLUGINS = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                      "@jupyter/nbgrader:course-list")
+INSTRUCTOR_SERVER_EXTENSIONS = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list")
+
+#: Lines of nbgrader's Validate dialog wrap instead of running off the right edge.
+CUSTOM_CSS = """/* The attention course: a check's message is one long line; wrap it. */
+.validation-failed pre, .validation-passed pre, .validation-changed pre, .validation-type-changed pre,
+.jp-Dialog-body .jp-RenderedText pre {
+  white-space: pre-wrap;
+  overflow-wrap: anywhere;
+}
+.jp-Dialog-content { max-width: min(90vw, 1100px); }
+"""
+
+STUDENT_CONFIG = '''"""nbgrader's configuration for students of the attention course (Validate, the Assignment List)."""
+
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
+
+HERE = Path(__file__).resolve().parent
+
+c.CourseDirectory.course_id = "attention"
+# Where `nbgrader fetch_assignment` / `submit` exchange files when your instructor uses an
+# nbgrader exchange on a shared machine: set NBGRADER_EXCHANGE to the folder they give you.
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", str(HERE / "exchange"))
+try:
+    Path(c.Exchange.root).mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass
+
+# As in the instructor's course: the same time limit per cell, every message shown whole,
+# and no warning about unencrypted TCP on every run.
+c.Execute.timeout = {timeout}
+c.Validator.width = {width}
+c.KernelManager.transport_encryption = "auto"
+'''
+
+README = """# Attention, from soft lookup to FlashAttention
+
+An autograded course in Jupyter notebooks: each one asks a question, builds the intuition,
+derives the maths, has you implement the idea in PyTorch, and checks your work against
+PyTorch's own implementation. When a check fails it says what is wrong and, when your answer
+matches a known mistake (no scaling, softmax over the wrong axis, ...), it names the mistake
+and the section that explains it.
+
+Notebooks: {notebooks}.
+
+## Set up and open (one command)
+
+You need Python 3.11, 3.12, 3.13 or 3.14 (`python3 --version`), on Linux, macOS or Windows.
+In this folder:
+
+```bash
+python3 course.py
+```
+
+The first run makes a virtual environment in `.venv/` and installs `requirements.txt` into it
+(PyTorch, JupyterLab, nbgrader: a few minutes and about 1 GB); every run then opens JupyterLab
+on this folder in your browser. Already have an environment with these packages (conda, say)?
+`python course.py --python "$(which python)"` uses it instead; it must have the exact versions of
+`requirements.txt` (PyTorch {torch} above all): the checks are tested with those versions only, and
+`course.py` says so when the environment has others.
+On Windows, type `py course.py` (or `py -3.13 course.py` to choose the version).
+
+## Work through a notebook
+
+1. **Open** `01_soft_lookup.ipynb` in JupyterLab and read from the top, running each cell
+   with Shift+Enter.
+2. **Fill in** each exercise cell: replace `raise NotImplementedError()` with your code. Keep
+   the function's name and signature.
+3. **Check**: the cell under each exercise calls `check_<exercise>(...)`. It prints
+   `... passes the visible checks.` or a red `CheckFailed` message that says what went wrong.
+   The cell marked "Hidden tests run here when your notebook is graded" is empty for you:
+   more tests run there at grading time.
+   *Run > Run All Cells* stops at the first exercise you have not written yet: that is expected.
+4. **Validate** before you submit: press **Validate** in the notebook's toolbar. It restarts
+   the notebook in a fresh kernel, runs every cell, and lists every test cell that fails, with
+   its whole message. From a terminal: `python3 course.py validate 01_soft_lookup.ipynb`.
+   (*Kernel > Restart Kernel and Run All Cells* runs everything too, but stops at the first error.)
+5. **Submit** the `.ipynb` file as your instructor asks (upload it to your learning platform,
+   or *Nbgrader > Assignment List* when your instructor uses an nbgrader exchange). Do not
+   rename it and do not edit the test cells: they are replaced by the originals at grading
+   time, and tampering is detected.
+
+## What is in this folder
+
+- `NN_name.ipynb`: the notebooks.
+- `autograder/`: the visible checks your test cells call (the hidden ones stay with your instructor).
+- `course.py`, `requirements.txt`: setting up and opening the course.
+- `jupyter/`: JupyterLab's settings for this course (it leaves out the instructor's tools).
+- `nbgrader_config.py`: settings of Validate and of the Assignment List.
+"""
+
+COURSE_SCRIPT = r'''#!/usr/bin/env python3
+"""Set up and open the attention course.
+
+    python3 course.py                     # first run: make .venv and install requirements.txt; then open JupyterLab
+    python3 course.py validate NB.ipynb   # what the Validate button does, in a terminal
+    python3 course.py --python PATH ...   # use an environment you already have instead of .venv
+"""
+
+# No `from __future__` and no syntax newer than Python 3.6 above the version check: an older Python
+# must get to the one line that says what to install, not to a SyntaxError.
+import sys
+
+OLDEST, NEWEST = (3, 11), (3, 14)
+if sys.version_info < OLDEST:
+    sys.exit("This course needs Python 3.11 to 3.14; this is Python %s. Install one from python.org "
+             "(or your package manager), then run it: python3.13 course.py" % sys.version.split()[0])
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".venv"
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def setup() -> Path:
+    """Make .venv and install requirements.txt into it, unless that was done for these requirements."""
+    python = venv_python()
+    stamp = VENV / ".installed"
+    wanted = (HERE / "requirements.txt").read_text()
+    if python.exists() and stamp.is_file() and stamp.read_text() == wanted:
+        return python
+    if sys.version_info[:2] > NEWEST:
+        print(f"note: this course is tested with Python 3.11 to 3.14; this is {sys.version.split()[0]}")
+    if not python.exists():
+        print("making .venv ...")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    print("installing requirements.txt into .venv (a few minutes the first time) ...")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(HERE / "requirements.txt")], check=True)
+    stamp.write_text(wanted)
+    return python
+
+
+def pinned_versions_differ(python: str) -> list[str]:
+    """The packages of requirements.txt that the environment of ``python`` has in another version."""
+    pins = dict(line.strip().split("==") for line in (HERE / "requirements.txt").read_text().splitlines() if "==" in line)
+    probe = ("import json, sys; from importlib.metadata import version, PackageNotFoundError\n"
+             "def v(n):\n    try: return version(n)\n    except PackageNotFoundError: return None\n"
+             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    found = json.loads(subprocess.run([python, "-c", probe, *pins], check=True, capture_output=True, text=True).stdout)
+    return [f"{name} {found[name] or 'missing'} (wanted {wanted})" for name, wanted in pins.items()
+            if (found[name] or "").split("+")[0] != wanted]
+
+
+def environment() -> dict[str, str]:
+    """JupyterLab's settings come from jupyter/ (the student's extensions only, wrapped dialogs)."""
+    env = dict(os.environ)
+    env["JUPYTER_CONFIG_DIR"] = str(HERE / "jupyter")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", help="the Python of an environment that has requirements.txt (default: .venv)")
+    parser.add_argument("command", nargs="?", default="lab", choices=["lab", "setup", "validate"])
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="lab: options for jupyter lab; validate: notebooks")
+    args = parser.parse_args(argv)
+    python = args.python or str(setup())
+    if args.python:
+        differ = pinned_versions_differ(python)
+        if differ:
+            print(f"note: {python} has {', '.join(differ)}: the checks are tested with requirements.txt's versions only "
+                  f"(pip install -r requirements.txt, or run without --python)")
+    if args.command == "setup":
+        print(f"ready: python3 course.py opens JupyterLab with {python}")
+        return 0
+    if args.command == "validate":
+        return subprocess.call([python, "-m", "nbgrader", "validate", *args.rest], cwd=HERE, env=environment())
+    command = [python, "-m", "jupyterlab", f"--notebook-dir={HERE}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+    return subprocess.call(command + args.rest, cwd=HERE, env=environment())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+'''
+
+
+def requirements(root: Path = ROOT) -> str:
+    """The pinned packages a student needs (read from pyproject.toml), nbgrader included."""
+    pins = course_pins(root)
+    return "".join(f"{pins[name]}\n" for name in STUDENT_PACKAGES)
+
+
+def _instructor_value(root: Path, name: str, default: int) -> int:
+    """A number set in the instructor's nbgrader_config.py (``c.Section.name = 60``)."""
+    section, key = name.split(".")
+    value = course_config(root).get(section, {}).get(key, default)
+    return int(value)
+
+
+def generated_files(root: Path = ROOT) -> dict[str, str]:
+    """Archive name -> text, for every file of the bundle made here rather than copied."""
+    page_config = {"disabledExtensions": {plugin: True for plugin in INSTRUCTOR_PLUGINS}}
+    server_config = {"ServerApp": {"jpserver_extensions": {ext: False for ext in INSTRUCTOR_SERVER_EXTENSIONS}},
+                     "LabApp": {"custom_css": True}}
+    config = STUDENT_CONFIG.format(timeout=_instructor_value(root, "Execute.timeout", 60),
+                                   width=_instructor_value(root, "Validator.width", 640))
+    notebooks = ", ".join(f"`{name}`" for name in assignments(root) if (root / "notebooks" / f"{name}.ipynb").is_file())
+    return {
+        f"{TOP}/README.md": README.format(notebooks=notebooks, torch=course_pins(root)["torch"]),
+        f"{TOP}/requirements.txt": requirements(root),
+        f"{TOP}/course.py": COURSE_SCRIPT,
+        f"{TOP}/nbgrader_config.py": config,
+        f"{TOP}/jupyter/labconfig/page_config.json": json.dumps(page_config, indent=2) + "\n",
+        f"{TOP}/jupyter/jupyter_server_config.json": json.dumps(server_config, indent=2) + "\n",
+        f"{TOP}/jupyter/custom/custom.css": CUSTOM_CSS,
+    }
+
+
+def bundle_files(root: Path = ROOT) -> dict[str, Path]:
+    """Archive name -> file on disk, for every file of the bundle copied from the course."""
+    files = {f"{TOP}/{p.name}": p for p in sorted((root / "notebooks").glob("*.ipynb"))}
+    package = root / "autograder"
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] in INSTRUCTOR_ONLY:
+            continue
+        # Beside the notebooks, so `import autograder` works from the notebooks' folder.
+        files[f"{TOP}/autograder/{relative.as_posix()}"] = path
+    return files
+
+
+def write_bundle(output: str | Path, root: Path = ROOT) -> Path:
+    """Write the bundle zip to ``output`` and return its path."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, path in bundle_files(root).items():
+            archive.write(path, name)
+        for name, text in generated_files(root).items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            info.external_attr = (0o755 if name.endswith(".py") else 0o644) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, text)
+    return output

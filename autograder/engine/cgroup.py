@@ -1,0 +1,188 @@
+"""A control group for each sandbox: a cap on its processes and on its memory in all.
+
+The resource limits of :mod:`autograder.engine.sandbox` are per process, and the cap on
+processes (``RLIMIT_NPROC``) counts the processes of a *user*: it does nothing when the
+sandboxed code is root outside its user namespace (a grader running as root whose Python
+installation the real ``nobody`` cannot read), so a fork bomb could slow the machine until
+the notebook's time was up. A control group counts the processes (``pids.max``) and the
+memory (``memory.limit_in_bytes`` / ``memory.max``) of one sandbox, whoever runs them.
+
+Groups are made under the grader's own group of each hierarchy (cgroup v1, or v2 where the
+grader's group already delegates the controller) and need the right to write there, which
+root usually has; elsewhere :func:`controllers` is empty and the per-process limits are all
+there is. A sandbox's command is prefixed by :func:`join_command`, which moves the process
+into the group before it becomes the sandbox, so everything the code starts is counted;
+:func:`remove` kills what is left in the group and deletes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The controllers used, and the file that sets each one's limit in cgroup v1 and v2.
+LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
+PREFIX = "autograder-"
+
+_JOIN_SNIPPET = (
+    "import os,sys\n"
+    "for path in sys.argv[1].split(os.pathsep):\n"
+    "    try:\n"
+    "        with open(path,'w') as f: f.write(str(os.getpid()))\n"
+    "    except OSError as e:\n"
+    "        print('autograder: could not join the control group:', e, file=sys.stderr)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One sandbox's group: a folder per hierarchy it lives in."""
+
+    folders: tuple[Path, ...]
+
+    def procs_files(self) -> list[Path]:
+        return [folder / "cgroup.procs" for folder in self.folders]
+
+
+def _mounts() -> list[tuple[Path, str, set[str]]]:
+    """(mount point, "cgroup" or "cgroup2", controllers) of every cgroup file system."""
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        found.append((Path(fields[4]), tail[0], set(tail[2].split(","))))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """The grader's group in each hierarchy: controller name (or "" for v2) -> path."""
+    paths = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            paths[name] = path
+    return paths
+
+
+def _parent(controller: str) -> tuple[Path, int] | None:
+    """Where a group with ``controller`` can be made, and the cgroup version there."""
+    own = _own_paths()
+    for mount, kind, options in _mounts():
+        if kind == "cgroup" and controller in options and controller in own:
+            return mount / own[controller].lstrip("/"), 1
+    for mount, kind, _ in _mounts():
+        if kind == "cgroup2" and "" in own:
+            folder = mount / own[""].lstrip("/")
+            try:
+                delegated = (folder / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                continue
+            if controller in delegated:
+                return folder, 2
+    return None
+
+
+@functools.cache
+def controllers() -> tuple[str, ...]:
+    """The controllers whose groups can be made here (probed once by making and removing one)."""
+    usable = []
+    for controller in LIMIT_FILES:
+        place = _parent(controller)
+        if place is None:
+            continue
+        probe = place[0] / f"{PREFIX}probe-{uuid.uuid4().hex[:8]}"
+        try:
+            probe.mkdir()
+            usable.append(controller)
+        except OSError:
+            continue
+        finally:
+            try:
+                probe.rmdir()
+            except OSError:
+                pass
+    return tuple(usable)
+
+
+def create(name: str, processes: int, memory_bytes: int) -> Group | None:
+    """A new group limited to ``processes`` tasks and ``memory_bytes`` (None when there are no controllers)."""
+    limits = {"pids": str(processes), "memory": str(memory_bytes)}
+    folders: list[Path] = []
+    for controller in controllers():
+        place = _parent(controller)
+        if place is None:
+            continue
+        parent, version = place
+        folder = parent / f"{PREFIX}{name}"
+        try:
+            if folder not in folders:
+                folder.mkdir(exist_ok=True)
+                folders.append(folder)
+            (folder / LIMIT_FILES[controller][version - 1]).write_text(limits[controller])
+        except OSError:
+            continue
+    return Group(tuple(folders)) if folders else None
+
+
+def join_command(group: Group | None, cmd: list[str], python: str = sys.executable) -> list[str]:
+    """``cmd`` started inside ``group`` (``cmd`` itself when there is no group)."""
+    if group is None:
+        return cmd
+    return [python, "-S", "-c", _JOIN_SNIPPET, os.pathsep.join(map(str, group.procs_files())), *cmd]
+
+
+def members(group: Group) -> set[int]:
+    """The processes in the group now."""
+    pids: set[int] = set()
+    for path in group.procs_files():
+        try:
+            pids |= {int(p) for p in path.read_text().split()}
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def remove(group: Group | None, wait: float = 10.0) -> None:
+    """Kill every process left in ``group`` and delete it (never raises).
+
+    A group can be deleted only once its last process has been reaped, which may come a
+    little after the kill: both are tried again until ``wait`` seconds have passed.
+    """
+    if group is None:
+        return
+    deadline = time.monotonic() + wait
+    left = list(group.folders)
+    while left:
+        for pid in members(group):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for folder in list(left):
+            try:
+                folder.rmdir()
+                left.remove(folder)
+            except FileNotFoundError:
+                left.remove(folder)
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)

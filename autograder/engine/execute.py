@@ -1,0 +1,429 @@
+"""nbgrader's ``Execute``, made to survive what a submission can do to its kernel.
+
+nbgrader executes a notebook in one kernel and gives up on the whole submission when that
+kernel dies; a cell that ignores the interrupt after its timeout blocks it for ever; a flood
+of output fills the grader's memory. :class:`ResilientExecute` replaces nbgrader's
+``Execute`` in ``Autograde.autograde_preprocessors`` (``nbgrader_config.py``) and grades what
+can be graded:
+
+- **the kernel dies** in a cell (``os._exit``, a segmentation fault, the memory limit,
+  ``exit()``): the cell gets an error output saying so, a new kernel is started, the cells
+  that had run before are run again (outputs discarded) to rebuild the state, and grading
+  goes on with the next cell;
+- **a cell runs past its timeout** (``Execute.timeout``): it is interrupted and gets an error
+  output; if the kernel does not come back (the code swallows ``KeyboardInterrupt``), it is
+  restarted as above;
+- **the whole notebook** may take at most ``ResilientExecute.notebook_timeout`` seconds,
+  restarts included; the cells left get an error output "not run";
+- **output** beyond ``ResilientExecute.max_output_bytes`` per cell is dropped (a note says so;
+  a dropped stderr stream still leaves a stderr note, so nbgrader's rule "a test cell that
+  writes to stderr scores zero" is unchanged).
+
+- **test cells** run in this process, not in the kernel (:mod:`autograder.engine.judge`):
+  the checks call the student's functions in the kernel through proxies and judge what
+  comes back here, so the student's code never shares a process with a reference, an
+  expected value or a comparison. Before an exercise that forbids built-ins is run, the
+  student's source is read for them (:mod:`autograder.engine.source_check`);
+- **a cell kills its kernel** without an error of its own (``exit()``, a thread that calls
+  ``os._exit`` later): after each cell the kernel must answer a request before the cell
+  counts as done; if it does not, that cell is blamed and never run again.
+
+Each of these is an error output of the cell, so nbgrader scores that cell as failed and
+the student reads why in the feedback. The kernel runs in the sandbox of
+:mod:`autograder.engine.sandbox` (``ResilientExecute.sandbox``, default on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import resource
+from queue import Empty
+from time import monotonic
+
+from jupyter_core.utils import ensure_async, run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
+from nbgrader.utils import is_grade, is_solution
+from traitlets import Bool, Integer
+
+from .. import remote
+from . import judge, source_check
+from .judge import error_output
+from .kernel_requests import KernelRequests
+from .notes import KERNEL_DIED, NOT_RUN, TIMEOUT, describe_exit, output_cut, safe_tree
+from .staging import MAX_DEPTH
+
+#: The marker of hidden tests in a test cell's source (nbgrader's ClearHiddenTests delimiter).
+HIDDEN_TESTS = "BEGIN HIDDEN TESTS"
+
+
+def is_test_cell(cell) -> bool:
+    """A locked cell that nbgrader scores: the instructor's checks."""
+    return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether ``value`` (lists and dicts) nests more than ``limit`` levels deep; without recursion."""
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return False
+
+
+def limit_own_memory(mb: int) -> None:
+    """Cap this process's private writable memory at ``mb`` MB (0: leave it), as its soft limit only.
+
+    ``RLIMIT_DATA``, not the address space: the CUDA build of PyTorch maps gigabytes of library code.
+
+    The soft limit: the kernels this process starts inherit it and may raise it to the hard one, so the
+    sandbox still sets their own limits (:mod:`autograder.engine.sandbox`).
+    """
+    if mb <= 0:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = mb * 2**20 if hard == resource.RLIM_INFINITY else min(mb * 2**20, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+class ResilientExecute(KernelRequests, Execute):
+    """``Execute`` that survives dead kernels, runaway cells and output floods (see the module doc)."""
+
+    notebook_timeout = Integer(600, help="Seconds the whole notebook may take, restarts included.").tag(config=True)
+    max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
+    max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
+    sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.engine.sandbox.").tag(config=True)
+    grader_memory_mb = Integer(4096, help="Private writable memory of the grading process itself in MB (RLIMIT_DATA, its soft "
+                               "limit; 0: none): whatever a kernel answers, one submission's grading fails alone "
+                               "instead of starving the machine.").tag(config=True)
+    checks_in_grader = Bool(True, help="Run test cells in the grader's process, the student's functions in the "
+                            "kernel (autograder.engine.judge); False runs them in the kernel, as nbgrader does."
+                            ).tag(config=True)
+    # A kernel that never goes idle must not lose the cells already executed.
+    raise_on_iopub_timeout = Bool(False, help="Raise when a cell's output stops before the kernel is idle; False "
+                                  "keeps the cells already executed.").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        from .kernel_manager import SandboxedKernelManager
+
+        kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+        if not self.sandbox:
+            from jupyter_client.manager import AsyncKernelManager
+
+            self.kernel_manager_class = AsyncKernelManager
+        self.on_cell_executed = self._after_cell
+        if self.checks_in_grader:
+            import torch
+
+            torch.set_num_threads(1)  # as in the kernel: the same sums, whatever the number of workers
+
+    # -- the notebook -----------------------------------------------------------------------
+
+    def preprocess(self, nb, resources=None, km=None):
+        limit_own_memory(self.grader_memory_mb)
+        self._started = monotonic()
+        self._replay: list[int] = []
+        self._restarts = 0
+        self._given_up: str | None = None
+        self._timed_out = False
+        self._cell_limit: int | None = None
+        self._output_bytes: dict[int, int] = {}
+        self._noted: dict[int, set[str]] = {}
+        self._started_cells: set[int] = set()
+        self._deadline = 0.0
+        self._index = 0
+        self._streams: list[tuple[str, str]] = []
+        self._streams_size = 0
+        self._forbidden: dict[tuple, str | None] = {}
+        self._asked_exit = False
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code" or not cell.source.strip():
+            return cell, self.resources
+        if self._given_up is None and self._remaining() < 1:
+            self._given_up = (
+                f"This cell was not run: grading this notebook took longer than {self.notebook_timeout} s "
+                "(the limit for the whole notebook), so the cells left were skipped."
+            )
+        if self._given_up is not None:
+            cell.outputs = [error_output(NOT_RUN, self._given_up)]
+            return cell, self.resources
+        for attempt in range(2):
+            self._timed_out = False
+            self._asked_exit = False
+            self._started_cells.discard(index)
+            try:
+                cell = self._run(cell, index)
+            except CellTimeoutError:
+                self._timed_out = True
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(TIMEOUT, self._timeout_message(
+                    self._cell_limit or 0))]
+            except DeadKernelError:
+                code = self._exit_code()
+                started = index in self._started_cells or bool(cell.get("outputs"))
+                self._recover()
+                if attempt == 0 and not started and self._given_up is None:
+                    continue  # the kernel may have died of an earlier cell (exit()): try this one again
+                message = self._death_message(code, asked_exit=self._asked_exit)
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, message)]
+                return cell, self.resources
+            if self._timed_out:
+                # the interrupt's KeyboardInterrupt says less than the timeout's own message
+                cell.outputs = [o for o in cell.outputs if o.get("ename") != "KeyboardInterrupt"]
+                if not run_sync(self._async_responsive)(5):
+                    self._recover()
+            elif self._asked_exit or not run_sync(self._async_responsive)(5):
+                # the cell returned, but its kernel is gone, going (exit() stops it a moment later) or gone
+                # silent (a thread that ends it): this cell is to blame, and it is never run again
+                code = self._exit_code()
+                message = self._death_message(code, asked_exit=self._asked_exit)
+                cell.outputs = list(cell.get("outputs", [])) + [error_output(KERNEL_DIED, message)]
+                self._recover()
+            elif not is_test_cell(cell):
+                self._replay.append(index)
+            return self._without_hidden_source(cell), self.resources
+        return self._without_hidden_source(cell), self.resources
+
+    @staticmethod
+    def _without_hidden_source(cell):
+        """Tracebacks of a cell with hidden tests keep their last line only: they would show its source.
+
+        Every string of the outputs is made valid UTF-8 too, so that writing the notebook cannot fail.
+        """
+        cell.outputs = safe_tree(cell.get("outputs", []))
+        if HIDDEN_TESTS in cell.source:
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    out.traceback = [f"\x1b[0;31m{out.ename}\x1b[0m: {out.evalue}"]
+        return cell
+
+    def _run(self, cell, index, store_history=True):
+        self._cell_limit = max(1, int(min(self.timeout or 10**9, self._remaining())))
+        if self.checks_in_grader and is_test_cell(cell):
+            return self._judge(cell, index)
+        return self.execute_cell(cell, index, store_history=store_history)
+
+    # -- test cells, run here ---------------------------------------------------------------
+
+    def _judge(self, cell, index):
+        """Run a test cell in this process (:mod:`autograder.engine.judge`); its outputs replace the kernel's."""
+        self._started_cells.add(index)
+        self._deadline = monotonic() + self._cell_limit
+        self._index = index
+        self._streams, self._streams_size = [], 0
+        cell.outputs = []
+        try:
+            failure = judge.run_test_cell(cell.source, self, self._streams)
+        except remote.CallTimedOut:
+            cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
+            raise CellTimeoutError.error_from_timeout_and_cell("", self._cell_limit, cell) from None
+        except remote.KernelDied:
+            cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
+            raise DeadKernelError("the kernel died while a check ran the student's code") from None
+        outputs = judge.stream_outputs(self._streams) + ([failure] if failure is not None else [])
+        cell.outputs = self._capped(index, outputs)
+        return cell
+
+    def _capped(self, index: int, outputs: list) -> list:
+        """``outputs`` within the cell's output budget (the same one ``output`` applies to the kernel's)."""
+        kept, cut = [], []
+        for out in outputs:
+            if self._count(index, out):
+                kept.append(out)
+            elif out.get("output_type") == "error":  # a failure always shows, cut to fit
+                kept.append(error_output(out.ename, out.evalue[: self.max_output_bytes // 4] + " [cut]"))
+            elif out.get("name", "stdout") not in cut:
+                cut.append(out.get("name", "stdout"))
+        return kept + [new_output("stream", name=n, text=self._cut_note(n)) for n in cut]
+
+    def _count(self, index: int, out) -> bool:
+        """Add ``out`` to the cell's output bytes; False when that goes over the budget."""
+        used = self._output_bytes.get(index, 0) + len(json.dumps(out, default=str))
+        self._output_bytes[index] = used
+        return used <= self.max_output_bytes
+
+    def _cut_note(self, stream: str) -> str:
+        return output_cut(self.max_output_bytes, stream)
+
+    def forbidden_use(self, name: str, rules, exercise: str) -> str | None:
+        """The forbidden built-ins the student's source of ``name`` uses (:mod:`autograder.engine.source_check`)."""
+        key = (name, tuple(rules), exercise, self._index)
+        if key not in self._forbidden:
+            sources = [c.source for c in self.nb.cells[: self._index] if c.cell_type == "code" and not is_test_cell(c)]
+            self._forbidden[key] = source_check.forbidden_use(sources, name, rules, exercise)
+        return self._forbidden[key]
+
+    def _timeout_message(self, timeout: int) -> str:
+        if timeout < (self.timeout or 10**9):
+            return (f"This cell was stopped after {timeout} s: the notebook reached its time limit "
+                    f"of {self.notebook_timeout} s.")
+        return (f"This cell was stopped after running for {timeout} s (the limit per cell). "
+                "Look for a loop that never ends, or work that is far too large.")
+
+    def _remaining(self) -> float:
+        return self.notebook_timeout - (monotonic() - self._started)
+
+    def _death_message(self, code: int | None, asked_exit: bool = False) -> str:
+        how = "it called exit() or quit(), which ends the kernel" if asked_exit else describe_exit(code)
+        return (
+            f"The kernel (the Python process running this notebook) stopped while this cell ran: {how}. "
+            "Everything the notebook had defined was lost, so the grader started a new kernel, ran the cells "
+            "before this one again, and went on with the next cell."
+        )
+
+    # -- kernels ----------------------------------------------------------------------------
+
+    def _after_cell(self, cell, cell_index, execute_reply) -> None:
+        """nbclient's ``on_cell_executed`` hook: note a cell that asked its kernel to end."""
+        self._asked_exit = self._asks_exit(execute_reply)
+
+    async def async_start_new_kernel_client(self):
+        client = await super().async_start_new_kernel_client()
+        self._seal()
+        return client
+
+    def _seal(self) -> None:
+        seal = getattr(self.km, "seal", None)
+        if seal is not None:
+            seal()
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _exit_code(self) -> int | None:
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is None:
+            return None
+        try:
+            process.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - still running or already reaped
+            pass
+        return process.returncode
+
+    def _recover(self) -> None:
+        """Start a new kernel and rebuild the notebook's state by running the cells that ran before."""
+        while self._given_up is None:
+            if self._restarts >= self.max_restarts or self._remaining() < 5:
+                self._given_up = (
+                    "This cell was not run: the kernel had to be restarted too often, or too late, "
+                    "while grading this notebook."
+                )
+                return
+            self._restarts += 1
+            run_sync(self._async_restart)()
+            failed = self._replay_cells()
+            if failed is None:
+                return
+            self._replay.remove(failed)
+            if not is_grade(self.nb.cells[failed]):
+                self.nb.cells[failed].outputs.append(error_output(
+                    KERNEL_DIED,
+                    "When this cell was run again (to rebuild the notebook after a crash in a later cell), "
+                    "the kernel stopped or hung in it, so it was left out.",
+                ))
+
+    def _replay_cells(self) -> int | None:
+        """Run the cells that ran before again (outputs dropped); the index of one that fails, else None."""
+        for index in list(self._replay):
+            cell = self.nb.cells[index]
+            if is_grade(cell):
+                continue
+            self._timed_out = False
+            try:
+                self._run(copy.deepcopy(cell), index, store_history=False)
+            except DeadKernelError:
+                return index
+            finally:
+                self.nb.cells[index] = cell  # nbclient keeps the copy it ran: the first run's outputs stay
+            if self._timed_out and not run_sync(self._async_responsive)(5):
+                return index
+        return None
+
+    async def _async_restart(self) -> None:
+        if self.kc is not None:
+            try:
+                await ensure_async(self.kc.stop_channels())
+            except Exception:  # noqa: BLE001 - the old channels may already be gone
+                pass
+        await ensure_async(self.km.restart_kernel(now=True))
+        self.kc = self.km.client()
+        await ensure_async(self.kc.start_channels())
+        await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+        self.kc.allow_stdin = False
+        self._seal()
+
+    async def _async_responsive(self, wait: float) -> bool:
+        """Whether the kernel answers an empty request within ``wait`` seconds (it is idle again)."""
+        try:
+            if not await ensure_async(self.km.is_alive()):
+                return False
+            msg_id = self.kc.execute("", silent=True, store_history=False)
+            deadline = monotonic() + wait
+            while (left := deadline - monotonic()) > 0:
+                try:
+                    msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.2)))
+                except Empty:
+                    if not await ensure_async(self.km.is_alive()):
+                        return False
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+        except RuntimeError:
+            return False
+        return False
+
+    # -- nbclient hooks ---------------------------------------------------------------------
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        before = set(asyncio.all_tasks())
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        finally:
+            # nbclient leaves its output poller running after a timeout: it would eat the next cell's output
+            for task in asyncio.all_tasks() - before:
+                if task is not asyncio.current_task() and not task.done():
+                    task.cancel()
+
+    execute_cell = run_sync(async_execute_cell)
+
+    def _get_timeout(self, cell):
+        return self._cell_limit if self._cell_limit is not None else super()._get_timeout(cell)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = True
+        await super()._async_handle_timeout(timeout, cell)
+        out = error_output(TIMEOUT, self._timeout_message(timeout))
+        return {"content": {"status": "error", "ename": out.ename, "evalue": out.evalue, "traceback": out.traceback}}
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") == "execute_input":
+            self._started_cells.add(cell_index)  # the kernel began this cell: if it dies now, this cell did it
+        return super().process_message(msg, cell, cell_index)
+
+    def output(self, outs, msg, display_id, cell_index):
+        msg_type = msg["msg_type"]
+        if msg_type in ("stream", "display_data", "execute_result", "update_display_data", "error"):
+            # every kind of output counts, its metadata too: nothing a cell prints can grow the notebook unbounded
+            content = msg.get("content", {})
+            for key in ("metadata", "data", "transient"):
+                # nbformat builds an output recursively: a value nested deeper than a notebook needs is dropped
+                # (a display() with metadata 700 deep made its submission ungradeable)
+                if _deeper_than(content.get(key), MAX_DEPTH):
+                    content[key] = {"text/plain": "(an output nested too deeply to keep)"} if key == "data" else {}
+            if not self._count(cell_index, content):
+                if msg_type == "error":  # the error still shows (nbgrader scores the cell from it), cut to fit
+                    ename = str(content.get("ename", "Error"))[:100]
+                    outs.append(error_output(ename, str(content.get("evalue", ""))[: self.max_output_bytes // 4]))
+                stream = content.get("name", "stdout") if msg_type == "stream" else "stdout"
+                if stream not in self._noted.setdefault(cell_index, set()):
+                    self._noted[cell_index].add(stream)
+                    outs.append(new_output("stream", name=stream, text=self._cut_note(stream)))
+                return None
+        return super().output(outs, msg, display_id, cell_index)

@@ -1,0 +1,285 @@
+"""Start ``nbgrader`` processes without paying for its imports each time.
+
+Every submission is graded by its own ``nbgrader autograde`` process, and a fresh Python
+spends about two CPU seconds importing nbgrader, nbconvert, Jupyter and SQLAlchemy before it
+grades anything, and more for PyTorch and the checks, which run in that process
+(:mod:`autograder.engine.judge`). This module's server
+(``python -m autograder.engine.forkserver``) imports them once and then, for each request,
+forks a child that runs ``nbgrader ARGS`` in its own session, working folder and environment,
+exactly as a new process would. The server is single-threaded (forking is safe) and only
+forks, reaps and reports; :class:`ForkServer` is its client, safe to share between threads.
+
+The server also keeps the warm kernel pool (:mod:`autograder.engine.kernel_pool`): after a
+request, it forks waiting processes (as many as requests run at once, up to ``KernelPool.size``)
+that start a sandboxed kernel ahead and wait on a pipe; the next request like it is written to
+one of them, which then runs nbgrader as above. Closing its pipe discards it (too old, another
+course or environment, the end of the input).
+
+Protocol (one JSON object per line): the client sends ``{"id", "argv", "cwd", "env", "out",
+"err"}``; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
+when it ends (``out`` and ``err`` are files for its output).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from . import kernel_manager, kernel_pool, sandbox, zygote
+
+
+def _child(request: dict, prepared=None) -> None:
+    """In the forked child: become ``nbgrader ARGV`` in a new session; never returns.
+
+    ``prepared``: the kernel started ahead for it (:mod:`autograder.engine.kernel_pool`), if any.
+    """
+    code = 1
+    try:
+        if os.getsid(0) != os.getpid():
+            os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["out"]), (2, request["err"])):
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(handle, fd)
+        sys.argv = ["nbgrader", *request["argv"]]
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        kernel_pool.offer(prepared)
+        from nbgrader.apps.nbgraderapp import main
+
+        try:
+            main()
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            kernel_pool.discard_unused()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _waiting(like: dict, pipe: int, zygote_address: str | None) -> None:
+    """In a forked waiting process: start a kernel ahead for requests ``like`` this one, wait for one, run it.
+
+    Reading the end of ``pipe`` instead of a request discards the kernel. ``zygote_address``: the
+    server's zygote, which forks the kernel (None: the kernel imports in its sandbox). Never returns.
+    """
+    prepared = None
+    line = b""
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # never the server's protocol pipe; the kernel's output before "go" is dropped
+            os.dup2(null, fd)
+        os.chdir(like["cwd"])
+        os.environ.clear()
+        os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
+        try:
+            prepared = kernel_manager.prepare(like, zygote_address)
+        except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
+            prepared = None
+        with os.fdopen(pipe, "rb") as requests:
+            line = requests.readline()
+    except BaseException:  # noqa: BLE001 - the waiting process must not return into the server
+        line = b""
+    if not line.strip():
+        if prepared is not None:
+            prepared.discard()
+        os._exit(0)
+    _child(json.loads(line), prepared)
+
+
+def _fork(target, *args, close: list[int]) -> int:
+    """Fork a child running ``target(*args)`` (never returning), closing the server's descriptors ``close``."""
+    pid = os.fork()
+    if pid == 0:
+        for fd in close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        target(*args)
+    return pid
+
+
+def serve() -> None:
+    """The server loop: read requests on stdin, fork (or hand them to a waiting process), report on stdout."""
+    import pkgutil
+
+    import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
+    import nbgrader.apps.nbgraderapp  # noqa: F401
+    import nbgrader.converters.autograde  # noqa: F401
+    import nbgrader.preprocessors  # noqa: F401
+    import sqlalchemy  # noqa: F401
+    import torch
+
+    import autograder.checks
+    import autograder.hidden
+
+    from . import cgroup, execute, judge, kernel_manager  # noqa: F401
+
+    # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
+    torch.set_num_threads(1)
+    for package in (autograder.checks, autograder.hidden):
+        for module in pkgutil.iter_modules(package.__path__):
+            __import__(f"{package.__name__}.{module.name}")
+    sandbox.mode()  # probe bubblewrap and control groups once, for every child
+    cgroup.controllers()
+    gc.freeze()  # what every child inherits is never garbage: its collector need not scan it (0.2 s a full pass)
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    stdin = sys.stdin.buffer
+    running: dict[int, str] = {}
+    pool = kernel_pool.Pool()
+    last: dict | None = None  # the last request: the waiting processes are started for requests like it
+    peak = 0
+    forker: zygote.Zygote | None = None  # started when the pool first needs a kernel
+    buffer = b""
+    open_input = True
+    while open_input or running or pool.discarded:
+        ready, _, _ = select.select([stdin] if open_input else [], [], [], 0.05)
+        if ready:
+            chunk = os.read(stdin.fileno(), 65536)
+            if not chunk:
+                open_input = False
+                for waiting in list(pool.waiting):
+                    pool.discard(waiting)
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                pid = _hand_over(pool.take(request), line)
+                if pid is None:
+                    pid = _fork(_child, request, close=[out.fileno(), *pool.fds()])
+                running[pid] = request["id"]
+                out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+                last, peak = request, max(peak, len(running))
+        if open_input and last is not None:
+            pool.expire()
+            missing = pool.missing(last, peak)
+            if missing and pool.settings_for(last).zygote and zygote.usable() and (forker is None or not forker.alive()):
+                forker = zygote.Zygote(kernel_pool.PRELOAD)
+            for _ in range(missing):
+                read_end, write_end = os.pipe()
+                pid = _fork(_waiting, last, read_end, forker and forker.address,
+                            close=[out.fileno(), write_end, *pool.fds()])
+                os.close(read_end)
+                pool.waiting.append(kernel_pool.Waiting(pid, write_end, kernel_pool.key(last)))
+        while running or pool.waiting or pool.discarded:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            pool.gone(pid)
+            ident = running.pop(pid, None)
+            if ident is not None:
+                out.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+    if forker is not None:
+        forker.close()
+
+
+def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:
+    """Give the request ``line`` to a waiting process; its pid, or None when there is none (or it is gone)."""
+    if waiting is None:
+        return None
+    try:
+        data = line + b"\n"
+        while data:
+            data = data[os.write(waiting.fd, data):]
+    except OSError:
+        os.close(waiting.fd)
+        return None  # it died: the server reaps it, and the request goes to a new process
+    os.close(waiting.fd)
+    return waiting.pid
+
+
+class ForkServer:
+    """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
+
+    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Start the server in ``cwd`` (default: this module's folder; a cluster worker gives its unpacked course)
+        with ``env`` (default: this process's; a run gives its mark and temporary folder)."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.engine.forkserver"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env if env is not None else os.environ),
+            cwd=str(cwd or Path(__file__).parent),
+        )
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[str, queue.Queue] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            with self._lock:
+                box = self._waiting.get(message["id"])
+            if box is not None:
+                box.put(message)
+        with self._lock:
+            boxes = list(self._waiting.values())
+        for box in boxes:
+            box.put({"exit": None, "gone": True})
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float, workdir: Path
+            ) -> tuple[int | None, str, str]:
+        """Run ``nbgrader ARGV``; return (exit code, or None when it was killed at ``timeout``, stdout, stderr)."""
+        out, err = workdir / "nbgrader.out", workdir / "nbgrader.err"
+        box: queue.Queue = queue.Queue()
+        with self._lock:
+            self._next += 1
+            ident = str(self._next)
+            self._waiting[ident] = box
+            assert self.process.stdin is not None
+            self.process.stdin.write((json.dumps({"id": ident, "argv": argv, "cwd": str(cwd), "env": env,
+                                                  "out": str(out), "err": str(err)}) + "\n").encode())
+            self.process.stdin.flush()
+        try:
+            started = box.get(timeout=60)
+            if started.get("gone"):
+                raise RuntimeError("the fork server stopped")
+            pid = started["pid"]
+            try:
+                code = box.get(timeout=timeout)["exit"]
+            except queue.Empty:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                box.get(timeout=60)
+                code = None
+        finally:
+            with self._lock:
+                self._waiting.pop(ident, None)
+        read = lambda p: p.read_text(errors="replace") if p.is_file() else ""  # noqa: E731
+        return code, read(out), read(err)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,130 @@
+"""Run a test cell in the grader's process, with the student's objects as proxies into the kernel.
+
+nbgrader runs a test cell in the kernel that ran the student's cells, so the checks, their
+references and their comparisons share a process with the student's code, which can reach
+them. When a notebook is graded, :class:`~autograder.engine.execute.ResilientExecute`
+runs each test cell here instead: the cell's source (the instructor's, restored from the
+gradebook) is executed in the grader's process, and every name it reads that the cell does
+not define (``soft_lookup`` in ``check_soft_lookup(soft_lookup)``) is looked up in the
+student's kernel and becomes a :class:`~autograder.remote.Remote` (or plain data). The check
+then runs here; only the student's functions run in the kernel.
+
+The cell's outputs are what the check printed and, interleaved in order, what the student's
+code printed while the check ran it; a failing check is an error output with its message
+and no traceback (a traceback would show the checks' source). nbgrader scores the cell from
+these outputs as it would from the kernel's. When the failure names catalogued mistakes
+(:class:`~autograder.diagnosis.MistakeFound`), a record of their ids comes before the error: a
+``display_data`` output with nothing to show, whose metadata (:data:`MISTAKES_KEY`) the class
+report reads (:func:`named_mistakes`). Only this process writes it, so a student's code cannot
+forge it; a test cell run in the kernel (``checks_in_grader`` off) has no record.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+from collections.abc import Sequence
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
+
+from nbformat import NotebookNode
+from nbformat.v4 import new_output
+
+from .. import remote
+from ..diagnosis import Mistake, MistakeFound
+from ..errors import shown_name
+from ..remote import Channel, Interrupted
+
+
+class _KernelNames(dict):
+    """A test cell's namespace: a name the cell does not define is looked up in the student's kernel."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def __missing__(self, name: str):
+        if hasattr(builtins, name):
+            raise KeyError(name)  # falls through to the built-ins, as in a kernel
+        found, value = remote.lookup(self.channel, name)
+        if not found:
+            raise KeyError(name)  # becomes "NameError: name ... is not defined"
+        self[name] = value
+        return value
+
+
+class _Stream(io.TextIOBase):
+    """Where the check's prints go: the shared list of the cell's streams, in order."""
+
+    def __init__(self, name: str, streams: list[tuple[str, str]]) -> None:
+        self.name, self.streams = name, streams
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.streams.append((self.name, str(text)))
+        return len(text)
+
+
+def error_output(ename: str, message: str) -> NotebookNode:
+    """An error output showing ``ename: message`` without a traceback."""
+    return new_output("error", ename=ename, evalue=message, traceback=[f"\x1b[0;31m{ename}\x1b[0m: {message}"])
+
+
+#: The metadata key of the record of the catalogued mistakes a failing check named.
+MISTAKES_KEY = "autograder_mistakes"
+#: The name under which a record stands among a cell's streams (not a stream: an output of its own).
+RECORD = "record"
+
+
+def mistakes_record(mistakes: Sequence[Mistake]) -> NotebookNode:
+    """An output that shows nothing and records ``mistakes`` (id, name, section) for the class report."""
+    named = [{"id": m.id, "name": m.name, "section": m.section} for m in mistakes]
+    return new_output("display_data", data={"text/plain": ""}, metadata={MISTAKES_KEY: named})
+
+
+def named_mistakes(cell) -> list[dict]:
+    """The catalogued mistakes the judged test ``cell`` named: dicts with ``id``, ``name`` and ``section``."""
+    found = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "display_data":
+            record = output.get("metadata", {}).get(MISTAKES_KEY, [])
+            found += [m for m in record if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
+    return found
+
+
+def stream_outputs(streams: list[tuple[str, Any]]) -> list[NotebookNode]:
+    """Consecutive writes to the same stream, joined into one output each; records (:data:`RECORD`) as they are."""
+    outputs: list[NotebookNode] = []
+    for name, text in streams:
+        if name == RECORD:
+            outputs.append(text)
+        elif outputs and outputs[-1].get("name") == name:
+            outputs[-1].text += text
+        elif text:
+            outputs.append(new_output("stream", name=name, text=text))
+    return outputs
+
+
+def run_test_cell(source: str, channel: Channel, streams: list[tuple[str, str]]) -> NotebookNode | None:
+    """Execute a test cell's ``source`` here against the kernel behind ``channel``.
+
+    What the check prints is appended to ``streams`` (the channel appends what the
+    student's code prints), and the record of the mistakes a failing check named;
+    returns the error output of a failing check, or None.
+    Raises :class:`~autograder.remote.Interrupted` when the kernel hangs or dies.
+    """
+    code = compile(source, "<test cell>", "exec")
+    namespace = _KernelNames(channel)
+    with redirect_stdout(_Stream("stdout", streams)), redirect_stderr(_Stream("stderr", streams)):
+        try:
+            remote.reset(channel)
+            exec(code, {"__builtins__": builtins, "__name__": "__main__"}, namespace)  # noqa: S102 - the instructor's test cell
+        except Interrupted:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of the check fails the cell, with its message
+            if isinstance(error, MistakeFound) and error.mistakes:
+                streams.append((RECORD, mistakes_record(error.mistakes)))
+            return error_output(shown_name(error), str(error))
+    return None

@@ -1,0 +1,110 @@
+"""The checks' requests to the student's kernel, for :class:`~autograder.engine.execute.ResilientExecute`.
+
+A test cell runs in nbgrader's process (:mod:`autograder.engine.judge`); each call of a student's
+function is one request (:class:`autograder.remote.Channel`), sent as a silent execute request whose
+user expression runs :func:`autograder.serve.serve` in the kernel. What the student's code prints
+meanwhile goes into the test cell's streams. A kernel that dies, calls ``exit()`` or runs past the
+cell's deadline raises :class:`autograder.remote.KernelDied` or :class:`autograder.remote.CallTimedOut`.
+
+What this does NOT protect: the answer is plain data the kernel made; it is judged in the grader,
+never trusted as a verdict.
+"""
+
+from __future__ import annotations
+
+import base64
+from queue import Empty
+from time import monotonic
+
+from jupyter_core.utils import ensure_async, run_sync
+
+from .. import remote
+
+
+class KernelRequests:
+    """Mixin of ``ResilientExecute``: ``self.kc``, ``self.km``, ``self._deadline``, ``self._streams`` are its own."""
+
+    _deadline: float
+    _streams: list[tuple[str, str]]
+    _streams_size: int  # characters in _streams: reset with it
+    _asked_exit: bool
+    max_output_bytes: int
+
+    def request(self, message: bytes) -> bytes:
+        """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
+        return run_sync(self._async_request)(message)
+
+    async def _async_request(self, message: bytes) -> bytes:
+        payload = base64.b64encode(message).decode("ascii")
+        expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
+                                 allow_stdin=False)
+        reply = await self._async_reply_to(msg_id)
+        await self._async_collect_streams(msg_id)
+        if self._asks_exit(reply):
+            self._asked_exit = True
+            raise remote.KernelDied()  # the student's function called exit(): the kernel stops in a moment
+        content = reply.get("content", {})
+        result = content.get("user_expressions", {}).get("r", {}) if content.get("status") == "ok" else {}
+        if result.get("status") != "ok":
+            why = result.get("ename") or content.get("ename") or "no answer"
+            return remote.wire.encode({"failed": f"The kernel could not run the check's request ({why}): did your "
+                                                 "code change how the notebook's kernel runs code?"})
+        text = str(result.get("data", {}).get("text/plain", ""))
+        if len(text) > (remote.wire.MAX_REPLY_BYTES + 12) * 4 // 3 + 4:  # base64: 4 characters for 3 bytes
+            return remote.wire.encode({"failed": f"The kernel's answer to the check's request is larger than "
+                                                 f"{remote.wire.MAX_REPLY_BYTES // 2**20} MB: return what the "
+                                                 "exercise asks for, not more."})
+        try:
+            return base64.b64decode(text, validate=True)
+        except ValueError:
+            return remote.wire.encode({"failed": "The kernel's answer to the check's request could not be read."})
+
+    async def _async_reply_to(self, msg_id: str) -> dict:
+        """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
+        while True:
+            left = self._deadline - monotonic()
+            if left <= 0:
+                await ensure_async(self.km.interrupt_kernel())
+                raise remote.CallTimedOut()
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.5)))
+            except Empty:
+                if not await ensure_async(self.km.is_alive()):
+                    raise remote.KernelDied() from None
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return msg
+
+    async def _async_collect_streams(self, msg_id: str) -> None:
+        """What the student's code printed while answering ``msg_id``, into the cell's streams."""
+        deadline = monotonic() + 5
+        while monotonic() < deadline:
+            try:
+                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=max(0.01, deadline - monotonic())))
+            except Empty:
+                return
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            content = msg.get("content", {})
+            if msg.get("msg_type") == "stream":
+                self.keep_stream(content.get("name", "stdout"), str(content.get("text", "")))
+            elif msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
+                return
+
+    def keep_stream(self, name: str, text: str) -> None:
+        """Keep what the student's code printed during a check, within the cell's output budget.
+
+        Only the budget and one character more are kept, however much arrives (a check's call may print
+        gigabytes): the cell is then cut when it is written, and says so, as a flooding cell is.
+        """
+        room = self.max_output_bytes + 1 - self._streams_size
+        if room > 0:
+            self._streams.append((name, text[:room]))
+            self._streams_size += len(text[:room])
+
+    @staticmethod
+    def _asks_exit(reply: dict | None) -> bool:
+        """Whether an execute reply carries IPython's request to end the kernel (``exit()``, ``quit()``)."""
+        payload = (reply or {}).get("content", {}).get("payload") or []
+        return any(isinstance(p, dict) and p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload)

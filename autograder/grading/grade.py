@@ -1,0 +1,424 @@
+"""``make autograde``: grade a whole class with nbgrader, in parallel, against hostile submissions.
+
+Each submission is graded by its own ``nbgrader autograde ASSIGNMENT --student ID`` process,
+several at a time (a thread pool of ``workers``, default: the number of cores), so one
+submission can never take another down. For each submission (:func:`grade_one`):
+
+1. :func:`autograder.engine.staging.stage` copies it to a private folder that nbgrader
+   reads instead of ``submitted/``: regular files only, a renamed notebook recognised, the
+   locked test cells and their metadata restored, every string made valid UTF-8;
+2. nbgrader grades that copy (its process forked from a server that has imported nbgrader,
+   PyTorch and the checks once, :mod:`autograder.engine.forkserver`;
+   ``AUTOGRADER_FORKSERVER=0`` starts each one afresh instead). Its ``Execute`` is
+   :class:`~autograder.engine.execute.ResilientExecute` (``nbgrader_config.py``): the
+   student's cells run in the sandbox of :mod:`autograder.engine.sandbox` and survive
+   crashes and hangs; the test cells run in nbgrader's own process, which calls the student's
+   functions in the sandbox and judges what comes back (:mod:`autograder.engine.judge`).
+   This module adds a last wall-clock limit on the whole nbgrader process;
+3. what happened is kept with the graded submission and shown at the top of its feedback.
+
+How nbgrader is run on the staged copy is a :class:`Runner`: here, several at a time (the
+default), or on a Dask cluster (:func:`autograder.grading.cluster.autograde` gives
+:func:`autograde` its runner; this module does not import that one), which grades each staged
+copy on a worker and hands back the graded notebook and the scores that are then written here;
+staging, the notes, the progress bar and the summary are the same either way.
+
+Grading refuses to start where no sandbox can be made, unless the instructor says
+``sandbox=False`` (``--no-sandbox``). A submission without a notebook to grade scores 0 with a
+note saying why. A submission that could not be graded because something failed around it
+(nbgrader stopped, the disk was full, the process ran out of time) gets no score at all: the
+summary lists it under "could not be graded: grade again", so no honest student is given a 0
+by an accident. The run always ends with a :class:`Summary`. The SQLite gradebook is opened
+with a long busy timeout, so parallel writers wait for each other.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..course import settings
+from ..course.repository import ROOT, assignments, nbgrader, tool_env
+from ..engine import notes, sandbox, staging
+from ..engine.forkserver import ForkServer
+from ..engine.notes import Note, NoteKind, inert_text, safe_text
+from . import runs
+
+RUN_VARIABLE = sandbox.RUN_VARIABLE
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made on this machine, and the instructor did not accept grading without one."""
+
+
+def db_url(root: Path = ROOT) -> str:
+    """The gradebook URL: ``NBGRADER_DB_URL`` if set, else SQLite in the course with a busy timeout."""
+    busy = settings.grading(root).sqlite_busy_timeout
+    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{root / 'gradebook.db'}?timeout={busy}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one grading run sets differently from the course's ``nbgrader_config.py`` (None: as it says)."""
+
+    cell_timeout: int | None = None  # seconds per cell (Execute.timeout)
+    notebook_timeout: int | None = None  # seconds per notebook, restarts included (ResilientExecute.notebook_timeout)
+    sandbox: bool | None = None  # False: run student code with the resource limits only (Grading.sandbox)
+
+    def resolved(self, root: Path = ROOT) -> Options:
+        """These options with every None replaced by the course's setting."""
+        from ..engine.execute import ResilientExecute
+
+        config = settings.course_config(root)
+        return Options(
+            cell_timeout=self.cell_timeout or settings.configured(config, ResilientExecute, "timeout"),
+            notebook_timeout=self.notebook_timeout or settings.configured(config, ResilientExecute, "notebook_timeout"),
+            sandbox=settings.configured(config, settings.Grading, "sandbox") if self.sandbox is None else self.sandbox,
+        )
+
+
+def protection(options: Options | None = None, mode: str | None = None) -> str:
+    """Which protection grading runs student code under, in words (for the summary and the feedback).
+
+    ``mode`` is :func:`sandbox.mode` where the student's code runs (default: here).
+    """
+    options = (options or Options()).resolved()
+    mode = mode or sandbox.mode()
+    where = ("test cells run in the grader's process; the student's code, in a bubblewrap sandbox"
+             if options.sandbox and mode != "limits only" else
+             "test cells run in the grader's process; the student's code WITHOUT a sandbox (resource limits only)")
+    return f"{where} ({mode if options.sandbox else 'limits only'})"
+
+
+class Runner:
+    """Runs nbgrader on a staged submission, here: each run forked from ``server`` (else a new process).
+
+    A runner leaves the graded notebooks in ``autograded/`` and the grades in the gradebook, and
+    returns None, or why the submission could not be graded.
+    :class:`autograder.grading.cluster.ClusterRunner` is the other one.
+    """
+
+    server: ForkServer | None = None
+    run: runs.Run | None = None  # the run it belongs to (:mod:`autograder.grading.runs`), if any
+
+    def __init__(self, server: ForkServer | None = None, run: runs.Run | None = None) -> None:
+        self.server = server
+        self.run = run
+
+    @classmethod
+    def start(cls, root: Path, forkserver: bool = True) -> Runner:
+        """A runner registered as a run of the course at ``root`` (:mod:`autograder.grading.runs`), with its fork server.
+
+        A run stopped earlier is cleaned up first; :meth:`close` ends this one.
+        """
+        run = runs.start(root)
+        return cls(fork_server(forkserver, env=run.environment(dict(os.environ))), run)
+
+    def mode(self) -> str:
+        """:func:`sandbox.mode` where this runner runs the student's code."""
+        return sandbox.mode()
+
+    def __call__(self, assignment: str, student: str, root: Path, staged: Path, options: Options,
+                 limit: float) -> str | None:
+        return run_nbgrader(assignment, student, root, staged, options, limit, self.server, self.run)
+
+    def close(self) -> None:
+        try:
+            if self.server is not None:
+                self.server.close()
+        finally:
+            if self.run is not None:
+                self.run.close()
+
+
+@dataclass
+class Outcome:
+    """What grading one submission did."""
+
+    assignment: str
+    student: str
+    error: str | None = None
+    notes: list[Note] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Summary:
+    """What a grading run did."""
+
+    graded: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    outcomes: dict[tuple[str, str], Outcome] = field(default_factory=dict)
+    protection: str = ""
+    recorded: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        total = len(self.graded) + len(self.failed)
+        rate = total / self.seconds * 60 if self.seconds else 0.0
+        lines = [f"recorded {a} in the gradebook from source/{a} (nbgrader generate_assignment)" for a in self.recorded]
+        lines.append(f"graded {len(self.graded)}, could not be graded {len(self.failed)}, in {self.seconds:.1f} s "
+                     f"({rate:.1f} submissions per minute)")
+        if self.protection:
+            lines.append(f"protection: {self.protection}")
+        if self.failed:
+            lines.append("could not be graded (no score was recorded; grade them again):")
+            lines += [f"  {a} / {s}: {why}" for a, s, why in self.failed]
+        for (a, s), outcome in sorted(self.outcomes.items()):
+            for note in outcome.notes:
+                if note.kind not in (NoteKind.FAILED, NoteKind.PROTECTION):  # said once, above
+                    lines.append(f"  {a} / {s}: {note.message}")
+        return "\n".join(inert_text(line) for line in lines)  # a name or note cannot start a line of its own
+
+
+def submissions(root: Path = ROOT, names: list[str] | None = None) -> list[tuple[str, str]]:
+    """Every (assignment, student) with a folder in ``submitted/``, sorted."""
+    wanted = set(names or assignments(root))
+    found = []
+    submitted = root / "submitted"
+    if submitted.is_dir():
+        for student in sorted(p for p in submitted.iterdir() if p.is_dir()):
+            for folder in sorted(p for p in student.iterdir() if p.is_dir() and p.name in wanted):
+                found.append((folder.name, student.name))
+    return found
+
+
+def _progress(done: int, total: int, failed: int, start: float) -> None:
+    elapsed = time.monotonic() - start
+    eta = elapsed / done * (total - done) if done else 0.0
+    width = 30
+    bar = "#" * (width * done // max(total, 1))
+    sys.stderr.write(f"\r[{bar:<{width}}] {done}/{total} done ({done - failed} graded, {failed} could not be), "
+                     f"ETA {eta:5.0f} s")
+    sys.stderr.flush()
+
+
+def _reason(output: str, code: int) -> str:
+    """The line of nbgrader's output that says why it failed (its last error line), else its exit code."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line or line.startswith("[AutogradeApp |")]
+    chosen = (errors or lines or [f"nbgrader exited with {code}"])[-1]
+    return chosen[:300]
+
+
+def run_nbgrader(assignment: str, student: str, root: Path, staged: Path, options: Options, limit: float,
+                 server: ForkServer | None, run: runs.Run | None = None) -> str | None:
+    """``nbgrader autograde`` on the staged copy; None on success, else what went wrong.
+
+    ``run``: the run it belongs to, whose mark and temporary folder its processes carry.
+    """
+    args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
+            f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
+            f"--ResilientExecute.notebook_timeout={options.notebook_timeout}", f"--Execute.timeout={options.cell_timeout}"]
+    token = run.token() if run is not None else uuid.uuid4().hex
+    env = run.environment(tool_env(), token) if run is not None else dict(tool_env(), **{RUN_VARIABLE: token})
+    if not options.sandbox:
+        env["AUTOGRADER_SANDBOX"] = "off"
+    try:
+        if server is not None and server.process.poll() is None:
+            code, out, err = server.run(args[3:], root, env, limit, staged)
+        else:
+            proc = subprocess.Popen(args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            try:
+                out, err = proc.communicate(timeout=limit)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                sandbox.kill_group(proc.pid)
+                out, err = proc.communicate()
+                code = None
+            finally:
+                sandbox.kill_group(proc.pid)
+    finally:
+        sandbox.kill_leftovers(token, RUN_VARIABLE)
+    if code is None:
+        return f"grading took longer than {limit:.0f} s and was stopped"
+    if code == 0:
+        return None
+    return _reason(err or out, code)
+
+
+def _record_zero(root: Path, assignment: str, student: str) -> None:
+    """Make sure the submission is in the gradebook, every grade nbgrader did not set being 0."""
+    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.utils import parse_utc
+
+    stamp = root / "submitted" / student / assignment / "timestamp.txt"
+    timestamp = None
+    if stamp.is_file() and not stamp.is_symlink():
+        try:
+            timestamp = parse_utc(stamp.read_text().strip())
+        except Exception:  # noqa: BLE001 - an unreadable timestamp is no timestamp
+            timestamp = None
+    with Gradebook(db_url(root)) as gb:
+        try:
+            gb.find_submission(assignment, student)
+        except MissingEntry:
+            gb.update_or_create_submission(assignment, student, **({"timestamp": timestamp} if timestamp else {}))
+        for notebook in gb.find_submission(assignment, student).notebooks:
+            for grade in notebook.grades:
+                if grade.auto_score is None and grade.manual_score is None:
+                    grade.auto_score = 0.0
+                    grade.needs_manual_grade = False
+        gb.db.commit()
+
+
+def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
+    """Notes on how the notebooks ran: cells that crashed, hung, were skipped or flooded their output."""
+    import nbformat
+
+    folder = root / "autograded" / outcome.student / outcome.assignment
+    for name in staged:
+        path = folder / f"{name}.ipynb"
+        if path.is_file():
+            outcome.notes += notes.runtime_notes(nbformat.read(path, as_version=4))
+
+
+def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
+              runner: Runner | None = None) -> Outcome:
+    """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
+    options = (options or Options()).resolved(root)
+    course = settings.grading(root)
+    runner = runner or Runner()
+    started = time.monotonic()
+    outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION,
+                                                       f"How your code ran: {protection(options, runner.mode())}.")])
+    private = Path(tempfile.mkdtemp(prefix="autograder-staging-", dir=runner.run.folder if runner.run else None))
+    try:
+        staged = staging.stage(root, assignment, student, private, course)
+        outcome.notes += staged.notes
+        if staged.notebooks:
+            limit = options.notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
+            outcome.error = runner(assignment, student, root, private, options, limit)
+            if outcome.error is None:
+                _runtime_notes(outcome, root, staged.notebooks)
+        else:
+            _record_zero(root, assignment, student)  # nothing to grade: the submission's own doing
+    except Exception as error:  # noqa: BLE001 - one submission must never stop the class
+        outcome.error = safe_text(f"{type(error).__name__}: {error}")[:300]
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    if outcome.error is not None:
+        outcome.notes.append(Note(NoteKind.FAILED, f"This submission could not be graded ({outcome.error}). That is not "
+                                            "your doing: it will be graded again."))
+    try:
+        notes.write_notes(root / "autograded" / student / assignment, outcome.notes)
+    except OSError as error:
+        outcome.error = outcome.error or f"could not keep the grading notes: {error}"
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[str]:
+    """Create the gradebook's schema, every assignment graded and every student, before parallel writers start.
+
+    An assignment the gradebook does not know (a fresh clone: the gradebook is not committed)
+    is recorded from ``source/`` with ``nbgrader generate_assignment``; returns those assignments.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    # nbgrader.api runs `alembic` by name when it creates a gradebook: this environment's first.
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+    missing = []
+    with Gradebook(db_url(root)) as gb:
+        for assignment in sorted({a for a, _ in jobs}):
+            try:
+                gb.find_assignment(assignment)
+            except MissingEntry:
+                missing.append(assignment)
+        for student in sorted({s for _, s in jobs}):
+            gb.update_or_create_student(student)
+    for assignment in missing:
+        if not (root / "source" / assignment / f"{assignment}.ipynb").is_file():
+            raise FileNotFoundError(f"the gradebook has no assignment {assignment} and source/{assignment} does not "
+                                    "exist: put the assignment's source there, then run make release")
+        done = nbgrader("generate_assignment", assignment, "--force", f"--db={db_url(root)}", "--log-level=ERROR",
+                        root=root, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not record {assignment} in the gradebook: {_reason(done.stderr, done.returncode)}")
+    return missing
+
+
+def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
+              progress: bool = True, options: Options | None = None, students: list[str] | None = None,
+              runner: Runner | None = None) -> Summary:
+    """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once.
+
+    ``runner``: where nbgrader runs (default: here, a :meth:`Runner.start`); it is closed at the end.
+    :func:`autograder.grading.cluster.autograde` gives a Dask cluster's.
+    Raises :class:`SandboxUnavailable` where no sandbox can be made here (``runner`` None) and
+    ``options.sandbox`` is True.
+    """
+    options = (options or Options()).resolved(root)
+    course = settings.grading(root)
+    if runner is None:
+        require_sandbox(options)
+    jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
+    start = time.monotonic()
+    if runner is not None:
+        workers = workers or course.workers or len(jobs) or 1
+    else:  # the fork server first, so that its imports overlap with preparing the gradebook
+        runner = Runner.start(root, course.forkserver) if jobs else Runner()
+        workers = workers or course.workers or os.cpu_count() or 1
+    summary = Summary(protection=protection(options, runner.mode()))
+    try:
+        if jobs:
+            summary.recorded = prepare_gradebook(jobs, root)
+        _grade_all(jobs, workers, root, options, progress, summary, start, runner)
+    finally:
+        runner.close()
+    summary.graded.sort()
+    summary.failed.sort()
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def require_sandbox(options: Options) -> None:
+    """Raise :class:`SandboxUnavailable` where no sandbox can be made here and ``options.sandbox`` (resolved) asks for one."""
+    if options.sandbox and sandbox.mode() == "limits only":
+        raise SandboxUnavailable(
+            "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
+            "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
+            "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
+            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
+
+
+def fork_server(enabled: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
+    """A :class:`ForkServer` started in ``cwd`` with ``env`` (default: this process's); None where it is turned off
+    (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
+    if not enabled or settings.switched_off("AUTOGRADER_FORKSERVER"):
+        return None
+    try:
+        return ForkServer(cwd, env)
+    except OSError:
+        return None
+
+
+def _grade_all(jobs: Sequence[tuple[str, str]], workers: int, root: Path, options: Options, progress: bool,
+               summary: Summary, start: float, runner: Runner) -> None:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(grade_one, a, s, root, options, runner): (a, s) for a, s in jobs}
+        for future in as_completed(futures):
+            assignment, student = futures[future]
+            outcome = future.result()
+            summary.outcomes[(assignment, student)] = outcome
+            if outcome.error is None:
+                summary.graded.append((assignment, student))
+            else:
+                summary.failed.append((assignment, student, outcome.error))
+            if progress:
+                _progress(len(summary.graded) + len(summary.failed), len(jobs), len(summary.failed), start)
+    if progress and jobs:
+        sys.stderr.write("\n")

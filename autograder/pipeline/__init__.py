@@ -1,1 +1,0 @@
-"""The instructor's pipeline around nbgrader: release, grade, feedback, grades, bundle."""

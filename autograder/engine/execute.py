@@ -118,7 +118,6 @@ class ResilientExecute(KernelRequests, Execute):
             from jupyter_client.manager import AsyncKernelManager
 
             self.kernel_manager_class = AsyncKernelManager
-        self.on_cell_executed = self._after_cell
         if self.checks_in_grader:
             import torch
 
@@ -281,9 +280,11 @@ class ResilientExecute(KernelRequests, Execute):
 
     # -- kernels ----------------------------------------------------------------------------
 
-    def _after_cell(self, cell, cell_index, execute_reply) -> None:
-        """nbclient's ``on_cell_executed`` hook: note a cell that asked its kernel to end."""
-        self._asked_exit = self._asks_exit(execute_reply)
+    def on_cell_executed(self, **kwargs) -> None:
+        """nbclient's hook after each cell: nbgrader's (it records an error the outputs do not show, such
+        as a timeout's), then note a cell that asked its kernel to end."""
+        super().on_cell_executed(**kwargs)
+        self._asked_exit = self._asks_exit(kwargs.get("execute_reply"))
 
     async def async_start_new_kernel_client(self):
         client = await super().async_start_new_kernel_client()

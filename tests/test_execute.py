@@ -1,0 +1,27 @@
+"""nbgrader's execution as grading runs it (:mod:`autograder.engine.execute`), one kernel, no sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from autograder.engine.execute import ResilientExecute
+from autograder.engine.notes import TIMEOUT
+
+
+@pytest.mark.slow
+def test_a_cell_run_in_the_kernel_that_times_out_shows_an_error():
+    """nbgrader scores a test cell from its error output: one stopped for its time must carry one.
+
+    The interrupt's KeyboardInterrupt is replaced by the timeout's message, which nbgrader's own
+    ``on_cell_executed`` records from the reply: a hook that replaced nbgrader's left the cell without
+    any error, and a test cell run in the kernel (``checks_in_grader = False``) that loops got its points.
+    """
+    notebook = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("while True:\n    pass"),
+                                   new_code_cell("print(x + 1)")])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    graded, _ = ResilientExecute(timeout=2, sandbox=False, checks_in_grader=False).preprocess(notebook, {})
+    stopped = graded.cells[1].outputs
+    assert [o.get("ename") for o in stopped if o.get("output_type") == "error"] == [TIMEOUT], stopped
+    assert "stopped after running for 2 s" in stopped[-1]["evalue"]
+    assert graded.cells[2].outputs[0]["text"] == "2\n"  # the kernel goes on: the next cell runs

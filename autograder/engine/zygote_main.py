@@ -2,7 +2,7 @@
 
 Run by :mod:`autograder.engine.zygote` as ``python -c SOURCE ADDRESS MODULE...`` (never
 imported by the grader, and importing nothing of the ``autograder`` package: what a kernel forked
-from here holds in its memory is this file, the standard library and the ``MODULE``s).
+from here holds in its memory is this file, the standard library and the ``MODULE`` arguments).
 
 For each connection on the Unix socket ``ADDRESS`` it receives a request (JSON) and four file
 descriptors (the kernel's stdin, stdout and stderr, and the write end of the pipe the sandbox's

@@ -12,7 +12,7 @@ when it is collected. Its time is when the folder last changed (``st_ctime``, wh
 cannot set back; ``nbgrader submit`` changes it last, when it sets its mode), not the time in its
 name, which a student could write: a late submission cannot be made to look early, nor an old one
 to look like the newest. Who submitted is the folder's owner: a submission in another
-student's name (``Submission.owner``) is refused by :mod:`.serve`.
+student's name (``Submission.owner``) is refused by :mod:`~autograder.service.serve`.
 """
 
 from __future__ import annotations

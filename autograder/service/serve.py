@@ -9,7 +9,7 @@ shared by every grading), so its grade is in the gradebook and its graded notebo
 ``autograded/`` as if the instructor had graded it; its page is made by
 :func:`autograder.grading.feedback.submission_pages` from a copy of the graded notebook whose
 hidden checks show what :mod:`.visibility` allows, with the quota at its top, and released to that
-student only (:mod:`.release`). A submission that could not be graded (not the student's doing)
+student only (:mod:`~autograder.service.release`). A submission that could not be graded (not the student's doing)
 is released as such, never with a score, and graded again (``GradingService.retries``). A student
 is told, by a page of its own, when a submission waits for the quota, was replaced by a later one,
 came after the due date or cannot be graded.

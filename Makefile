@@ -74,8 +74,12 @@ new-notebook: setup ## the files of a new notebook, one example exercise, all pa
 	$(BIN)/python -m autograder release $(NAME)
 
 .PHONY: settings
-settings: setup ## print every setting (name, value in this course, where to set it) as README's table
+settings: setup ## print every setting (name, value in this course, where to set it): the manual's table
 	$(BIN)/python -m autograder settings
+
+.PHONY: docs
+docs: setup ## the manual: docs/_build/html/index.html (Sphinx, API pages from the docstrings; warnings are errors)
+	$(BIN)/sphinx-build -M html docs docs/_build -E -W --keep-going
 
 .PHONY: collect-zip
 collect-zip: setup ## put an LMS zip of submissions into submitted/ (ZIP=file.zip ASSIGNMENTS=01_soft_lookup)

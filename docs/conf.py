@@ -20,7 +20,7 @@ author = "The course's instructors"
 copyright = "the course's instructors, MIT licence"
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.autosummary"]
-source_suffix = {".md": "markdown"}
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}  # .rst: the API pages autosummary writes
 exclude_patterns = ["_build"]
 templates_path = ["_templates"]
 

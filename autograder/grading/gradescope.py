@@ -66,7 +66,7 @@ SCRIPTS = ("setup.sh", "run_autograder")
 CONFIG = "gradescope.json"
 #: Pins of pyproject.toml that grading does not need (the developer's tools); setup.sh installs all the others.
 NOT_FOR_GRADING = ("nbval", "pytest", "pytest-xdist", "ruff", "psycopg2-binary", "jupyter-server-mathjax", "playwright",
-                   "dask", "distributed", "copydetect", "jupyterhub")
+                   "dask", "distributed", "copydetect", "jupyterhub", "sphinx", "myst-parser")
 #: Gradescope's visibility settings (its specification, "Controlling Test Case Visibility").
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 HIDDEN_VISIBILITY = "after_published"

@@ -37,7 +37,8 @@ class MaskedBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int) -> None:
         super().__init__()
-        if d_model % num_heads != 0 or (d_model // num_heads) % 2 != 0:
+        d_head, rest = divmod(d_model, num_heads)
+        if rest or d_head % 2:
             raise ValueError(f"d_model = {d_model} does not split into {num_heads} heads of an even size (RoPE "
                              "rotates pairs of coordinates)")
         self.num_heads = num_heads
@@ -58,7 +59,8 @@ class MaskedBlock(nn.Module):
         scores = q @ k.transpose(-2, -1) / math.sqrt(split[1])
         weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
         x = x + self.out_proj((weights @ v).transpose(1, 2).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)))), weights
+        mlp = self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x + mlp, weights
 
 
 class MaskedDecoder(nn.Module):

@@ -6,6 +6,7 @@ the settings page's table is printed here, at build time, by the code that reads
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -45,7 +46,17 @@ class SettingsTable(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         from autograder.course import settings
 
-        return self.parse_text_to_nodes(settings.table(ROOT))
+        return self.parse_text_to_nodes(literal_values(settings.table(ROOT)))
+
+
+def literal_values(table: str) -> str:
+    """The table with its "value here" column read literally: ``*.pyc, __pycache__`` is not emphasis in Markdown."""
+    lines = table.splitlines()
+    for i, line in enumerate(lines[2:], start=2):  # below the header and its rule
+        cells = line.split(" | ")
+        cells[1] = re.sub(r"([\\`*_\[\]<>~])", r"\\\1", cells[1])
+        lines[i] = " | ".join(cells)
+    return "\n".join(lines) + "\n"
 
 
 def setup(app):

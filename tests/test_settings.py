@@ -17,8 +17,7 @@ from autograder.grading import grade
 
 from .notebook_code import ROOT
 
-BEGIN, END = "<!-- settings: begin (python -m autograder settings) -->", "<!-- settings: end -->"
-
+# The manual's settings page is settings.table, printed as the page is built (tests/test_docs.py reads the page).
 
 def test_autograde_steps_are_nbgraders_with_execute_swapped():
     """An nbgrader upgrade that adds or reorders a step of autograding must not be dropped silently here."""
@@ -27,14 +26,6 @@ def test_autograde_steps_are_nbgraders_with_execute_swapped():
     default = Autograde().autograde_preprocessors  # nbgrader's own default, in a process without our config
     assert Execute in default and ResilientExecute not in default
     assert ours == [ResilientExecute if step is Execute else step for step in default]
-
-
-def test_readme_lists_every_setting():
-    """README's table is what `python -m autograder settings` prints for this course (regenerate it from there)."""
-    readme = (ROOT / "README.md").read_text()
-    assert BEGIN in readme and END in readme, "README has no settings table"
-    block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert block == settings.table(ROOT).strip(), "README's settings table is out of date: python -m autograder settings"
 
 
 def test_every_trait_of_the_course_has_help():

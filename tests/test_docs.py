@@ -77,11 +77,12 @@ def test_an_api_page_is_the_modules_docstring(built):
 
 
 BROKEN = {"a heading": "[the sandbox](safety.md#no-such-heading)", "a page": "[a page](no-such-page.md)",
-          "an anchor": "[above](#no-such-anchor)", "a page in a toctree": "```{toctree}\nno-such-chapter\n```"}
+          "an anchor": "[above](#no-such-anchor)", "a page in a toctree": "```{toctree}\nno-such-chapter\n```",
+          "a module": "{mod}`autograder.no_such_module`", "a function": "{func}`autograder.engine.sandbox.no_such_function`"}
 
 
 def test_a_broken_internal_link_fails_the_build(tmp_path):
-    """A copy of the manual with broken links in a page: the build fails and names each."""
+    """A copy of the manual with broken links and cross references in a page: the build fails and names each."""
     course = tmp_path / "course"
     shutil.copytree(ROOT / "docs", course / "docs", ignore=shutil.ignore_patterns("_build", "api"))
     shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")  # the settings table reads it
@@ -89,5 +90,6 @@ def test_a_broken_internal_link_fails_the_build(tmp_path):
     page.write_text(page.read_text() + "".join(f"\n{link}\n" for link in BROKEN.values()))
     done = build(course / "docs", tmp_path / "out")
     assert done.returncode != 0
-    for target in ("no-such-heading", "no-such-page.md", "no-such-anchor", "no-such-chapter"):
+    for target in ("no-such-heading", "no-such-page.md", "no-such-anchor", "no-such-chapter", "no_such_module",
+                   "no_such_function"):
         assert re.search(rf"tests\.md:\d+: WARNING: .*{re.escape(target)}", done.stderr), (target, done.stderr[-3000:])

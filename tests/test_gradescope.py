@@ -155,6 +155,22 @@ def test_zip_holds_the_whole_package_and_the_course(unpacked):
     assert config["assignment"] == ASSIGNMENT and config["hidden_visibility"] == "after_published"
 
 
+def test_the_unpacked_package_registers_its_kernel_provisioner(unpacked):
+    """Gradescope puts the package on sys.path, a Dask worker too: no pip install records its entry points.
+
+    The metadata shipped beside it does, or jupyter_client could not find the provisioner the grading
+    kernels' spec names, and no submission could be graded.
+    """
+    from importlib.metadata import distributions
+
+    from autograder.engine.provisioner import NAME, SandboxProvisioner
+
+    found = [ep for d in distributions(path=[str(unpacked)]) for ep in d.entry_points
+             if ep.group == "jupyter_client.kernel_provisioners"]
+    assert [ep.name for ep in found] == [NAME]
+    assert found[0].load() is SandboxProvisioner
+
+
 def test_hidden_checks_stay_out_of_the_student_bundle():
     private = [name for name in bundle.bundle_files()
                if name.split("/")[1:2] == ["autograder"] and name.split("/")[2] in INSTRUCTOR_ONLY]

@@ -248,7 +248,7 @@ def test_the_limits_are_traits_and_the_environment_overrides_them(monkeypatch):
     finally:
         import shutil
 
-        shutil.rmtree(km._private, ignore_errors=True)
+        shutil.rmtree(km.private, ignore_errors=True)
 
 
 def test_the_course_config_sets_the_limits_and_the_pool():

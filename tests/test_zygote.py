@@ -10,7 +10,8 @@ import time
 import pytest
 
 from autograder.engine import kernel_pool, zygote
-from autograder.engine.kernel_manager import SandboxedKernelManager
+from autograder.engine.kernel_manager import SandboxedKernelManager, prestart
+from autograder.engine.provisioner import SandboxProvisioner
 
 #: One worker runs this module: its zygote (a module-scoped fixture) starts once (make test: --dist loadgroup).
 pytestmark = [pytest.mark.skipif(not zygote.usable(), reason="kernels are forked only where bubblewrap runs as root "
@@ -58,7 +59,7 @@ async def _run_in_pooled_kernel(prepared: kernel_pool.PreparedKernel, code: str,
     """
     kernel_pool.offer(prepared)
     manager = SandboxedKernelManager()
-    assert manager._pooled is prepared
+    assert (manager.private, manager.token) == (prepared.private, prepared.token)  # the manager took it
     await manager.start_kernel(cwd=cwd)
     client = manager.client()
     client.start_channels()
@@ -81,7 +82,7 @@ async def _run_in_pooled_kernel(prepared: kernel_pool.PreparedKernel, code: str,
 
 
 def _probe(address: str | None, cwd: str) -> dict:
-    prepared = SandboxedKernelManager().prestart(address)
+    prepared = prestart(SandboxedKernelManager(), address)
     assert (prepared.go_pipe is not None) == (address is not None)
     printed = asyncio.run(_run_in_pooled_kernel(prepared, PROBE, cwd))
     return json.loads(printed.strip().splitlines()[-1])
@@ -118,7 +119,7 @@ def test_a_forked_kernel_sees_its_own_environment_and_files(forker, tmp_path):
     (tmp_path / "data.txt").write_text("a file of the submission")
     code = ("import os, json; print(json.dumps([open('data.txt').read(), os.environ['HOME'], "
             "os.environ['AUTOGRADER_SANDBOX_TOKEN'], os.getcwd()]))")
-    prepared = SandboxedKernelManager().prestart(forker.address)
+    prepared = prestart(SandboxedKernelManager(), forker.address)
     token, private = prepared.token, str(prepared.private)
     data, home, seen_token, cwd = json.loads(asyncio.run(_run_in_pooled_kernel(prepared, code, str(tmp_path))))
     assert (data, home, seen_token, cwd) == ("a file of the submission", f"{private}/home", token, f"{private}/cwd")
@@ -129,7 +130,7 @@ def test_a_forked_kernel_sees_its_own_environment_and_files(forker, tmp_path):
 def test_the_sandbox_ends_with_its_forked_kernel_and_says_how(forker, tmp_path, ending):
     codes = []
     for address in (None, forker.address):
-        prepared = SandboxedKernelManager().prestart(address)
+        prepared = prestart(SandboxedKernelManager(), address)
         asyncio.run(_run_in_pooled_kernel(prepared, f"import os\n{ending}", str(tmp_path), ends=True))
         codes.append(prepared.process.poll())
     assert None not in codes and codes[0] == codes[1] != 0, codes  # None: the sandbox outlived its kernel
@@ -143,7 +144,7 @@ def test_when_the_zygote_is_gone_the_kernel_starts_in_its_sandbox():
             time.sleep(0.1)
         gone.process.kill()
         gone.process.wait()
-        prepared = SandboxedKernelManager().prestart(gone.address)
+        prepared = prestart(SandboxedKernelManager(), gone.address)
         try:
             assert prepared.go_pipe is None and prepared.process.poll() is None
         finally:
@@ -161,6 +162,7 @@ async def _probes_across_a_restart(prepared: kernel_pool.PreparedKernel, cwd: st
     kernel_pool.offer(prepared)
     manager = SandboxedKernelManager()
     await manager.start_kernel(cwd=cwd)
+    assert isinstance(manager.provisioner, SandboxProvisioner)  # jupyter_client took it from the kernel spec
     probes = []
     try:
         for restart in (False, True):
@@ -190,7 +192,7 @@ def test_a_restarted_kernel_is_forked_again_and_confined_as_the_first(forker, tm
     """After a crash or a swallowed interrupt, the kernel of a forked one is forked too (not a cold start)."""
     monkeypatch.setenv("NBGRADER_DB_URL", "postgresql://grader-secret@localhost/gradebook")
     (tmp_path / "data.txt").write_text("a file of the submission")
-    first, restarted = asyncio.run(_probes_across_a_restart(SandboxedKernelManager().prestart(forker.address),
+    first, restarted = asyncio.run(_probes_across_a_restart(prestart(SandboxedKernelManager(), forker.address),
                                                             str(tmp_path)))
     assert first.pop("kernel") != restarted.pop("kernel")  # a new sandbox
     assert first["forked"] and restarted["forked"] and restarted["torch imported"]
@@ -208,7 +210,7 @@ def test_a_restart_starts_cold_when_the_zygote_is_gone(tmp_path):
         gone.process.wait()
 
     try:
-        first, restarted = asyncio.run(_probes_across_a_restart(SandboxedKernelManager().prestart(gone.address),
+        first, restarted = asyncio.run(_probes_across_a_restart(prestart(SandboxedKernelManager(), gone.address),
                                                                 str(tmp_path), before_restart=kill))
     finally:
         gone.close()

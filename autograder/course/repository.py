@@ -52,3 +52,20 @@ def pins(root: Path = ROOT) -> dict[str, str]:
 
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
     return {d.split("==")[0]: d for d in deps}
+
+
+def distribution_files(root: Path = ROOT) -> dict[str, bytes]:
+    """The course's distribution metadata (name, version, entry points), as a ``.dist-info`` folder's files.
+
+    Where the package is put on ``sys.path`` instead of being installed (Gradescope, a Dask worker),
+    these files beside it make its entry points (the kernel provisioner of grading) known to
+    ``importlib.metadata``, as ``pip install`` does.
+    """
+    import tomllib
+
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    folder = f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    entry_points = "".join(f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items()) + "\n"
+                           for group, entries in project.get("entry-points", {}).items())
+    return {f"{folder}/METADATA": f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n".encode(),
+            f"{folder}/entry_points.txt": entry_points.encode()}

@@ -118,6 +118,9 @@ class ResilientExecute(KernelRequests, Execute):
             from jupyter_client.manager import AsyncKernelManager
 
             self.kernel_manager_class = AsyncKernelManager
+        # nbclient's public hooks for a cell's time limit: the limit of each cell (what the notebook has
+        # left), and the error a stopped cell gets (set before each cell, with that limit in its words)
+        self.timeout_func = self._timeout_of
         if self.checks_in_grader:
             import torch
 
@@ -208,7 +211,13 @@ class ResilientExecute(KernelRequests, Execute):
         self._cell_limit = max(1, int(min(self.timeout or 10**9, self._remaining())))
         if self.checks_in_grader and is_test_cell(cell):
             return self._judge(cell, index)
+        stopped = error_output(TIMEOUT, self._timeout_message(self._cell_limit))
+        self.error_on_timeout = {"ename": stopped.ename, "evalue": stopped.evalue, "traceback": stopped.traceback}
         return self.execute_cell(cell, index, store_history=store_history)
+
+    def _timeout_of(self, cell) -> int | None:
+        """nbclient's ``timeout_func``: the time limit of ``cell`` (this cell's share of the notebook's)."""
+        return self._cell_limit if self._cell_limit is not None else self.timeout
 
     # -- test cells, run here ---------------------------------------------------------------
 
@@ -284,7 +293,11 @@ class ResilientExecute(KernelRequests, Execute):
         """nbclient's hook after each cell: nbgrader's (it records an error the outputs do not show, such
         as a timeout's), then note a cell that asked its kernel to end."""
         super().on_cell_executed(**kwargs)
-        self._asked_exit = self._asks_exit(kwargs.get("execute_reply"))
+        reply = kwargs.get("execute_reply") or {}
+        self._asked_exit = self._asks_exit(reply)
+        if reply.get("content", {}).get("ename") == TIMEOUT and reply["content"].get("evalue") == \
+                self.error_on_timeout.get("evalue"):
+            self._timed_out = True  # nbclient interrupted the cell and answered with error_on_timeout
 
     async def async_start_new_kernel_client(self):
         client = await super().async_start_new_kernel_client()
@@ -292,7 +305,7 @@ class ResilientExecute(KernelRequests, Execute):
         return client
 
     def _seal(self) -> None:
-        seal = getattr(self.km, "seal", None)
+        seal = getattr(getattr(self.km, "provisioner", None), "seal", None)
         if seal is not None:
             seal()
 
@@ -393,15 +406,6 @@ class ResilientExecute(KernelRequests, Execute):
                     task.cancel()
 
     execute_cell = run_sync(async_execute_cell)
-
-    def _get_timeout(self, cell):
-        return self._cell_limit if self._cell_limit is not None else super()._get_timeout(cell)
-
-    async def _async_handle_timeout(self, timeout, cell=None):
-        self._timed_out = True
-        await super()._async_handle_timeout(timeout, cell)
-        out = error_output(TIMEOUT, self._timeout_message(timeout))
-        return {"content": {"status": "error", "ename": out.ename, "evalue": out.evalue, "traceback": out.traceback}}
 
     def process_message(self, msg, cell, cell_index):
         if msg.get("msg_type") == "execute_input":

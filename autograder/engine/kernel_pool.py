@@ -161,6 +161,9 @@ class PreparedKernel:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
+# The kernel started ahead for this process. A module variable, because nbgrader makes the kernel
+# manager deep inside its preprocessors with no way to hand it an object: the fork server's child
+# offers the kernel here before it runs nbgrader, and the manager nbgrader makes takes it, once.
 _offered: PreparedKernel | None = None
 
 

@@ -79,10 +79,10 @@ def course_folder(name: str) -> Path:
     return unpack(local / f"{name}.zip", local / name)
 
 
-def _digest(files: dict[str, Path]) -> str:
+def _digest(files: dict[str, bytes]) -> str:
     digest = hashlib.sha256()
-    for name, path in sorted(files.items()):
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, data in sorted(files.items()):
+        digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -93,10 +93,11 @@ def build_archive(names: list[str], root: Path = ROOT) -> Path:
     (the config, the source, the release and a gradebook in which the assignment is recorded).
     The digest is that of the files it is made from, so an unchanged course is built once.
     """
-    sources = {f"source/{p.relative_to(root / 'source').as_posix()}": p
+    sources = {f"source/{p.relative_to(root / 'source').as_posix()}": p.read_bytes()
                for a in names for p in sorted((root / "source" / a).rglob("*")) if p.is_file()}
     package = gradescope.package_files(ROOT)  # the package that runs this, whichever course it grades
-    path = root / "build" / "cluster" / f"{PREFIX}{_digest({**package, **sources, 'config': root / 'nbgrader_config.py'})}.zip"
+    config = (root / "nbgrader_config.py").read_bytes()
+    path = root / "build" / "cluster" / f"{PREFIX}{_digest({**package, **sources, 'config': config})}.zip"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,11 +109,11 @@ def build_archive(names: list[str], root: Path = ROOT) -> Path:
             courses = list(pool.map(lambda a, f: gradescope.course_files(a, root, f), names, folders))
         files = dict(package)
         for assignment, course in zip(names, courses):
-            files.update({f"courses/{assignment}/{n.removeprefix('course/')}": p for n, p in course.items()})
+            files.update({f"courses/{assignment}/{n.removeprefix('course/')}": p.read_bytes() for n, p in course.items()})
         partial = path.with_suffix(f".{uuid.uuid4().hex}.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name, file in sorted(files.items()):
-                archive.write(file, name)
+            for name, data in sorted(files.items()):
+                gradescope.add_file(archive, name, data)
         os.replace(partial, path)
     return path
 

@@ -52,7 +52,7 @@ from pathlib import Path
 import nbformat
 
 from .. import INSTRUCTOR_ONLY
-from ..course.repository import ROOT, assignments, nbgrader, pins
+from ..course.repository import ROOT, assignments, distribution_files, nbgrader, pins
 from ..engine import notes as grading_notes
 from ..engine import sandbox
 from . import grade
@@ -117,13 +117,16 @@ def course_files(assignment: str, root: Path, work: Path) -> dict[str, Path]:
     return files
 
 
-def package_files(root: Path) -> dict[str, Path]:
-    """Archive name -> file, for the whole ``autograder`` package (hidden checks and grading tools included)."""
+def package_files(root: Path) -> dict[str, bytes]:
+    """Archive name -> content, for the whole ``autograder`` package (hidden checks and grading tools included)
+    and the metadata that registers its entry points where it is not installed (:func:`distribution_files`)."""
     package = root / "autograder"
-    return {f"autograder/{p.relative_to(package).as_posix()}": p for p in sorted(package.rglob("*.py"))}
+    files = {f"autograder/{p.relative_to(package).as_posix()}": p.read_bytes() for p in sorted(package.rglob("*.py"))}
+    return {**files, **distribution_files(root)}
 
 
-def _add(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) -> None:
+def add_file(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) -> None:
+    """Write ``data`` to ``archive`` as ``name``: readable by all (the sandbox user reads the package), a fixed date."""
     info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
     info.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
     info.compress_type = zipfile.ZIP_DEFLATED
@@ -140,11 +143,11 @@ def build_one(assignment: str, output: Path, root: Path = ROOT, hidden_visibilit
     with tempfile.TemporaryDirectory(prefix="gradescope-build-") as work:
         course = course_files(assignment, root, Path(work))
         with zipfile.ZipFile(output, "w") as archive:
-            _add(archive, "setup.sh", setup_script(root).encode(), executable=True)
-            _add(archive, "run_autograder", (FILES / "run_autograder").read_bytes(), executable=True)
-            _add(archive, CONFIG, (json.dumps(config, indent=1) + "\n").encode())
-            for name, path in {**package_files(root), **course}.items():
-                _add(archive, name, path.read_bytes())
+            add_file(archive, "setup.sh", setup_script(root).encode(), executable=True)
+            add_file(archive, "run_autograder", (FILES / "run_autograder").read_bytes(), executable=True)
+            add_file(archive, CONFIG, (json.dumps(config, indent=1) + "\n").encode())
+            for name, data in {**package_files(root), **{n: p.read_bytes() for n, p in course.items()}}.items():
+                add_file(archive, name, data)
     return output
 
 

@@ -15,6 +15,13 @@ Objects that are not plain data (a module a student's class built, a function) d
 cross: the kernel keeps them and sends a :class:`Handle` (a number), which later requests
 can name.
 
+Why not safetensors: it carries a flat map of names to tensors, while a message here nests
+containers and carries handles, dtypes, generators, modules and ``meta`` tensors, so the header
+would stay this module's to parse (the larger part of what untrusted bytes reach); the tensor
+bytes themselves are read in one place (``_Reader.tensor``: a known dtype, a bounded shape, the
+size checked against what is left, then ``torch.frombuffer`` of a copy), which a second format
+would not make smaller.
+
 What this does not do: judge whether the values are right. That is the checks' job.
 """
 

@@ -66,7 +66,7 @@ def test_the_summary_of_a_run_cannot_be_forged_or_steer_the_terminal():
 
     a, forged = "01_soft_lookup", "\ngraded 40, could not be graded 0, in 1.0 s"
     evil = "eve" + ESCAPES["title"] + forged
-    outcome = grade.Outcome(a, evil)
+    outcome = grade.SubmissionResult(a, evil)
     outcome.notes = [Note(NoteKind.IGNORED, "x" + ESCAPES["clear screen"] + forged)]
     # a note read back from an older file, made before notes were one line, is still printed as one
     old = Note(NoteKind.IGNORED, "old")

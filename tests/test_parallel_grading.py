@@ -121,7 +121,7 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
         time.sleep(0.2)
         with lock:
             running[0] -= 1
-        return grade.Outcome(assignment, student, error="it broke" if student == "c" else None)
+        return grade.SubmissionResult(assignment, student, error="it broke" if student == "c" else None)
 
     monkeypatch.setattr(grade, "grade_one", fake_grade_one)
     monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, root: [])
@@ -142,7 +142,7 @@ def test_grading_refuses_to_run_student_code_without_a_sandbox(tmp_path, monkeyp
     (tmp_path / "source" / A).mkdir(parents=True)
     monkeypatch.setenv("AUTOGRADER_SANDBOX", "off")
     graded = []
-    monkeypatch.setattr(grade, "grade_one", lambda a, s, root, options, server: graded.append(s) or grade.Outcome(a, s))
+    monkeypatch.setattr(grade, "grade_one", lambda a, s, root, options, server: graded.append(s) or grade.SubmissionResult(a, s))
     monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, root: [])
     with pytest.raises(grade.SandboxUnavailable, match="bubblewrap") as refused:
         grade.autograde([A], root=tmp_path, progress=False)

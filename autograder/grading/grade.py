@@ -141,7 +141,7 @@ class Runner:
 
 
 @dataclass
-class Outcome:
+class SubmissionResult:
     """What grading one submission did."""
 
     assignment: str
@@ -158,7 +158,7 @@ class Summary:
     graded: list[tuple[str, str]] = field(default_factory=list)
     failed: list[tuple[str, str, str]] = field(default_factory=list)
     seconds: float = 0.0
-    outcomes: dict[tuple[str, str], Outcome] = field(default_factory=dict)
+    outcomes: dict[tuple[str, str], SubmissionResult] = field(default_factory=dict)
     protection: str = ""
     recorded: list[str] = field(default_factory=list)
 
@@ -272,7 +272,7 @@ def _record_zero(root: Path, assignment: str, student: str) -> None:
         gb.db.commit()
 
 
-def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
+def _runtime_notes(outcome: SubmissionResult, root: Path, staged: list[str]) -> None:
     """Notes on how the notebooks ran: cells that crashed, hung, were skipped or flooded their output."""
     import nbformat
 
@@ -284,13 +284,13 @@ def _runtime_notes(outcome: Outcome, root: Path, staged: list[str]) -> None:
 
 
 def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
-              runner: Runner | None = None) -> Outcome:
+              runner: Runner | None = None) -> SubmissionResult:
     """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
     options = (options or Options()).resolved(root)
     course = settings.grading(root)
     runner = runner or Runner()
     started = time.monotonic()
-    outcome = Outcome(assignment, student, notes=[Note(NoteKind.PROTECTION,
+    outcome = SubmissionResult(assignment, student, notes=[Note(NoteKind.PROTECTION,
                                                        f"How your code ran: {protection(options, runner.mode())}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-", dir=runner.run.folder if runner.run else None))
     try:

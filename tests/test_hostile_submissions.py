@@ -674,7 +674,7 @@ print("uid", os.getuid(), "environment", sorted(os.environ))
 def test_the_sandbox_on_its_own(tmp_path):
     """Without nbgrader: what sandboxed code can read, write, reach and allocate."""
     if sandbox.mode() == "limits only":
-        pytest.skip("bubblewrap is not available here: grading runs with resource limits only (see README)")
+        pytest.skip("bubblewrap is not available here: grading runs with resource limits only (see docs/safety.md)")
     secrets_ = [ROOT / "source" / A / f"{A}.ipynb", ROOT / "solutions" / A / f"{A}.ipynb",
                 ROOT / "autograder" / "hidden" / "soft_lookup.py", ROOT / "nbgrader_config.py", Path("/etc/shadow")]
     import sys
@@ -719,7 +719,7 @@ print("exits", [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in chil
 def test_the_control_group_caps_processes_and_memory(monkeypatch):
     """A fork bomb stops at the process cap; four processes of 300 MB do not all fit in 700 MB; nothing is left."""
     if not cgroup.controllers():
-        pytest.skip("control groups cannot be made here: the per-process limits are all there is (see README)")
+        pytest.skip("control groups cannot be made here: the per-process limits are all there is (see docs/safety.md)")
     import sys
 
     made = []

@@ -8,7 +8,7 @@ of :class:`~autograder.engine.execute.ResilientExecute` (how one notebook runs) 
 own (``Execute.timeout``, ...) are set in the same file. A command-line flag overrides a trait
 for one run (:data:`FLAGS`); a few environment variables override one for a whole machine
 (:data:`ENVIRONMENT`). :func:`table` lists them all, with their values in this course:
-README's "Settings" is that table, and a test keeps the two the same.
+the manual's settings page (``docs/settings.md``) prints that table as it is built.
 
 What this does *not* do: check that a value makes sense beyond its type (a timeout of 1 s is
 accepted, and grades every cell as timed out).

@@ -22,7 +22,7 @@ The kernel talks to nbgrader through Unix sockets in a private folder (``transpo
 since it has no network. When ``bwrap`` is missing or cannot create namespaces, the kernel
 runs with the resource limits only, the processes it leaves behind are found by a token in
 their environment and killed, and :func:`mode` says ``"limits only"``: that is the reduced
-protection README's "Grading a class safely" describes.
+protection the manual's "Grading a class safely" (``docs/safety.md``) describes.
 """
 
 from __future__ import annotations

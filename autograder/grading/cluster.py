@@ -323,7 +323,7 @@ class ClusterRunner(Runner):
                 self.client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
             except TimeoutError:
                 raise RuntimeError(f"no worker joined the Dask scheduler at {address} in {WAIT_FOR_WORKERS} s: start "
-                                   "workers (README: Grading at scale)") from None
+                                   "workers (the manual: docs/scale.md)") from None
             found = self.client.run(worker_sandbox)
             without = sorted(w for w, (mode, _) in found.items() if mode == "limits only")
             if options.sandbox and without:

@@ -137,5 +137,5 @@ bench-grading: setup ## grading throughput: a sweep of workers, with and without
 	$(BIN)/python bench/grading_bench.py
 
 clean: ## remove the venv, caches and nbgrader's working folders
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv grades-canvas.csv report
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv grades-canvas.csv report docs/_build docs/api
 	find . -name __pycache__ -prune -exec rm -rf {} +

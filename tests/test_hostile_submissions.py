@@ -387,7 +387,8 @@ def leak(rel, ref, course):
 
 FILL_DISK = """import os, tempfile
 written = {}
-for where in (os.getcwd(), os.path.expanduser("~"), tempfile.gettempdir()):
+private = os.path.dirname(os.path.expanduser("~"))  # the kernel's own folder: its sockets, the submission's copy
+for where in (os.getcwd(), os.path.expanduser("~"), tempfile.gettempdir(), private, os.path.join(private, "work")):
     total = 0
     try:
         for i in range(64):  # up to 4 GB in each place, far over its quota
@@ -398,6 +399,7 @@ for where in (os.getcwd(), os.path.expanduser("~"), tempfile.gettempdir()):
     except OSError as error:
         pass
     written[where] = total
+    print("place", where, total, flush=True)  # a cell stopped for its time still shows where it got
 print("written", max(written.values()))
 """
 
@@ -603,7 +605,7 @@ def test_a_hostile_class(tmp_path):
 
     written = re.search(r"written (\d+)", printed("fill_disk"))
     check(written is not None and int(written.group(1)) <= sandbox.Limits().tmp_mb * 2**20,
-          f"fill_disk: {printed('fill_disk')[-300:]}")
+          f"fill_disk: {re.findall('(?:place|written) .*', printed('fill_disk'))}")
     check(not list((course / "autograded" / "fill_disk" / A).glob("filler-*")), "fill_disk wrote into the course")
     size = (course / "autograded" / "huge_outputs" / A / f"{A}.ipynb").stat().st_size
     check(size < 8 * 2**20, f"huge_outputs: the graded notebook has {size} bytes")

@@ -121,6 +121,9 @@ class ResilientExecute(KernelRequests, Execute):
         # nbclient's public hooks for a cell's time limit: the limit of each cell (what the notebook has
         # left), and the error a stopped cell gets (set before each cell, with that limit in its words)
         self.timeout_func = self._timeout_of
+        # and once the kernel is ready: nbclient calls this hook from the sync and async paths alike (an override
+        # of async_start_new_kernel_client is not reached from the sync one, which nbconvert's preprocess takes)
+        self.on_notebook_start = self._seal
         if self.checks_in_grader:
             import torch
 
@@ -299,12 +302,8 @@ class ResilientExecute(KernelRequests, Execute):
                 self.error_on_timeout.get("evalue"):
             self._timed_out = True  # nbclient interrupted the cell and answered with error_on_timeout
 
-    async def async_start_new_kernel_client(self):
-        client = await super().async_start_new_kernel_client()
-        self._seal()
-        return client
-
-    def _seal(self) -> None:
+    def _seal(self, **_) -> None:
+        """Once the kernel is up, its private folder is closed to it (the provisioner's ``seal``)."""
         seal = getattr(getattr(self.km, "provisioner", None), "seal", None)
         if seal is not None:
             seal()

@@ -38,7 +38,7 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning import LocalProvisioner
 
 from . import cgroup, kernel_pool, zygote
-from .sandbox import RUN_VARIABLE, control_group, environment, kill_leftovers, mode, sandbox_owner, wrap
+from .sandbox import RUN_VARIABLE, control_group, environment, kill_leftovers, mode, sandbox_owner, sealed_owner, wrap
 from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
 
 #: The provisioner's entry point name (``jupyter_client.kernel_provisioners`` in pyproject.toml).
@@ -108,6 +108,8 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
             os.chown(manager.private, owner, owner)
             if os.path.exists(manager.connection_file):
                 os.chown(manager.connection_file, owner, owner)
+        elif sealed_owner() is not None:  # root in a user namespace: after a seal, everything back to root, its user
+            chown_tree(manager.private, 0)
         limits = manager.limits
         cmd, env = wrap(kernel_cmd, workdir=workdir, scratch=str(scratch), private=str(manager.private), limits=limits,
                         token=manager.token)
@@ -176,14 +178,17 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
         return prepared
 
     def seal(self) -> None:
-        """Once the kernel has made its sockets, take back its right to write in the private folder.
+        """Once the kernel has made its sockets, take back its right to write anywhere in its private folder.
 
-        Where the sandbox user is ``nobody`` (a root grader) the folder goes back to root, so the
-        student's code cannot fill the grader's disk through it. Elsewhere the sandbox user is the
-        grader's own user, who could give the right back: only the tmpfs folders are capped there.
+        The folder and everything in it (the copy of the submission, the home's font cache, the
+        sockets) go to an owner that is not the sandbox user (:func:`sandbox.sealed_owner`), so the
+        student's code cannot fill the grader's disk through it; the grader, root, keeps every right.
+        Where the sandbox user is the grader's own user, it could take the rights back: only the
+        tmpfs folders are capped there.
         """
-        if sandbox_owner() is not None:
-            os.chown(self.manager.private, 0, 0)
+        owner = sealed_owner()
+        if owner is not None:
+            chown_tree(self.manager.private, owner)
             os.chmod(self.manager.private, 0o755)
 
     async def cleanup(self, restart: bool = False) -> None:

@@ -309,6 +309,21 @@ def sandbox_owner() -> int | None:
     return None
 
 
+def sealed_owner() -> int | None:
+    """Who owns a kernel's private folder once the kernel has started, so that it cannot write there.
+
+    Root where the sandboxed code runs as ``nobody``. ``nobody`` where it runs as root outside its
+    user namespace (a root grader's ``bwrap`` mode): without capabilities there, that root is only
+    the owner of root's files, and a folder of nobody's is closed to it. None where the code runs as
+    the grader's own user, who could take any right back.
+    """
+    if sandbox_owner() is not None:
+        return 0
+    if mode() == "bwrap" and os.geteuid() == 0:
+        return NOBODY
+    return None
+
+
 @functools.cache
 def _nobody_runs_python() -> bool:
     # Python as nobody must start this Python again (the kernel is an exec from the limits wrapper): the first

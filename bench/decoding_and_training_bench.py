@@ -38,6 +38,10 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention_bench import fit_power_law  # noqa: E402 - the attention benchmark's fit, in this folder
+
 SOURCE = ROOT / "source" / "09_decoding_and_training" / "09_decoding_and_training.ipynb"
 RESULTS = ROOT / "bench" / "results"
 
@@ -126,14 +130,6 @@ def bench_cache(ns: dict, repeat: int) -> dict:
             for name, kind in [("preallocated (KVCache)", ns["KVCache"]), ("torch.cat", CacheConcatenated)]}
 
 
-def fitted_exponent(ns: list[int], costs: list[float]) -> float:
-    """Slope of the least-squares line through (log n, log cost)."""
-    x = [math.log(n) for n in ns]
-    y = [math.log(c) for c in costs]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-
-
 WINDOW = 15  # tokens in the running median of the per-token times (one run is noisy on a shared machine)
 
 
@@ -164,7 +160,7 @@ def write_figure(generation: dict, cache: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     for name, times in cache.items():
         axes[1].loglog(CACHE_NS, [t * 1e3 for t in times], "o-",
-                       label=f"{name}: n^{fitted_exponent(CACHE_NS[-3:], times[-3:]):.2f}")
+                       label=f"{name}: n^{fit_power_law(CACHE_NS[-3:], times[-3:]):.2f}")
     axes[1].set_xticks(CACHE_NS, [str(n) for n in CACHE_NS])
     axes[1].minorticks_off()
     axes[1].set_xlabel("tokens appended one at a time, n")
@@ -190,7 +186,7 @@ def write_table(data: dict, path: Path) -> None:
     for i, n in enumerate(CACHE_NS):
         lines.append(f"| {n} | " + " | ".join(f"{times[i] * 1e3:.1f} ms" for times in data["cache"].values()) + " |")
     lines += ["", "Fitted exponents (three largest n): " + ", ".join(
-        f"{name} n^{fitted_exponent(CACHE_NS[-3:], times[-3:]):.2f}" for name, times in data["cache"].items()), ""]
+        f"{name} n^{fit_power_law(CACHE_NS[-3:], times[-3:]):.2f}" for name, times in data["cache"].items()), ""]
     path.write_text("\n".join(lines))
 
 

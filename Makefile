@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e .
 	@# rfc3987-syntax (pulled in by jupyter-events) builds ~35 parsers whenever nbformat is imported:
 	@# 2 s of CPU in every nbgrader process, for a URI format no notebook schema uses. jsonschema
-	@# skips that format without it (tests/test_environment.py checks that it is gone).
+	@# skips that format without it (tests/course/test_environment.py checks that it is gone).
 	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
@@ -53,7 +53,7 @@ test: setup ## run every test on two workers: lint, unit, drift, grading end to 
 test-python: setup ## on another Python (make test-python PYTHON=python3.13 VENV=.venv-3.13): the quick tests, classes graded end to end, the bundle's own setup
 	$(BIN)/python -m pytest -n 2 -m "not slow" tests
 	COURSE_TEST_BUNDLE_SETUP=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=8 \
-	  tests/test_parallel_grading.py tests/test_hostile_submissions.py tests/test_validate.py
+	  tests/grading/test_parallel_grading.py tests/engine/test_hostile_submissions.py tests/course/test_validate.py
 
 test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests

@@ -78,7 +78,7 @@ c.GenerateFeedback.preprocessors = [
 
 # `nbgrader validate` prints each line of a failing cell's output cut to Validator.width - 3
 # characters; a check's message is one line that names the mistake near its end, so the width
-# is wider than any message (tests/test_validate.py checks every catalogued one). The same
+# is wider than any message (tests/course/test_validate.py checks every catalogued one). The same
 # number is the width of the "=====" line between failed cells.
 c.Validator.width = 640
 # A kernel started by nbgrader (validate, the Validate button) talks to it over CurveZMQ

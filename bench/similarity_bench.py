@@ -18,7 +18,7 @@ every pair of every exercise, the pages) and prints the figures, the planted pai
 of them are among the pairs a page shows (the same-style honest answers of this generated class are
 often token for token the same: many pairs tie at 1.0), and the pairs at or above the threshold.
 Results go to ``bench/results/similarity_bench.json``. The ranking quality on hand-written honest
-answers is the test's (tests/test_similarity.py).
+answers is the test's (tests/grading/test_similarity.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The honest answers to two exercises of notebook 01 are written here independently, each in its
 own style (matrix products, ``einsum``, loops, ``torch.where``, ...); every one of them is a
-correct answer (tests/test_similarity.py runs them through the visible checks). The planted copies
+correct answer (tests/grading/test_similarity.py runs them through the visible checks). The planted copies
 are made from them by what students do to hide a copy: nothing, renaming the variables, changing
 the comments and the spacing, swapping two statements that do not depend on each other, and the
 reference solution with its variables renamed.

@@ -110,7 +110,7 @@ import inspect
 
 from autograder.hidden.$module import MISTAKES
 
-from .notebook_code import solution_namespace
+from ..notebook_code import solution_namespace
 
 ASSIGNMENT = "$name"
 SIGNATURES = {"row_softmax": "(scores)"}
@@ -190,7 +190,7 @@ def files(name: str, title: str, root: Path = ROOT) -> dict[Path, str]:
         root / "autograder" / "references" / f"{module}.py": Template(REFERENCES).substitute(values),
         root / "autograder" / "checks" / f"{module}.py": Template(CHECKS).substitute(values),
         root / "autograder" / "hidden" / f"{module}.py": Template(HIDDEN).substitute(values),
-        root / "tests" / f"test_notebook_{name}.py": Template(TESTS).substitute(values),
+        root / "tests" / "checks" / f"test_notebook_{name}.py": Template(TESTS).substitute(values),
     }
 
 

@@ -825,7 +825,7 @@ TABLE_D_KS = (16, 64, 256, 1024)
 TABLE_NUM_KEYS = 16
 TABLE_NUM_QUERIES = 1000
 #: Mean and standard deviation of each output of the reference over 400 seeds of this experiment
-#: (tests/test_notebook_02_scaling.py recomputes them from fewer seeds and checks they agree).
+#: (tests/checks/test_notebook_02_scaling.py recomputes them from fewer seeds and checks they agree).
 #: {scaled: {key: (means per d_k, standard deviations per d_k)}}
 TABLE: dict[bool, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = {
     False: {

@@ -92,7 +92,7 @@ def entropy_reference(weights: torch.Tensor) -> torch.Tensor:
 
 
 #: What the visible checks' calls give when drawn as the texts prescribe (the hidden checks compute them for any
-#: seed; ``tests/test_notebook_02_scaling.py`` recomputes these): empirical_score_variance(16, 20000, scaled,
+#: seed; ``tests/checks/test_notebook_02_scaling.py`` recomputes these): empirical_score_variance(16, 20000, scaled,
 #: generator seeded 1), then saturation_curve([16, 128, 1024], scaled, 16, 500, generator seeded 5 or 6).
 VISIBLE_SCORE_VARIANCE = {False: 15.770049611921891, True: 0.9856281007451182}
 VISIBLE_SATURATION = {

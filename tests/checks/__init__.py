@@ -1,0 +1,1 @@
+"""The checks of each notebook: references, visible and hidden checks, the mistake catalogues, the wire."""

@@ -1,0 +1,177 @@
+"""Every notebook's checks and mistake catalogue, in-process (seconds, no nbgrader).
+
+For every notebook: the reference passes its visible and hidden checks quietly; the catalogue
+covers every answer cell and points to headings of the notebook; every catalogued mistake, pasted
+alone into a notebook as the end-to-end test submits it, keeps the reference's interface, fails
+the visible check (in lines ``nbgrader validate`` shows whole) and is named by the hidden one,
+with its section, judged through the proxies grading uses (:mod:`autograder.remote`). What is
+specific to one notebook (its interface, the mistakes its issue asks for, its probes) is in
+``test_notebook_NN_*.py``; the same mistakes through nbgrader are in ``test_grading_end_to_end.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autograder.course.repository import assignments, module_name
+from autograder.course.settings import course_config
+from autograder.errors import CheckFailed
+from autograder.remote import lookup
+from autograder.serve import LocalChannel
+
+from ..course_copy import catalogue, mistake_source
+from ..notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
+
+#: Mistakes a visible check cannot see, with why; the test asserts they still pass it (so the list cannot go stale).
+VISIBLE_MISSES: set[tuple[str, str, str]] = set()
+#: How ``nbgrader validate`` shows a failing check (nbgrader_config.py's Validator.width, its indent).
+VALIDATE_WIDTH = int(course_config(ROOT).Validator.width)
+VALIDATE_INDENT = "    "
+#: What a mistake's source may use without importing it: the notebook's own imports (as the answer cell has them).
+PASTED_INTO = {"torch": torch, "math": math, "F": F, "nn": nn}
+
+
+def module(assignment: str, kind: str = "hidden"):
+    """``autograder.hidden.<notebook>`` or ``autograder.checks.<notebook>``."""
+    return importlib.import_module(f"autograder.{kind}.{module_name(assignment)}")
+
+
+_SOLUTIONS: dict = {}
+
+
+def solution(assignment: str):
+    """The reference answers with the notebook's own definitions (built once per notebook)."""
+    if assignment not in _SOLUTIONS:
+        _SOLUTIONS[assignment] = solution_namespace(assignment)
+    return _SOLUTIONS[assignment]
+
+
+def partners(assignment: str, exercise: str, hidden: bool) -> list:
+    """The reference's objects that the test cell hands to the check after the exercise (``KVCache``...)."""
+    names = cell_arguments(assignment, hidden).get(exercise, [exercise])[1:]
+    return [getattr(solution(assignment), name) for name in names]
+
+
+def headings(assignment: str) -> set[str]:
+    return {
+        line.lstrip("#").strip()
+        for cell in source_notebook(assignment).cells
+        if cell.cell_type == "markdown"
+        for line in cell.source.splitlines()
+        if re.match(r"^##\s", line)
+    }
+
+
+def interface(obj, methods: set[str] | None = None) -> dict[str, str]:
+    """The signature of a function, or of a class and of its public ``methods`` (default: those it defines)."""
+    def text(fn) -> str:
+        return re.sub(r"<class '(torch\.\w+)'>", r"\1", str(inspect.signature(fn)))  # dtype defaults as written
+
+    found = {"": text(obj)}
+    if inspect.isclass(obj):
+        if methods is None:
+            methods = {name for name, member in vars(obj).items() if not name.startswith("_")
+                       and (inspect.isfunction(member) or isinstance(member, (staticmethod, classmethod)))}
+            if issubclass(obj, torch.autograd.Function):
+                methods.discard("backward")  # autograd passes one gradient per output of forward: it follows forward
+        found |= {name: text(getattr(obj, name)) for name in methods}
+    return found
+
+
+def pasted(mistake, exercise: str):
+    """The mistake as the end-to-end test submits it: its source alone, renamed to the exercise."""
+    namespace = dict(PASTED_INTO)
+    exec(compile(mistake_source(mistake, exercise), f"<{exercise}: {mistake.fn.__name__}>", "exec"), namespace)
+    return namespace[exercise]
+
+
+def exercises():
+    for assignment in assignments():
+        for exercise in answer_cells(assignment):
+            yield pytest.param(assignment, exercise, id=f"{assignment}-{exercise}")
+
+
+def mistakes():
+    for assignment in assignments():
+        for exercise, listed in catalogue(assignment).items():
+            for i, mistake in enumerate(listed):
+                yield pytest.param(assignment, exercise, i, id=f"{assignment}-{exercise}-{i}-{mistake.name}")
+
+
+@pytest.mark.parametrize(("assignment", "exercise"), list(exercises()))
+def test_reference_passes_visible_and_hidden(assignment, exercise, capsys):
+    answer = getattr(solution(assignment), exercise)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a check that warns would zero the test cell (stderr)
+        getattr(module(assignment, "checks"), f"check_{exercise}")(answer, *partners(assignment, exercise, False))
+        getattr(module(assignment), f"check_{exercise}")(answer, *partners(assignment, exercise, True))
+    out = capsys.readouterr()
+    # A number's visible check only says it is plausible (a tighter one would give the answer away).
+    assert f"{exercise} passes the visible checks" in out.out or not callable(answer), out.out
+    assert f"{exercise} passes the hidden checks" in out.out, out.out
+    assert out.err == ""
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_catalogue_covers_every_answer_cell(assignment):
+    """A mistake catalogue per function or class, wrong answers per number (02), nothing else."""
+    hidden = module(assignment)
+    answers = {name: callable(getattr(solution(assignment), name)) for name in answer_cells(assignment)}
+    assert set(hidden.MISTAKES) == {name for name, is_callable in answers.items() if is_callable}
+    assert set(getattr(hidden, "WRONG_ANSWERS", {})) == {name for name, is_callable in answers.items() if not is_callable}
+    sections = headings(assignment)
+    for listed in [*hidden.MISTAKES.values(), *getattr(hidden, "WRONG_ANSWERS", {}).values()]:
+        for mistake in listed:
+            assert mistake.section in sections, f"{mistake.name!r}: {mistake.section!r} is not a heading of {assignment}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_exercise_has_a_visible_and_a_hidden_test_cell(assignment):
+    ids = [nbgrader_meta(c).get("grade_id") for c in source_notebook(assignment).cells]
+    for exercise in answer_cells(assignment):
+        assert f"test_{exercise}" in ids and f"test_{exercise}_hidden" in ids, exercise
+
+
+@pytest.mark.parametrize(("assignment", "exercise", "index"), list(mistakes()))
+def test_mistake_fails_hidden_check_and_is_named(assignment, exercise, index):
+    mistake = catalogue(assignment)[exercise][index]
+    reference = interface(getattr(solution(assignment), exercise))
+    assert interface(mistake.fn, set(reference) - {""}) == reference, mistake.fn.__name__
+    check = getattr(module(assignment), f"check_{exercise}")
+    answer = pasted(mistake, exercise)
+    # As grading calls it: what the hidden test cell names (the exercise, the student's own KVCache...),
+    # each a proxy into the student's namespace; and, where the cell passes more, the function alone.
+    channel = LocalChannel(dict(vars(solution(assignment)), **{exercise: answer}))
+    calls = [[lookup(channel, name)[1] for name in cell_arguments(assignment, True)[exercise]]]
+    if len(calls[0]) > 1:
+        calls.append([answer])
+    for arguments in calls:
+        with pytest.raises(CheckFailed) as failure:
+            check(*arguments)
+        message = str(failure.value)
+        assert f"'{mistake.name}'" in message, message
+        assert mistake.section in message, message
+
+
+@pytest.mark.parametrize(("assignment", "exercise", "index"), list(mistakes()))
+def test_mistake_fails_visible_check(assignment, exercise, index):
+    mistake = catalogue(assignment)[exercise][index]
+    check = getattr(module(assignment, "checks"), f"check_{exercise}")
+    arguments = (pasted(mistake, exercise), *partners(assignment, exercise, False))
+    if (assignment, exercise, mistake.fn.__name__) in VISIBLE_MISSES:
+        check(*arguments)
+        return
+    with pytest.raises(CheckFailed) as failure:
+        check(*arguments)
+    # nbgrader validate cuts a line at Validator.width - 3 characters (its indent included): none is that long.
+    lines = f"{type(failure.value).__name__}: {failure.value}".splitlines()
+    assert not [line for line in lines if len(VALIDATE_INDENT + line) > VALIDATE_WIDTH - 3], lines

@@ -1,0 +1,148 @@
+"""The student bundle holds no solution code, no hidden test and no mistake catalogue."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import tomllib
+import zipfile
+
+import pytest
+
+import autograder
+from autograder.course.bundle import write_bundle
+from autograder.course.repository import assignments, module_name
+
+from ..notebook_code import ROOT, answer_cells
+
+#: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("bundle")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    path = write_bundle(tmp_path_factory.mktemp("bundle") / "course.zip")
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name).decode() for name in archive.namelist()}
+
+
+def solution_regions(assignment):
+    """The stripped, non-empty lines of every solution region of the assignment."""
+    regions = []
+    for source in answer_cells(assignment).values():
+        inside = False
+        for line in source.splitlines():
+            if "### BEGIN SOLUTION" in line:
+                inside, region = True, []
+            elif "### END SOLUTION" in line:
+                inside = False
+                regions.append(region)
+            elif inside and line.strip():
+                region.append(line.strip())
+    return regions
+
+
+def flatten(bundle):
+    return "\n".join(ln.strip() for text in bundle.values() for ln in text.splitlines() if ln.strip())
+
+
+def test_bundle_has_the_notebooks_and_public_checks(bundle):
+    names = set(bundle)
+    for assignment in assignments():
+        assert f"attention-course/{assignment}.ipynb" in names
+        assert f"attention-course/autograder/checks/{module_name(assignment)}.py" in names
+    assert not [n for n in names if n.split("/")[1:2] == ["autograder"] and n.split("/")[2] in autograder.INSTRUCTOR_ONLY]
+
+
+@pytest.mark.parametrize("marker", ["BEGIN HIDDEN TESTS", "BEGIN SOLUTION", "autograder.hidden", "MISTAKES"])
+def test_no_hidden_marker(bundle, marker):
+    leaks = [name for name, text in bundle.items() if marker in text]
+    assert not leaks, f"{marker!r} found in {leaks}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_no_solution_code(bundle, assignment):
+    """No whole solution region, and no long (distinctive) solution line, is in the bundle."""
+    flat = flatten(bundle)
+    for region in solution_regions(assignment):
+        assert "\n".join(region) not in flat, f"a solution of {assignment} is in the bundle"
+        long_lines = [line for line in region if len(line) > 40 and not line.startswith(("#", "raise ValueError"))]
+        leaks = [line for line in long_lines if line in flat]
+        assert not leaks, f"solution lines of {assignment} found in the bundle: {leaks[:5]}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_no_mistake_code(bundle, assignment):
+    flat = flatten(bundle)
+    mistakes = importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
+    for catalogue in mistakes.values():
+        for mistake in catalogue:
+            body = "\n".join(ln.strip() for ln in inspect.getsource(mistake.fn).splitlines()[1:] if ln.strip())
+            assert body not in flat, f"the code of the mistake {mistake.name!r} is in the bundle"
+
+
+def test_bundle_sets_itself_up(bundle):
+    """A README with the one setup command, nbgrader in the requirements, and the setup script itself."""
+    readme = bundle["attention-course/README.md"]
+    for step in ("python3 course.py", "Validate", "Submit", "Restart Kernel and Run All Cells", "01_soft_lookup"):
+        assert step in readme, step
+    requirements = bundle["attention-course/requirements.txt"].split()
+    pins = {d.split("==")[0]: d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert requirements == [pins[name] for name in ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")]
+    compile(bundle["attention-course/course.py"], "course.py", "exec")
+    compile(bundle["attention-course/nbgrader_config.py"], "nbgrader_config.py", "exec")
+
+
+def test_student_lab_has_no_instructor_tools(bundle):
+    page = json.loads(bundle["attention-course/jupyter/labconfig/page_config.json"])["disabledExtensions"]
+    assert {k for k, v in page.items() if v} == {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                                                 "@jupyter/nbgrader:course-list"}
+    server = json.loads(bundle["attention-course/jupyter/jupyter_server_config.json"])
+    assert server["ServerApp"]["jpserver_extensions"] == {"nbgrader.server_extensions.formgrader": False,
+                                                          "nbgrader.server_extensions.course_list": False}
+    assert "white-space: pre-wrap" in bundle["attention-course/jupyter/custom/custom.css"]
+
+
+def test_student_config_matches_the_course(bundle, tmp_path):
+    """The bundle's nbgrader settings: the instructor's validator width and cell limit, an exchange that exists."""
+    from autograder.course.settings import course_config as load_config
+
+    (tmp_path / "nbgrader_config.py").write_text(bundle["attention-course/nbgrader_config.py"])
+    student, instructor = load_config(tmp_path), load_config(ROOT)
+    assert student.Validator.width == instructor.Validator.width
+    assert student.Execute.timeout == instructor.Execute.timeout
+    assert student.CourseDirectory.course_id == instructor.CourseDirectory.course_id
+    assert student.KernelManager.transport_encryption == "auto"
+    assert (tmp_path / "exchange").is_dir()
+
+
+def _older_python() -> str | None:
+    """A Python 3 older than 3.11 on this machine (PATH, or pyenv's versions), if there is one."""
+    import glob
+    import shutil
+    import subprocess
+
+    found = [shutil.which(f"python3.{minor}") for minor in range(6, 11)]
+    found += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[6-9].*/bin/python3"))
+                    + glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python3")))
+    for python in filter(None, found):
+        probe = subprocess.run([python, "-c", "import sys; print(sys.version_info < (3, 11))"], capture_output=True, text=True)
+        if probe.stdout.strip() == "True":
+            return python
+    return None
+
+
+def test_course_py_refuses_an_older_python_in_one_line(bundle, tmp_path):
+    """Python 3.10 or older: one line that says which versions and what to run, not a traceback."""
+    import subprocess
+
+    python = _older_python()
+    if python is None:
+        pytest.skip("no Python older than 3.11 on this machine to try course.py with")
+    (tmp_path / "course.py").write_text(bundle["attention-course/course.py"])
+    done = subprocess.run([python, "course.py", "setup"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and not (tmp_path / ".venv").exists()
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "needs Python 3.11 to 3.14" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,1 @@
+"""A class graded: here, in parallel, on Dask and Gradescope; feedback, export, reports, similarity."""

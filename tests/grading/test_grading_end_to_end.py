@@ -1,0 +1,172 @@
+"""Through nbgrader, end to end: one class of every notebook, graded in one parallel run.
+
+Each notebook is submitted as its reference, untouched, and as a few submissions that carry
+every catalogued mistake between them (:func:`~tests.course_copy.mistake_submissions`: one
+mistake per exercise at once). The submissions with mistakes answer right only the exercises
+their mistakes' grading needs (:func:`~tests.course_copy.depends_on`), leave the others as
+released, and leave out the demonstrations no graded cell needs, as a student may
+(:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are
+for and are most of the time a notebook takes; the reference submission answers and runs
+everything, the untouched one runs everything, and nbval runs every solution. Each mistake is
+judged on its own exercise's hidden test cell: that cell scores 0 and its output names the
+mistake; the feedback page names it too and shows no hidden test. One test, so that the class
+is graded once whatever pytest worker runs it; every problem found is reported at the end.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import types
+from collections import Counter
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from autograder.course.repository import assignments
+from autograder.grading import feedback, grade
+
+from ..course_copy import (
+    catalogue,
+    depends_on,
+    fill,
+    grading_options,
+    make_course,
+    mistake_source,
+    mistake_submissions,
+    reference_answers,
+    released,
+    submit,
+    without_demonstrations,
+)
+from ..notebook_code import ROOT, nbgrader_meta
+
+ASSIGNMENTS = assignments()
+NOISY = "import sys; sys.stderr.write('UserWarning: this API is deprecated\\n')"
+
+
+def feedback_text(course, student, assignment) -> str:
+    path = course / "feedback" / student / assignment / f"{assignment}.html"
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
+def cell_outputs(course, student, assignment) -> dict[str, str]:
+    """grade_id -> everything the cell printed or raised, in the autograded notebook."""
+    graded = nbformat.read(course / "autograded" / student / assignment / f"{assignment}.ipynb", as_version=4)
+    found = {}
+    for cell in graded.cells:
+        parts = []
+        for out in cell.get("outputs", []):
+            parts += [out.get("text", ""), out.get("evalue", ""), *out.get("traceback", []),
+                      str(out.get("data", {}).get("text/plain", ""))]
+        found[nbgrader_meta(cell).get("grade_id", "")] = "\n".join(parts)
+    return found
+
+
+def submit_the_class(course) -> dict[tuple[str, str], dict]:
+    """Submit every notebook's reference, untouched release and mistakes; (assignment, student) -> its mistakes."""
+    expected = {}
+    for assignment in ASSIGNMENTS:
+        student_version = released(course, assignment)
+        reference = reference_answers(assignment)
+        submit(course, assignment, "reference", fill(student_version, reference))
+        submit(course, assignment, "untouched", student_version)
+        for k, mistakes in enumerate(mistake_submissions(assignment)):
+            # the exercises the mistakes' grading needs are answered right; the others are left as released
+            needed = set().union(*(depends_on(assignment, e, m) for e, m in mistakes.items()))
+            answers = {e: reference[e] for e in needed} | {e: mistake_source(m, e) for e, m in mistakes.items()}
+            submit(course, assignment, f"mistakes_{k}", without_demonstrations(fill(student_version, answers)))
+            expected[(assignment, f"mistakes_{k}")] = mistakes
+    # A correct answer whose library prints a warning to stderr keeps its points.
+    first = ASSIGNMENTS[0]
+    exercise, answer = next(iter(reference_answers(first).items()))
+    noisy = answer.replace(":\n", f":\n    {NOISY}\n", 1)
+    submit(course, first, "warns", fill(released(course, first), dict(reference_answers(first), **{exercise: noisy})))
+    return expected
+
+
+@pytest.mark.slow
+def test_a_class_of_every_notebook(tmp_path):
+    course = make_course(tmp_path, ASSIGNMENTS)
+    expected = submit_the_class(course)
+    summary = grade.autograde(ASSIGNMENTS, workers=2, root=course, progress=False, options=grading_options())
+    assert not summary.failed, str(summary)
+    run = feedback.feedback(ASSIGNMENTS, root=course)
+    assert not run.broken, run.broken
+    problems: list[str] = []
+
+    with Gradebook(grade.db_url(course)) as gb:
+        for assignment in ASSIGNMENTS:
+            ref = gb.find_submission(assignment, "reference")
+            lost = [(g.name, g.score) for g in ref.notebooks[0].grades if g.score < g.max_score]
+            if not ref.max_score > 0 or lost:
+                problems.append(f"{assignment} reference: {ref.score}/{ref.max_score}, lost {lost}")
+            if gb.find_submission(assignment, "untouched").score != 0:
+                problems.append(f"{assignment} untouched release scores {gb.find_submission(assignment, 'untouched').score}")
+        warns = gb.find_submission(ASSIGNMENTS[0], "warns")
+        if warns.score != warns.max_score:
+            problems.append(f"a warning on stderr cost points: {warns.score}/{warns.max_score}")
+        for (assignment, student), mistakes in expected.items():
+            scores = {g.name: g.score for g in gb.find_submission_notebook(assignment, assignment, student).grades}
+            outputs = cell_outputs(course, student, assignment)
+            page = feedback_text(course, student, assignment)
+            for exercise, mistake in mistakes.items():
+                where = f"{assignment} {student} {exercise}: {mistake.name!r}"
+                cell = f"test_{exercise}_hidden"
+                if scores[cell] != 0:
+                    problems.append(f"{where} earned {scores[cell]} in {cell}")
+                if mistake.name not in outputs[cell]:
+                    problems.append(f"{where} is not named by {cell}: {outputs[cell][-600:]}")
+                if mistake.name not in page:
+                    problems.append(f"{where} is not named by the feedback page")
+            if "BEGIN HIDDEN TESTS" in page or "autograder.hidden" in page:
+                problems.append(f"{assignment} {student}: the feedback page shows hidden tests")
+
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_mistake_goes_to_exactly_one_submission(assignment):
+    submissions = mistake_submissions(assignment)
+    placed = Counter((exercise, id(mistake)) for chosen in submissions for exercise, mistake in chosen.items())
+    listed = Counter((exercise, id(mistake)) for exercise, mistakes in catalogue(assignment).items() for mistake in mistakes)
+    assert placed == listed
+    assert len(submissions) < sum(map(len, catalogue(assignment).values()))  # several mistakes per submission
+    for chosen in submissions:
+        for exercise, mistake in chosen.items():
+            assert not depends_on(assignment, exercise, mistake) & set(chosen), (exercise, mistake.name)
+
+
+def calls_split_heads(x):
+    return split_heads(x, 2)  # noqa: F821 (the student's own split_heads, defined in the notebook)
+
+
+def test_what_a_mistake_depends_on():
+    """The check of decode_step runs the student's own KVCache, that of generate the notebook's TinyDecoder (built on
+    the student's DecoderBlock, decode_step and KVCache); a mistake that calls another exercise needs it right."""
+    decoding = "09_decoding_and_training"
+    assert all(depends_on(decoding, "decode_step", m) == {"KVCache"} for m in catalogue(decoding)["decode_step"])
+    assert all(depends_on(decoding, "generate", m) == {"DecoderBlock", "decode_step", "KVCache"}
+               for m in catalogue(decoding)["generate"])
+    assert all(depends_on(decoding, "alibi_bias", m) == set() for m in catalogue(decoding)["alibi_bias"])
+    assert depends_on("05_multi_head", "merge_heads", types.SimpleNamespace(fn=calls_split_heads)) == {"split_heads"}
+    together = [set(chosen) for chosen in mistake_submissions(decoding)]
+    assert not any({"KVCache", "decode_step"} <= names or {"generate", "DecoderBlock"} <= names for names in together)
+
+
+def test_a_submission_without_demonstrations_keeps_what_graded_cells_need():
+    """09's check of generate is handed the notebook's TinyDecoder; its training demonstration is needed by nothing."""
+    decoding = "09_decoding_and_training"
+    full = fill(nbformat.read(ROOT / "notebooks" / f"{decoding}.ipynb", as_version=4), reference_answers(decoding))
+    short = without_demonstrations(full)
+    sources = [c.source for c in short.cells if c.cell_type == "code"]
+    graded = [c.source for c in full.cells if nbgrader_meta(c)]
+    assert [s for s in sources if s in graded] == graded
+    assert any(s.startswith("class TinyDecoder") for s in sources) and any("import torch" in s for s in sources)
+    assert not any("training_seconds" in s for s in sources)
+    assert len(sources) < len([c for c in full.cells if c.cell_type == "code"]) - 10
+    magic = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%matplotlib inline\nimport torch"),
+                                            nbformat.v4.new_code_cell("print(1)")])
+    magic.cells.append(nbformat.v4.new_code_cell("torch.ones(1)", metadata={"nbgrader": {"grade": True}}))
+    assert [c.source for c in without_demonstrations(magic).cells] == ["%matplotlib inline\nimport torch", "torch.ones(1)"]

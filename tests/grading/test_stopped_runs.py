@@ -1,0 +1,120 @@
+"""A grading run stopped at any moment (SIGKILL) loses nothing: the next run cleans up after it and grades as
+an uninterrupted one would (:mod:`autograder.grading.runs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from nbgrader.api import Gradebook
+
+from autograder.engine.sandbox import RUN_VARIABLE
+from autograder.grading import grade, runs
+
+from ..course_copy import fill, grading_options, make_course, reference_answers, released, submit
+
+A = "01_soft_lookup"
+STUDENTS = ("ada", "bo", "cy")
+
+#: A grading run in a process of its own, to be killed.
+DRIVER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from autograder.grading import grade
+    grade.autograde([sys.argv[1]], workers=2, root=Path(sys.argv[2]), progress=False,
+                    options=grade.Options(sandbox={sandbox}))
+""")
+
+
+def _marked(ident: str) -> list[psutil.Process]:
+    """The live processes carrying the mark of run ``ident``."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if (proc.environ().get(RUN_VARIABLE) or "").startswith(f"{ident}:"):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _full_marks(course: Path) -> dict[str, bool]:
+    with Gradebook(grade.db_url(course)) as gb:
+        return {s: gb.find_submission(A, s).score == gb.find_submission(A, s).max_score > 0 for s in STUDENTS}
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["registered", "grading", "first graded"])
+def test_a_run_killed_at_any_moment_is_cleaned_up_and_graded_again(tmp_path, moment):
+    course = make_course(tmp_path, [A])
+    rel, ref = released(course, A), reference_answers(A)
+    for student in STUDENTS:
+        submit(course, A, student, fill(rel, ref))
+    options = grading_options()
+    registry = course / runs.REGISTRY
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(sandbox=options.sandbox), A, str(course)],
+                              cwd=course, start_new_session=True)
+    try:
+        def reached() -> bool:
+            records = list(registry.glob("*")) if registry.is_dir() else []
+            if moment == "registered" or not records:
+                return bool(records)
+            if moment == "grading":
+                return len(_marked(records[0].name)) > 2  # the fork server and zygote, then nbgrader processes
+            return any((course / "autograded" / s / A / f"{A}.ipynb").exists() for s in STUDENTS)
+        assert _wait_for(reached, 300), f"the run never reached the moment {moment!r}"
+        record = next(registry.glob("*"))
+        assert _wait_for(lambda: record.read_text().strip(), 30)
+        ident, folder = record.name, Path(json.loads(record.read_text())["folder"])
+        assert folder.is_dir() and folder.parent == Path(tempfile.gettempdir())
+        os.killpg(driver.pid, signal.SIGKILL)  # the run and whatever is in its session; not its sandboxes' own sessions
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+    assert (registry / ident).exists(), "a stopped run leaves its record"
+    summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
+    assert not summary.failed and sorted(s for _, s in summary.graded) == list(STUDENTS), str(summary)
+    assert _full_marks(course) == {s: True for s in STUDENTS}, "the grades are not an uninterrupted run's"
+    assert not _marked(ident), [p.cmdline() for p in _marked(ident)]
+    assert not list(registry.iterdir()), "a record of a run is left"
+    assert not folder.exists(), "the stopped run's temporary folder is left"
+
+
+def test_a_live_run_is_left_alone_and_a_record_cannot_remove_other_folders(tmp_path):
+    """Two runs of one course at once (the service beside make autograde): neither cleans up the other; a
+    forged record naming a folder that is not a run's folder removes nothing."""
+    course = tmp_path / "course"
+    course.mkdir()
+    first = runs.start(course)
+    try:
+        second = runs.start(course)
+        assert first.folder.is_dir() and (course / runs.REGISTRY / first.ident).exists()
+        second.close()
+        precious = tmp_path / "precious"
+        precious.mkdir()
+        (course / runs.REGISTRY / "forged").write_text(f'{{"folder": "{precious}"}}')
+        assert runs.clean_stopped(course) == ["forged"]
+        assert precious.is_dir() and first.folder.is_dir()
+    finally:
+        first.close()
+    assert not first.folder.exists() and not list((course / runs.REGISTRY).iterdir())

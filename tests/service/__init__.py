@@ -1,0 +1,1 @@
+"""The grading service and the class's JupyterHub."""

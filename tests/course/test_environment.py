@@ -118,3 +118,11 @@ def test_a_test_worker_runs_pytorch_on_one_thread():
     import torch
 
     assert torch.get_num_threads() == 1
+
+
+def test_the_scripts_run_by_name_are_executable():
+    """CI calls `.ci/run`, Gradescope `setup.sh` and `run_autograder`: each must carry its execute bit."""
+    import os
+
+    scripts = [ROOT / ".ci" / "run", *(ROOT / "autograder" / "grading" / "gradescope_files").iterdir()]
+    assert [s.relative_to(ROOT).as_posix() for s in scripts if not os.access(s, os.X_OK)] == []

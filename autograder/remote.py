@@ -52,6 +52,19 @@ class Channel(Protocol):
         """What of ``rules`` the student's source of ``name`` uses, as a message (None: nothing)."""
 
 
+def _measured_request(channel: Channel) -> Callable[[bytes], tuple[bytes, int | None]] | None:
+    """The channel's way to make a request and measure the kernel's memory during it, where it has one.
+
+    A channel to a kernel in a control group (:class:`~autograder.engine.execute.ResilientExecute`)
+    has one: ``measures_memory()`` and ``measured_request(message) -> (reply, bytes or None)``; other
+    channels (a namespace in this process, a kernel without a group) have none.
+    """
+    measures = getattr(channel, "measures_memory", None)
+    if measures is None or not measures():
+        return None
+    return channel.measured_request
+
+
 # -- the grader's side -------------------------------------------------------------------------
 
 
@@ -94,8 +107,12 @@ class Remote(wire.Proxy):
         """How :mod:`autograder.wire` sends this object back to the kernel: by its number there."""
         return wire.Handle(self._number)
 
-    def _ask(self, request: dict) -> dict:
-        reply = self._channel.request(wire.encode(request))
+    def _ask(self, request: dict, measured: list[int | None] | None = None) -> dict:
+        if measured is None:
+            reply = self._channel.request(wire.encode(request))
+        else:  # the caller made sure the channel measures
+            reply, peak = self._channel.measured_request(wire.encode(request))
+            measured.append(peak)
         try:
             decoded = wire.decode(reply, resolve=self._resolver(), limit=wire.MAX_REPLY_BYTES)
         except wire.WireError as error:
@@ -122,11 +139,12 @@ class Remote(wire.Proxy):
                             if self._channel.forbidden_use(self._root, (r,), exercise) == problem), None)
             raise ForbiddenCall(problem, builtin)
 
-    def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden]) -> dict:
+    def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden],
+              measured: list[int | None] | None = None) -> dict:
         self._checked(forbid, exercise)
         request = dict(op, target=self.__wire_handle__(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
                        forbid=[[r.shown_as, sorted(r.names), r.family] for r in forbid])
-        reply = self._ask(request)
+        reply = self._ask(request, measured)
         if "failed" in reply:
             if "forbidden" in reply:  # the guard stopped a call in the kernel
                 builtin = reply["forbidden"]
@@ -137,15 +155,36 @@ class Remote(wire.Proxy):
     def attempt(self, args: Sequence[Any], kwargs: dict, *, exercise: str, forbid: Sequence[Forbidden] = ()
                 ) -> tuple[Any, BaseException | None]:
         """:func:`autograder.student.attempt` of this object, run in the kernel."""
+        return self._outcome(self._call({"op": "call"}, args, kwargs, exercise, forbid))
+
+    @staticmethod
+    def _outcome(reply: dict) -> tuple[Any, BaseException | None]:
         from .diagnosis import Outcome
 
-        reply = self._call({"op": "call"}, args, kwargs, exercise, forbid)
         if "error" in reply:
             error = _student_error(reply["error"])
             return Outcome(error=(type(error).__name__, str(error))), error
         mutated = reply.get("mutated", [])
         mutated = tuple(m for m in mutated if type(m) in (int, str)) if isinstance(mutated, list) else ()
         return Outcome(value=reply.get("value"), mutated=mutated), None
+
+    def measures_memory(self) -> bool:
+        """Whether :meth:`measured_attempt` can measure the kernel's memory from outside it."""
+        return _measured_request(self._channel) is not None
+
+    def measured_attempt(self, args: Sequence[Any], kwargs: dict, *, exercise: str, forbid: Sequence[Forbidden] = ()
+                         ) -> tuple[Any, BaseException | None, int | None]:
+        """:meth:`attempt`, and the bytes the kernel's memory rose during the call, read from its control group.
+
+        The rise covers the whole request in the kernel (reading the arguments, the call, writing the
+        answer). None, and no call made, where the channel cannot measure (:meth:`measures_memory`).
+        """
+        if not self.measures_memory():
+            return None, None, None
+        measured: list[int | None] = []
+        reply = self._call({"op": "call"}, args, kwargs, exercise, forbid, measured)
+        outcome, error = self._outcome(reply)
+        return outcome, error, measured[0] if measured else None
 
     def probe(self, examine: Callable[..., Any], args: Sequence[Any], kwargs: dict, *, what: str,
               forbid: Sequence[Forbidden] = ()) -> Any:

@@ -5,6 +5,12 @@ allocates, their bytes, its conversions to NumPy, the reductions it makes and ov
 (:func:`autograder.student.probe`) return what was recorded as plain data, so that the checks,
 in the grader's process, can judge it. A student's code can fool a watch in its own process
 (as it can fool the guard); the checks judge the values it returns in any case.
+
+What the student's process cannot fool is measured outside it: :func:`measured_memory_call` calls
+the function once with no watch in the kernel while the grader reads the kernel's memory from its
+control group (:meth:`autograder.remote.Remote.measured_attempt`); where there is none (the checks
+run in the student's own kernel, a grader without a control group), it says so and the watches
+are all there is.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 from .errors import fail
 from .guard import Forbidden
-from .student import probe
+from .student import describe_error, probe
 
 
 class TensorWatch(TorchDispatchMode):
@@ -143,6 +149,74 @@ def watched_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise:
         fail(f"{exercise} converted a tensor to NumPy. Write it with torch operations only: the check watches "
              "every tensor your function allocates, to make sure it never holds the n x m scores.")
     return value, seen
+
+
+def measured_memory_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: str,
+                         forbid: Sequence[Forbidden] = ()) -> tuple[Any, int] | None:
+    """The student's ``fn`` called once in its kernel, and the bytes the kernel's memory rose meanwhile.
+
+    The rise is read by the grader from the kernel's control group, outside the kernel: no watch runs
+    in the kernel during the call, and nothing the student's code does changes the figure (memory it
+    held before the call is not a rise). Returns None, without calling ``fn``, where that cannot be
+    measured: ``fn`` is not in a kernel with a control group. An error ``fn`` raises fails the check.
+    """
+    measure = getattr(type(fn), "measured_attempt", None)  # a Remote's (autograder.remote): the grader's side
+    if measure is None or not fn.measures_memory():
+        return None
+    outcome, error, rise = measure(fn, args, kwargs, exercise=exercise, forbid=forbid)
+    if error is not None:
+        fail(describe_error(f"{exercise}(...)", error))
+    if outcome is None or rise is None:
+        return None
+    return outcome.value, rise
+
+
+#: The case whose memory notebooks 07 and 08 measure (their exercises' text states it): n = m = 4096 queries
+#: and keys of d = 8 in float32, blocks of 256. One 4096 x 4096 float32 matrix is 64 MiB.
+MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE = 4096, 8, 256, torch.float32
+#: How far the memory may rise during that call: half of one n x n float32 matrix, far above what a tiled
+#: pass needs (its tiles, its outputs, the wire's buffers: about 1 MiB measured) and far below the scores and
+#: their softmax (128 MiB measured), or the scores kept as Python floats (over 100 MiB).
+MEMORY_RISE_BOUND = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class MemoryRise:
+    """What a student's function returned, and how far memory rose while it ran."""
+
+    value: Any
+    bytes: int
+    outside: bool  # True: the kernel's memory, read from its control group; False: tensors the watch saw
+
+
+def memory_rise(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: str, rows: int, cols: int,
+                forbid: Sequence[Forbidden] = ()) -> MemoryRise:
+    """The memory ``fn`` uses on ``args``: measured from outside its kernel where it can be, else watched inside.
+
+    Outside (:func:`measured_memory_call`): the rise of the kernel's whole memory, whatever holds it.
+    Inside (no control group, or the checks run in the student's own kernel): the peak of the bytes of
+    the tensors a :class:`TensorWatch` saw alive at once, which code written to fool it can hide.
+    """
+    measured = measured_memory_call(fn, args, kwargs, exercise=exercise, forbid=forbid)
+    if measured is not None:
+        return MemoryRise(measured[0], measured[1], True)
+    value, seen = watched_call(fn, args, kwargs, exercise=exercise, rows=rows, cols=cols, max_elements=rows * cols,
+                               forbid=forbid)
+    return MemoryRise(value, int(seen["peak"]), False)
+
+
+def memory_message(rise: MemoryRise, exercise: str, case: str, bound: int) -> str:
+    """Why ``rise`` is too much, saying how it was measured (outside the kernel, or by the watch inside it)."""
+    mib = rise.bytes / 2**20
+    if rise.outside:
+        how = (f"the memory of your kernel's process, measured by the grader from outside it, rose by {mib:.0f} MiB "
+               f"while {exercise} ran")
+    else:
+        how = f"{exercise} had {mib:.0f} MiB of tensors alive at once"
+    return (f"With {case}: {how}, more than the {bound // 2**20} MiB allowed. One n x m matrix of scores is "
+            f"{MEMORY_CASE_N * MEMORY_CASE_N * 4 // 2**20} MiB here: FlashAttention never holds it, in any form (a "
+            "tensor, a list of blocks, Python numbers). Keep only the current block and the per-query running "
+            "values.")
 
 
 #: Reductions whose size the streaming check records: "max" ones and "sum" ones.

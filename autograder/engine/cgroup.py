@@ -13,6 +13,11 @@ root usually has; elsewhere :func:`controllers` is empty and the per-process lim
 there is. A sandbox's command is prefixed by :func:`join_command`, which moves the process
 into the group before it becomes the sandbox, so everything the code starts is counted;
 :func:`remove` kills what is left in the group and deletes it.
+
+The memory controller also measures: :class:`PeakMeter` reads how far a group's memory rose during
+a stretch of time (one call of a student's function), from its counters, which nothing in the group
+can change: cgroup v1's ``memory.max_usage_in_bytes`` (reset by writing 0), or v2's ``memory.peak``
+(reset for one open descriptor, Linux 6.12 and later). Where neither can be reset there is no meter.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 #: The controllers used, and the file that sets each one's limit in cgroup v1 and v2.
 LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
@@ -186,3 +192,81 @@ def remove(group: Group | None, wait: float = 10.0) -> None:
         if not left or time.monotonic() > deadline:
             return
         time.sleep(0.02)
+
+
+#: The files of the memory controller a :class:`PeakMeter` reads, in cgroup v1 and v2: usage now, peak.
+USAGE_FILES = {1: ("memory.usage_in_bytes", "memory.max_usage_in_bytes"), 2: ("memory.current", "memory.peak")}
+
+
+def memory_folder(group: Group | None) -> tuple[Path, int] | None:
+    """The folder of ``group`` in the memory hierarchy, and its cgroup version (None: no memory controller)."""
+    for folder in group.folders if group is not None else ():
+        for version, (usage, _) in USAGE_FILES.items():
+            if (folder / usage).exists():
+                return folder, version
+    return None
+
+
+class PeakMeter:
+    """How far a group's memory rose above its usage at :meth:`start`, until :meth:`stop`.
+
+    The group's own counters count every page its processes touch (their heap, PyTorch's buffers,
+    Python's objects, a child process, files written to a tmpfs), whatever the code in it believes
+    it is doing. Memory that a process already held at the start (a buffer made before) is not a rise.
+    """
+
+    def __init__(self, folder: Path, version: int) -> None:
+        self.folder, self.version = folder, version
+        self._peak: IO[str] | None = None
+        self._start = 0
+
+    @classmethod
+    def of(cls, group: Group | None) -> PeakMeter | None:
+        """A meter of ``group``'s memory, or None where it has none whose peak can be reset."""
+        found = memory_folder(group)
+        if found is None:
+            return None
+        meter = cls(*found)
+        try:
+            meter.start()
+        except (OSError, ValueError):
+            meter.close()
+            return None
+        return meter
+
+    def _read(self, name: str) -> int:
+        return int((self.folder / name).read_text().split()[0])
+
+    def start(self) -> None:
+        """Reset the peak to the usage now, and remember that usage."""
+        usage, peak = USAGE_FILES[self.version]
+        if self.version == 1:
+            (self.folder / peak).write_text("0")  # v1: the peak becomes the usage now
+        else:
+            self.close()
+            self._peak = open(self.folder / peak, "r+")  # noqa: SIM115 - held open: the reset is per descriptor
+            self._peak.write("reset\n")
+            self._peak.flush()
+        self._start = self._read(usage)
+
+    def stop(self) -> int | None:
+        """Bytes of the highest usage since :meth:`start` above the usage then (None: it could not be read)."""
+        try:
+            if self._peak is not None:
+                self._peak.seek(0)
+                peak = int(self._peak.read().split()[0])
+            else:
+                peak = self._read(USAGE_FILES[1][1])
+        except (OSError, ValueError, IndexError):
+            return None
+        finally:
+            self.close()
+        return max(0, peak - self._start)
+
+    def close(self) -> None:
+        if self._peak is not None:
+            try:
+                self._peak.close()
+            except OSError:
+                pass
+            self._peak = None

@@ -6,6 +6,10 @@ user expression runs :func:`autograder.serve.serve` in the kernel. What the stud
 meanwhile goes into the test cell's streams. A kernel that dies, calls ``exit()`` or runs past the
 cell's deadline raises :class:`autograder.remote.KernelDied` or :class:`autograder.remote.CallTimedOut`.
 
+A request can also be measured (:meth:`KernelRequests.measured_request`): the peak of the kernel's
+memory during it, read from the kernel's control group (:class:`autograder.engine.cgroup.PeakMeter`)
+by this process, outside the sandbox, so that nothing the student's code does can change it.
+
 What this does NOT protect: the answer is plain data the kernel made; it is judged in the grader,
 never trusted as a verdict.
 """
@@ -19,6 +23,7 @@ from time import monotonic
 from jupyter_core.utils import ensure_async, run_sync
 
 from .. import remote
+from . import cgroup
 
 
 class KernelRequests:
@@ -33,6 +38,25 @@ class KernelRequests:
     def request(self, message: bytes) -> bytes:
         """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
         return run_sync(self._async_request)(message)
+
+    def measures_memory(self) -> bool:
+        """Whether the kernel has a control group whose memory peak :meth:`measured_request` can read."""
+        return cgroup.memory_folder(getattr(self.km, "group", None)) is not None
+
+    def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
+        """One request, and how many bytes the kernel's memory rose above its start while it ran.
+
+        The rise is read from the kernel's control group (None where there is none, or its peak
+        cannot be reset): everything the kernel's processes held counts, whatever they are.
+        """
+        meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
+        try:
+            reply = self.request(message)
+        except BaseException:
+            if meter is not None:
+                meter.close()
+            raise
+        return reply, meter.stop() if meter is not None else None
 
     async def _async_request(self, message: bytes) -> bytes:
         payload = base64.b64encode(message).decode("ascii")

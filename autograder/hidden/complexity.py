@@ -4,7 +4,10 @@ Besides the values, the attention checks watch the tensors the student's functio
 allocates (:class:`autograder.watches.TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
 operation, composite ones included): ``chunked_attention`` and ``flash_attention`` must
 never allocate an n x m tensor, ``flash_attention`` must tile the keys as well as the
-queries, and the bytes it keeps alive at once must stay well below one n x m matrix.
+queries, and the bytes it keeps alive at once must stay well below one n x m matrix. On a case
+large enough for one n x m matrix to stand out (n = m = 4096), the memory of ``flash_attention``
+is measured from outside the kernel where grading has a control group
+(:func:`autograder.watches.memory_rise`), which code written to fool a watch cannot change.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 
 import torch
 
-from ..compare import assert_close
+from ..compare import assert_close, assert_tensor
 from ..diagnosis import Mistake
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
@@ -27,9 +30,19 @@ from ..references.complexity import (
     sdpa_reference,
     very_negative_scores,
 )
-from ..student import expect_error
+from ..student import call_student, expect_error
 from ..verify import Case, verify, verify_number
-from ..watches import tiled_budget, watched_call
+from ..watches import (
+    MEMORY_CASE_BLOCK,
+    MEMORY_CASE_D,
+    MEMORY_CASE_DTYPE,
+    MEMORY_CASE_N,
+    MEMORY_RISE_BOUND,
+    memory_message,
+    memory_rise,
+    tiled_budget,
+    watched_call,
+)
 from . import hidden
 
 FLOPS = "1. Counting the work: FLOPs"
@@ -708,6 +721,34 @@ def _check_long_rows(flash_attention) -> None:
     _check_value(value, args, False, "flash_attention")
 
 
+def _check_measured_memory(flash_attention) -> None:
+    """Config E: n = m = 4096 in float32; the memory may rise by at most MEMORY_RISE_BOUND while it runs.
+
+    Measured from outside the kernel where grading has a control group, else by the watch. A call on a
+    quarter of the size comes first, unmeasured: code that PyTorch loads the first time an operation
+    runs at these sizes is then not counted against the student. The value is compared on every 64th
+    query (the reference of the whole output would cost the grader more than the student's call).
+    """
+    gen = generator(790)
+    n, d, block, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE
+    warm = tuple(randn(1, n // 4, d, gen=gen, dtype=dtype) for _ in range(3))
+    call_student(flash_attention, *warm, block, what=f"flash_attention(Q, K, V of shape {tuple(warm[0].shape)}, "
+                                                     f"block_size={block})", forbid=ATTENTION_BUILTINS)
+    args = (*(randn(1, n, d, gen=gen, dtype=dtype) for _ in range(3)), block)
+    case = f"{_shapes(args)} in float32, block_size={block}"
+    rise = memory_rise(flash_attention, args, {}, exercise="flash_attention", forbid=ATTENTION_BUILTINS, rows=n,
+                       cols=n)
+    if rise.bytes > MEMORY_RISE_BOUND:
+        fail(memory_message(rise, "flash_attention", case, MEMORY_RISE_BOUND))
+    assert_tensor(rise.value, f"The result of flash_attention with {case}")
+    if tuple(rise.value.shape) != (1, n, d):
+        fail(f"With {case}: flash_attention returned shape {tuple(rise.value.shape)}, not {(1, n, d)}.")
+    rows = slice(None, None, 64)
+    Q, K, V = (t.double() for t in args[:3])
+    assert_close(rise.value[:, rows], sdpa_reference(Q[:, rows], K, V, block), f"With {case}, the result of "
+                 "flash_attention (every 64th query)", rtol=1e-4, atol=1e-5)
+
+
 # --- hidden checks -------------------------------------------------------------------------------
 
 
@@ -835,6 +876,7 @@ def check_flash_attention(flash_attention) -> None:
     _check_keys_tiled(flash_attention)
     _check_peak(flash_attention)
     _check_long_rows(flash_attention)
+    _check_measured_memory(flash_attention)
     print("flash_attention passes the hidden checks.")
 
 

@@ -3,7 +3,9 @@
 Gradients are compared with autograd through ``F.scaled_dot_product_attention`` (math backend,
 float64) on many shapes; the two flash functions are also watched (:mod:`autograder.watches`,
 where the student's code runs): no n x m tensor, the keys and the queries both tiled, and little
-memory alive at once. ``FlashAttention`` is run through autograd where the student's code runs
+memory alive at once; on n = m = 4096 their memory is measured from outside the kernel where grading
+has a control group (:func:`autograder.watches.memory_rise`), which code written to fool a watch
+cannot change. ``FlashAttention`` is run through autograd where the student's code runs
 (the probes of :mod:`autograder.checks.flash_backward`): its output, its gradients, what it saves
 for backward, ``torch.autograd.gradcheck``, and its backward under the guard.
 """
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..compare import assert_close
 from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..guard import ForbiddenCall
@@ -39,9 +42,19 @@ from ..references.flash_backward import (
     qkv,
     softmax_rows,
 )
-from ..student import expect_error
+from ..student import call_student, expect_error
 from ..verify import Case, verify
-from ..watches import tiled_budget, watched_call
+from ..watches import (
+    MEMORY_CASE_BLOCK,
+    MEMORY_CASE_D,
+    MEMORY_CASE_DTYPE,
+    MEMORY_CASE_N,
+    MEMORY_RISE_BOUND,
+    memory_message,
+    memory_rise,
+    tiled_budget,
+    watched_call,
+)
 from . import hidden
 
 SOFTMAX = "1. The gradient of softmax, row by row"
@@ -1136,6 +1149,77 @@ def _check_long_rows(fn, exercise: str, n: int, m: int) -> None:
     _check_value(value, args, kwargs, exercise)
 
 
+def _sampled_gradients(Q, K, V, O, dO, lse, rows: slice, cols: slice) -> tuple[torch.Tensor, ...]:
+    """dQ of the queries ``rows``, dK and dV of the keys ``cols`` (not causal), by section 5's formulas in float64.
+
+    Exact for the O and lse given (the student's function gets the same), and only ``rows`` x m and
+    n x ``cols`` blocks of P are made: the grader never pays for a whole n x m matrix.
+    """
+    Q, K, V, O, dO, lse = (t.double() for t in (Q, K, V, O, dO, lse))
+    scale = Q.shape[-1] ** -0.5
+    D = (dO * O).sum(dim=-1, keepdim=True)
+    P = torch.exp(Q[..., rows, :] @ K.mT * scale - lse[..., rows, None])
+    dQ = (P * (dO[..., rows, :] @ V.mT - D[..., rows, :])) @ K * scale
+    Pc = torch.exp(Q @ K[..., cols, :].mT * scale - lse[..., None])
+    dV = Pc.mT @ dO
+    dK = (Pc * (dO @ V[..., cols, :].mT - D)).mT @ Q * scale
+    return dQ, dK, dV
+
+
+def _output_and_lse(Q, K, V, rows: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and lse of (non-causal) attention, ``rows`` queries at a time: what forward_reference gives, for less."""
+    scale = Q.shape[-1] ** -0.5
+    outputs, sums = [], []
+    for q0 in range(0, Q.shape[-2], rows):
+        scores = Q[..., q0:q0 + rows, :] @ K.mT * scale
+        lse = torch.logsumexp(scores, dim=-1)
+        outputs.append(torch.exp(scores - lse[..., None]) @ V)
+        sums.append(lse)
+    return torch.cat(outputs, dim=-2), torch.cat(sums, dim=-1)
+
+
+def _check_measured_memory(fn, exercise: str) -> None:
+    """n = m = 4096 in float32: the memory may rise by at most MEMORY_RISE_BOUND while ``fn`` runs.
+
+    Measured from outside the kernel where grading has a control group, else by the watch. A call on
+    a quarter of the size comes first, unmeasured (code PyTorch loads the first time an operation runs
+    at these sizes is not the student's). Values are compared on every 64th query and key: a reference
+    of the whole would cost the grader more than the student's call.
+    """
+    make, _, outputs, names, forbid = _KINDS[exercise]
+    gen = generator(880)
+    n, d, block, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE
+    sample = slice(None, None, 64)
+    built = []
+    for size in (n // 4, n):
+        Q, K, V, dO = qkv(gen, (1,), size, size, d, d, dtype=dtype)
+        if exercise == "flash_attention_forward":
+            built.append(((Q, K, V, block), {}))
+        else:
+            O, lse = _output_and_lse(Q, K, V)  # in float32, as the inputs
+            built.append(((Q, K, V, O, dO, lse, block), {}))
+    (warm, _), (args, kwargs) = built
+    call_student(fn, *warm, what=f"{exercise}({_shapes(warm, names)}, block_size={block})", forbid=forbid)
+    case = f"{_shapes(args, names)} in float32, block_size={block}"
+    rise = memory_rise(fn, args, kwargs, exercise=exercise, forbid=forbid, rows=n, cols=n)
+    if rise.bytes > MEMORY_RISE_BOUND:
+        fail(memory_message(rise, exercise, case, MEMORY_RISE_BOUND))
+    value = rise.value
+    shapes = [(1, n, d), (1, n)] if exercise == "flash_attention_forward" else [(1, n, d)] * 3
+    if not (isinstance(value, tuple) and len(value) == len(shapes)
+            and all(isinstance(v, torch.Tensor) and tuple(v.shape) == s for v, s in zip(value, shapes))):
+        fail(f"With {case}: {exercise} should return {len(shapes)} tensors of shapes {shapes}.")
+    if exercise == "flash_attention_forward":
+        Q, K, V = (t.double() for t in args[:3])
+        expected = forward_reference(Q[:, sample], K, V, block)
+        got = (value[0][:, sample], value[1][:, sample])
+    else:
+        expected = _sampled_gradients(*args[:6], sample, sample)
+        got = (value[0][:, sample], value[1][:, sample], value[2][:, sample])
+    for name, g, e in zip(outputs, got, expected):
+        assert_close(g, e, f"With {case}, {name} (every 64th row)", rtol=1e-4, atol=1e-5)
+
+
 def _check_flash_values(fn, exercise: str, seed: int) -> None:
     make, reference, outputs, names, forbid = _KINDS[exercise]
     cases = []
@@ -1187,6 +1271,7 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
     _check_tiled(flash_attention_forward, exercise, 20, 70)
     _check_peak(flash_attention_forward, exercise)
     _check_long_rows(flash_attention_forward, exercise, 32, 4096)
+    _check_measured_memory(flash_attention_forward, exercise)
     gen = generator(855)
     Q, K, V, _ = qkv(gen, (2,), 3, 5, 4, 2)
     for args, shapes, why in [((Q, K[..., :3], V, 2), "K (2, 5, 3)", "Q and K have different d_k (4 and 3)"),
@@ -1209,6 +1294,7 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     _check_peak(flash_attention_backward, exercise)
     _check_long_rows(flash_attention_backward, exercise, 32, 4096)
     _check_long_rows(flash_attention_backward, exercise, 4096, 32)
+    _check_measured_memory(flash_attention_backward, exercise)
     gen = generator(865)
     (Q, K, V, O, dO, lse, _), _ = _backward_args(*qkv(gen, (2,), 3, 5, 4, 2), 2, False)
     for args, shapes, why in [((Q, K, V, O, dO[..., :1], lse, 2), "dO (2, 3, 1)",

@@ -1,0 +1,245 @@
+"""Memory measured from outside the student's kernel: its control group's peak during one call.
+
+Notebooks 07 and 08 bound the memory of their FlashAttention functions on n = m = 4096. A submission
+can blind the in-kernel watch (it sees tensors only: scores kept as Python floats are invisible to
+it), but not the kernel's control group, which the grader reads (:mod:`autograder.engine.cgroup`).
+Each hostile answer here computes the right values and passes every watch; graded with a control
+group it fails the memory check, which says the memory was measured from outside; graded without
+one (no sandbox) it passes, which is the gap the manual states. Tests that need a control group skip
+where none can be made.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from autograder.engine import cgroup, sandbox
+from autograder.engine.execute import ResilientExecute
+from autograder.errors import CheckFailed
+from autograder.hidden import complexity, flash_backward
+from autograder.watches import MEMORY_RISE_BOUND
+
+from ..course_copy import reference_answers
+from ..notebook_code import solution_namespace
+
+needs_group = pytest.mark.skipif("memory" not in cgroup.controllers(),
+                                 reason="no memory control group can be made here (the grader is not root in one)")
+needs_sandbox = pytest.mark.skipif(sandbox.mode() == "limits only", reason=f"no sandbox here: {sandbox.why_not()}")
+
+#: Right values, every score kept as a Python float: no tensor the watch sees ever holds them.
+SCORES_IN_A_LIST = '''
+def flash_attention(Q, K, V, block_size, is_causal=False):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)} do not fit")
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    n, m, d, d_v = Q.shape[-2], K.shape[-2], Q.shape[-1], V.shape[-1]
+    Qf, Kf, Vf = Q.reshape(-1, n, d), K.reshape(-1, m, d), V.reshape(-1, m, d_v)
+    outputs = []
+    for b in range(Qf.shape[0]):
+        scores = [(Kf[b] @ Qf[b, i] / math.sqrt(d)).tolist() for i in range(n)]
+        rows = []
+        for i in range(n):
+            row = torch.tensor(scores[i], dtype=Q.dtype)
+            if is_causal:
+                row[i + 1:] = float("-inf")
+            w = torch.exp(row - row.max())
+            rows.append((w / w.sum()) @ Vf[b])
+        outputs.append(torch.stack(rows))
+    return torch.stack(outputs).reshape(*Q.shape[:-2], n, d_v)
+'''
+
+#: Right gradients, every row of P kept as Python floats before any gradient is made.
+P_IN_A_LIST = '''
+def flash_attention_backward(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    n, m, d, d_v = Q.shape[-2], K.shape[-2], Q.shape[-1], V.shape[-1]
+    if K.shape[-1] != d or V.shape[-2] != m or O.shape != (*Q.shape[:-1], d_v) or dO.shape != O.shape:
+        raise ValueError("the shapes do not fit")
+    if lse.shape != Q.shape[:-1]:
+        raise ValueError(f"lse {tuple(lse.shape)} must have one entry per query, {tuple(Q.shape[:-1])}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    scale = 1.0 / math.sqrt(d)
+    Qf, Kf, Vf = Q.reshape(-1, n, d), K.reshape(-1, m, d), V.reshape(-1, m, d_v)
+    Of, dOf, Lf = O.reshape(-1, n, d_v), dO.reshape(-1, n, d_v), lse.reshape(-1, n)
+    dQs, dKs, dVs = [], [], []
+    for b in range(Qf.shape[0]):
+        P = []
+        for i in range(n):
+            p = torch.exp(Kf[b] @ Qf[b, i] * scale - Lf[b, i])
+            if is_causal:
+                p[i + 1:] = 0
+            P.append(p.tolist())
+        D = (dOf[b] * Of[b]).sum(dim=-1)
+        dQ, dK, dV = [], torch.zeros_like(Kf[b]), torch.zeros_like(Vf[b])
+        for i in range(n):
+            p = torch.tensor(P[i], dtype=Q.dtype)
+            ds = p * (Vf[b] @ dOf[b, i] - D[i])
+            dQ.append(ds @ Kf[b] * scale)
+            dV += torch.outer(p, dOf[b, i])
+            dK += torch.outer(ds, Qf[b, i]) * scale
+        dQs.append(torch.stack(dQ))
+        dKs.append(dK)
+        dVs.append(dV)
+    return (torch.stack(dQs).reshape(Q.shape), torch.stack(dKs).reshape(K.shape), torch.stack(dVs).reshape(V.shape))
+'''
+
+#: The n x m scores only on the large case, tiled elsewhere: caught by the watch too, where it is not blinded.
+FULL_MATRIX_WHEN_LARGE = '''
+def flash_attention(Q, K, V, block_size, is_causal=False):
+    if Q.shape[-2] < 4096:
+        return tiled_attention(Q, K, V, block_size, is_causal)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+'''
+
+
+def tiled_answer() -> str:
+    """Notebook 07's reference flash_attention, named tiled_attention."""
+    return reference_answers("07_complexity")["flash_attention"].replace("def flash_attention(", "def tiled_attention(")
+
+
+def graded_cell(source: str, grade_id: str):
+    meta = {"grade": True, "solution": False, "locked": True, "points": 1, "grade_id": grade_id, "schema_version": 3}
+    return new_code_cell(source, metadata={"nbgrader": meta})
+
+
+def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sandboxed: bool) -> tuple[list, float]:
+    """The hidden check of ``exercise`` run as grading runs it, on a notebook of ``answers``: its outputs, seconds."""
+    check = (f"from autograder.hidden.{module} import check_{exercise} as hidden_check\n"
+             f"hidden_check({exercise})")
+    cells = [new_code_cell("import math\nimport torch"), *(new_code_cell(a) for a in answers),
+             graded_cell(check, f"test_{exercise}_hidden")]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    started = time.monotonic()
+    graded, _ = ResilientExecute(timeout=120, sandbox=sandboxed).preprocess(notebook,
+                                                                            {"metadata": {"path": str(tmp_path)}})
+    return graded.cells[-1].outputs, time.monotonic() - started
+
+
+def failure(outputs: list) -> str | None:
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    return errors[0]["evalue"] if errors else None
+
+
+# -- the meter ------------------------------------------------------------------------------------
+
+
+def test_no_group_has_no_meter():
+    assert cgroup.PeakMeter.of(None) is None
+    assert cgroup.memory_folder(None) is None
+
+
+@needs_group
+def test_the_meter_sees_what_a_process_of_the_group_touches_and_not_what_it_held_before():
+    """A process holds 100 MiB, the meter starts, the process touches 60 MiB more: the rise is 60 MiB, not 160."""
+    group = cgroup.create(f"meter-test-{time.monotonic_ns()}", 16, 2**30)
+    assert group is not None and cgroup.memory_folder(group) is not None
+    code = ("import sys\nheld = bytearray(100 * 2**20)\nprint('held', flush=True)\nsys.stdin.readline()\n"
+            "more = bytearray(60 * 2**20)\nprint('more', flush=True)\nsys.stdin.readline()\n")
+    process = subprocess.Popen(cgroup.join_command(group, [sys.executable, "-S", "-c", code]), stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        meter = cgroup.PeakMeter.of(group)
+        assert meter is not None
+        process.stdin.write("\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "more"
+        rise = meter.stop()
+        process.stdin.write("\n")
+        process.stdin.flush()
+        process.wait(10)
+    finally:
+        process.kill()
+        cgroup.remove(group)
+    assert rise is not None
+    print(f"rise: {rise / 2**20:.1f} MiB")
+    assert 60 * 2**20 <= rise < 70 * 2**20
+
+
+# -- the checks, on the watch alone (this process, no kernel) ---------------------------------------
+
+
+def test_without_a_group_the_watch_measures_and_says_so():
+    """The checks run here (no kernel, no group): a full matrix on the large case is caught by the watch's
+    tensors, and the message says so, not that the grader measured the kernel from outside."""
+    namespace: dict = {}
+    exec(compile("import math\nimport torch\n" + tiled_answer() + FULL_MATRIX_WHEN_LARGE, "<answer>", "exec"),
+         namespace)
+    with pytest.raises(CheckFailed) as caught:
+        complexity.check_flash_attention(namespace["flash_attention"])
+    message = str(caught.value)
+    print(message)
+    assert "MiB of tensors alive at once" in message and "from outside" not in message
+    assert f"more than the {MEMORY_RISE_BOUND // 2**20} MiB allowed" in message
+
+
+def test_the_references_pass_on_the_watch_alone():
+    complexity.check_flash_attention(solution_namespace("07_complexity").flash_attention)
+    ns = solution_namespace("08_flash_backward")
+    flash_backward.check_flash_attention_forward(ns.flash_attention_forward)
+    flash_backward.check_flash_attention_backward(ns.flash_attention_backward)
+
+
+# -- graded as grading runs it: the check in the grader, the answer in a sandboxed kernel -------------
+
+HOSTILE = [
+    pytest.param("07_complexity", "complexity", "flash_attention", SCORES_IN_A_LIST, id="07-scores-as-python-floats"),
+    pytest.param("08_flash_backward", "flash_backward", "flash_attention_backward", P_IN_A_LIST,
+                 id="08-P-as-python-floats"),
+]
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+@pytest.mark.parametrize(("assignment", "module", "exercise", "hostile"), HOSTILE)
+def test_a_watch_blinded_by_python_floats_is_caught_from_outside(tmp_path, assignment, module, exercise, hostile):
+    outputs, seconds = graded_check(tmp_path, [hostile], module, exercise, sandboxed=True)
+    message = failure(outputs)
+    print(f"{exercise}, graded in {seconds:.1f} s:", message)
+    assert message is not None and "measured by the grader from outside it" in message
+    assert f"more than the {MEMORY_RISE_BOUND // 2**20} MiB allowed" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("assignment", "module", "exercise", "hostile"), HOSTILE)
+def test_without_a_group_the_same_answer_passes_the_watch(tmp_path, assignment, module, exercise, hostile):
+    """The gap the outside measurement closes: graded without a sandbox, the hostile answer passes every watch."""
+    outputs, _ = graded_check(tmp_path, [hostile], module, exercise, sandboxed=False)
+    assert failure(outputs) is None, outputs
+    assert any(f"{exercise} passes the hidden checks" in o.get("text", "") for o in outputs)
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+@pytest.mark.parametrize(("assignment", "module", "exercise"), [
+    ("07_complexity", "complexity", "flash_attention"),
+    ("08_flash_backward", "flash_backward", "flash_attention_forward"),
+    ("08_flash_backward", "flash_backward", "flash_attention_backward"),
+])
+def test_the_reference_passes_when_measured_from_outside(tmp_path, assignment, module, exercise):
+    outputs, seconds = graded_check(tmp_path, [reference_answers(assignment)[exercise]], module, exercise,
+                                    sandboxed=True)
+    print(f"{exercise}: the reference's hidden check, graded in {seconds:.1f} s")
+    assert failure(outputs) is None, outputs
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+def test_a_full_matrix_is_caught_from_outside_and_said_so(tmp_path):
+    answers = [tiled_answer(), FULL_MATRIX_WHEN_LARGE]
+    outputs, _ = graded_check(tmp_path, answers, "complexity", "flash_attention", sandboxed=True)
+    message = failure(outputs)
+    assert message is not None and "measured by the grader from outside it" in message, outputs
+    assert "tensors alive" not in message

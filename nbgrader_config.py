@@ -86,7 +86,9 @@ c.Validator.width = 640
 c.KernelManager.transport_encryption = "auto"
 
 # Resource limits of each sandboxed kernel (autograder/engine/kernel_manager.py); the
-# environment variables AUTOGRADER_MEMORY_MB, AUTOGRADER_CPU_SECONDS, ... override them.
+# environment variables AUTOGRADER_MEMORY_MB, AUTOGRADER_CPU_SECONDS, ... override them, and
+# AUTOGRADER_SANDBOX=off turns bubblewrap off (grading then refuses unless Grading.sandbox is False).
+c.SandboxedKernelManager.bubblewrap = True
 c.SandboxedKernelManager.memory_mb = 4096
 c.SandboxedKernelManager.cpu_seconds = 1200
 c.SandboxedKernelManager.file_mb = 256

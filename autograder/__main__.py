@@ -64,16 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "release":
         release.release(args.assignments)
     elif args.command == "autograde":
-        options = grade.Options(args.cell_timeout, args.notebook_timeout, sandbox=False if args.no_sandbox else None)
         try:
-            address = args.cluster or settings.grading().cluster or None
+            course = settings.Settings.load(flags={
+                "Grading.workers": args.workers, "Grading.cluster": args.cluster, "Execute.timeout": args.cell_timeout,
+                "ResilientExecute.notebook_timeout": args.notebook_timeout,
+                "Grading.sandbox": False if args.no_sandbox else None})
+            address = course.value(settings.Grading, "cluster") or None
             if address is not None:
                 from .grading import cluster
 
-                summary = cluster.autograde(address, args.assignments, args.workers, options=options)
+                summary = cluster.autograde(address, args.assignments, course)
             else:
-                summary = grade.autograde(args.assignments, args.workers, options=options)
-        except (grade.SandboxUnavailable, OSError, RuntimeError) as error:  # OSError: no file, no scheduler
+                summary = grade.autograde(args.assignments, course)
+        except (grade.SandboxUnavailable, OSError, RuntimeError, ValueError) as error:  # OSError: no file, no scheduler
             print(f"make autograde: {error}")
             return 2
         print(summary)
@@ -122,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("autograder.service").setLevel(logging.INFO)  # one line per submission, not nbconvert's
         signal.signal(signal.SIGTERM, _interrupt)  # stopped by JupyterHub: finish as on Ctrl-C, the state saved
-        options = grade.Options(sandbox=False if args.no_sandbox else None)
+        root = Path(args.course).resolve() if args.course else ROOT
         try:
-            service = Service(Path(args.course).resolve() if args.course else ROOT, options=options,
-                              exchange=Path(args.exchange) if args.exchange else None, workers=args.workers)
+            course = settings.Settings.load(root, {"GradingService.workers": args.workers,
+                                                   "Grading.sandbox": False if args.no_sandbox else None})
+            service = Service(root, settings=course, exchange=Path(args.exchange) if args.exchange else None)
         except ValueError as error:
             print(f"python -m autograder serve: {error}")
             return 2

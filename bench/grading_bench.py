@@ -6,7 +6,7 @@
 catalogued mistake (partly wrong), one in ten the untouched release, one in ten broken (a
 syntax error and an exception). It then measures
 
-* **a sweep of workers**: ``grade.autograde(workers=W)`` for W = 1, 2, 4, ... up to ``--workers``
+* **a sweep of workers**: ``grade.autograde`` with ``Grading.workers`` W for W = 1, 2, 4, ... up to ``--workers``
   (default: the number of cores), the whole pipeline (staging, nbgrader, the student's cells in
   the sandbox with the warm kernel pool, the test cells judged in nbgrader's process); W = 1 is
   **serial**, the largest W **parallel**; each W's speedup (serial / its time) and parallel
@@ -47,6 +47,7 @@ import nbclient  # noqa: E402
 import nbformat  # noqa: E402
 
 from autograder.course.repository import assignments, module_name, nbgrader  # noqa: E402
+from autograder.course.settings import Settings  # noqa: E402
 from autograder.engine import kernel_pool, sandbox  # noqa: E402
 from autograder.grading import grade  # noqa: E402
 from tests.course_copy import fill, make_course, mistake_source, reference_answers, released, submit  # noqa: E402
@@ -81,7 +82,7 @@ def build_class(course: Path, names: list[str], students: int) -> dict[str, int]
 
 def export(course: Path, name: str) -> bytes:
     path = course / name
-    nbgrader("export", "--to", str(path), f"--db={grade.db_url(course)}", "--log-level=WARN", root=course)
+    nbgrader("export", "--to", str(path), f"--db={grade.db_url(Settings.load(course))}", "--log-level=WARN", root=course)
     return path.read_bytes()
 
 
@@ -111,11 +112,14 @@ def sweep(top: int) -> list[int]:
     return counts if counts[-1] == top else [*counts, top]
 
 
-def run(course: Path, workers: int, batch: list[str], options: grade.Options, pool: bool, name: str
-        ) -> tuple[float, bytes, int]:
-    """Grade ``batch`` with ``workers`` at once, with or without the kernel pool: (seconds, exported grades, failed)."""
-    os.environ[kernel_pool.SWITCH_VARIABLE] = "1" if pool else "0"
-    summary = grade.autograde(workers=workers, root=course, progress=False, students=batch, options=options)
+def run(course: Path, workers: int, batch: list[str], pool: bool, name: str) -> tuple[float, bytes, int]:
+    """Grade ``batch`` with ``workers`` at once, with or without the kernel pool: (seconds, exported grades, failed).
+
+    The bench grades its own (trusted) class: without bubblewrap it measures grading without the sandbox.
+    """
+    settings = Settings.load(course, {"Grading.workers": workers, "KernelPool.enabled": pool,
+                                      "Grading.sandbox": sandbox.mode() != "limits only"})
+    summary = grade.autograde(settings=settings, progress=False, students=batch)
     return summary.seconds, export(course, name), len(summary.failed)
 
 
@@ -143,8 +147,6 @@ def main() -> None:
         # The measures alternate over batches of the class, so that a machine whose load
         # changes (other work on it) weighs on all of them alike.
         students = sorted({s for _, s in jobs})
-        # the bench grades its own (trusted) class: without bubblewrap it measures grading without the sandbox
-        options = grade.Options(sandbox=sandbox.mode() != "limits only")
         size = args.batch if args.batch > 0 else len(students)
         seconds = dict.fromkeys(counts, 0.0)
         cold = plain = 0.0
@@ -154,13 +156,13 @@ def main() -> None:
             batch = students[first:first + size]
             line = []
             for workers in counts:
-                took, csv, bad = run(course, workers, batch, options, True, f"workers-{workers}.csv")
+                took, csv, bad = run(course, workers, batch, True, f"workers-{workers}.csv")
                 seconds[workers] += took
                 exports.setdefault(f"{workers} workers", []).append(csv)
                 failed += bad
                 line.append(f"{workers} workers {took:.1f} s")
             if not args.no_compare:
-                took, csv, bad = run(course, 1, batch, options, False, "without-pool.csv")
+                took, csv, bad = run(course, 1, batch, False, "without-pool.csv")
                 cold += took
                 exports.setdefault("1 worker without the pool", []).append(csv)
                 failed += bad
@@ -184,7 +186,7 @@ def main() -> None:
         "batch": size,
         "cores": os.cpu_count(),
         "sandbox": sandbox.mode(),
-        "kernel_pool": kernel_pool.wanted(kernel_pool.settings(ROOT), {}),
+        "kernel_pool": kernel_pool.wanted(Settings.load(ROOT).make(kernel_pool.KernelPool), True),
         "serial_seconds": round(serial_s, 1),
         "parallel_seconds": round(parallel_s, 1),
         "plain_nbclient_seconds": round(plain, 1),

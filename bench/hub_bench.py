@@ -40,7 +40,7 @@ from nbgrader.utils import notebook_hash  # noqa: E402
 
 from autograder.engine import sandbox  # noqa: E402
 from autograder.service.serve import Service  # noqa: E402
-from tests.course_copy import fill, grading_options, make_course, reference_answers  # noqa: E402
+from tests.course_copy import fill, grading_settings, make_course, reference_answers  # noqa: E402
 from tests.exchange_class import COURSE_ID, Student, release  # noqa: E402
 
 A = "01_soft_lookup"
@@ -85,7 +85,7 @@ def main() -> int:
         notebook = None
         for student in students:  # each fetches as the Assignment List does (not timed)
             notebook = fill(student.fetch(A), reference_answers(A))
-        service = Service(course, exchange=exchange, options=grading_options(), workers=args.workers)
+        service = Service(course, exchange=exchange, settings=grading_settings(course, {"GradingService.workers": args.workers}))
         stop = threading.Event()
         thread = threading.Thread(target=service.serve, kwargs={"stop": stop}, daemon=True)
         thread.start()

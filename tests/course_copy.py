@@ -15,10 +15,10 @@ import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
 
 from autograder.course.repository import module_name, nbgrader
+from autograder.course.settings import Settings
 from autograder.diagnosis import Mistake
 from autograder.engine import sandbox
 from autograder.engine.source_check import definition_closure
-from autograder.grading import grade
 
 from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
 
@@ -176,9 +176,10 @@ def submit(course: Path, assignment: str, student: str, notebook: nbformat.Noteb
     return path
 
 
-def grading_options(**kwargs) -> grade.Options:
-    """How the tests grade their own (trusted) submissions: in the sandbox where there is one, else without.
+def grading_settings(root: Path, flags: dict | None = None) -> Settings:
+    """How the tests grade their own (trusted) submissions in the course at ``root``: in the sandbox where there is
+    one, else without; ``flags`` as a command line's ("Class.trait": value).
 
     The hostile submissions are never graded without the sandbox: their test skips instead.
     """
-    return grade.Options(sandbox=sandbox.mode() != "limits only", **kwargs)
+    return Settings.load(root, {"Grading.sandbox": sandbox.mode() != "limits only", **(flags or {})})

@@ -7,8 +7,10 @@ of :class:`~autograder.engine.execute.ResilientExecute` (how one notebook runs) 
 :class:`~autograder.engine.kernel_pool.KernelPool` (kernels started ahead); nbgrader's
 own (``Execute.timeout``, ...) are set in the same file. A command-line flag overrides a trait
 for one run (:data:`FLAGS`); a few environment variables override one for a whole machine
-(:data:`ENVIRONMENT`). :func:`table` lists them all, with their values in this course:
-the manual's settings page (``docs/settings.md``) prints that table as it is built.
+(:data:`ENVIRONMENT`). All three are read once, where a run starts, into one frozen
+:class:`Settings` that is passed down to every part and process of the run.
+:func:`table` lists them all, with their values in this course: the manual's settings page
+(``docs/settings.md``) prints that table as it is built.
 
 What this does *not* do: check that a value makes sense beyond its type (a timeout of 1 s is
 accepted, and grades every cell as timed out).
@@ -17,11 +19,13 @@ accepted, and grades every cell as timed out).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from traitlets import Bool, Enum, Float, Integer, Unicode
 from traitlets.config import Config, Configurable
@@ -69,14 +73,17 @@ class GradingService(Configurable):
                       "again before it is left to the instructor.").tag(config=True)
 
 
-#: The words that turn an on/off environment switch off (``AUTOGRADER_SANDBOX``, ``AUTOGRADER_FORKSERVER``,
-#: ``AUTOGRADER_KERNEL_POOL``), in any case: one vocabulary for all of them.
+#: The words that turn an on/off environment switch off, and on, in any case: one vocabulary for all of them.
 OFF = frozenset({"0", "off", "no", "false", "none"})
+ON = frozenset({"1", "on", "yes", "true"})
 
 
-def switched_off(variable: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the environment switch ``variable`` (of ``env``, default this process's) is turned off (:data:`OFF`)."""
-    return (os.environ if env is None else env).get(variable, "").strip().lower() in OFF
+def switch(variable: str, raw: str) -> bool:
+    """The value of the on/off environment switch ``variable`` set to ``raw`` (:data:`OFF`, :data:`ON`)."""
+    word = raw.strip().lower()
+    if word in OFF | ON:
+        return word in ON
+    raise ValueError(f"{variable} is a switch: set it to one of {', '.join(sorted(OFF | ON))}, not {raw!r}")
 
 
 #: Command-line flags that override a trait for one run.
@@ -88,19 +95,20 @@ FLAGS = {
     "Execute.timeout": "`--cell-timeout S`",
     "ResilientExecute.notebook_timeout": "`--notebook-timeout S`",
 }
-#: Environment variables that override a trait on a machine (read where the setting is used).
-ENVIRONMENT = {
-    "Grading.forkserver": "`AUTOGRADER_FORKSERVER=0`",
-    "KernelPool.enabled": "`AUTOGRADER_KERNEL_POOL=0`",
-    **{f"SandboxedKernelManager.{name}": f"`AUTOGRADER_{name.upper()}`"
+#: Environment variables that override a trait on a machine, and the kind of value each holds. They are
+#: read once, by :meth:`Settings.load` where a run starts; ``NBGRADER_DB_URL`` and ``NBGRADER_EXCHANGE``
+#: are read by the course's ``nbgrader_config.py`` itself, as nbgrader's own commands read that file.
+ENVIRONMENT: dict[str, tuple[str, type]] = {
+    "Grading.forkserver": ("AUTOGRADER_FORKSERVER", bool),
+    "KernelPool.enabled": ("AUTOGRADER_KERNEL_POOL", bool),
+    "SandboxedKernelManager.bubblewrap": ("AUTOGRADER_SANDBOX", bool),
+    **{f"SandboxedKernelManager.{name}": (f"AUTOGRADER_{name.upper()}", int)
        for name in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "processes", "threads")},
-    "CourseDirectory.db_url": "`NBGRADER_DB_URL`",
-    "Exchange.root": "`NBGRADER_EXCHANGE`",
 }
+#: Environment variables read by ``nbgrader_config.py`` (the course's file, for every nbgrader command).
+READ_BY_THE_CONFIG_FILE = {"CourseDirectory.db_url": "NBGRADER_DB_URL", "Exchange.root": "NBGRADER_EXCHANGE"}
 #: Environment variables that are settings of their own (no trait), and what they do.
 ENVIRONMENT_ONLY = {
-    "AUTOGRADER_SANDBOX=off": "run students' code with the resource limits only, even where bubblewrap works "
-                              "(grading then refuses unless the sandbox is also turned off above)",
     "AUTOGRADER_GRADESCOPE_ROOT": "the root a Gradescope autograder grades in (default `/autograder`; for tests)",
     "AUTOGRADER_PYTHON": "the Python a Gradescope autograder runs (default the one `setup.sh` installed)",
 }
@@ -130,14 +138,92 @@ def course_config(root: Path = ROOT) -> Config:
     return config
 
 
-def grading(root: Path = ROOT) -> Grading:
-    """The :class:`Grading` settings of the course at ``root``."""
-    return Grading(config=course_config(root))
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one run, read once where the run starts and passed down as it is.
+
+    :meth:`load` reads the course's ``nbgrader_config.py``, then the environment's overrides
+    (:data:`ENVIRONMENT`), then the run's flags (:data:`FLAGS`); nothing below the entry point
+    (``python -m autograder``, Gradescope's ``run_autograder``, the grading service) reads a
+    setting of its own. The processes a run starts get it whole: the fork server and its
+    waiting kernels as :meth:`to_json` on their first line, a Dask task as a pickled argument,
+    and each ``nbgrader autograde`` process as :meth:`argv` (nbgrader reads the same file,
+    and the overrides as traitlets' ``--Class.trait=value``).
+    """
+
+    root: Path
+    #: The course file's values, as JSON (a frozen copy: each :meth:`config` is a new Config).
+    file: str
+    #: ("Class.trait", value) that the environment, then the flags, set over the file, in order.
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def load(cls, root: Path = ROOT, flags: Mapping[str, Any] | None = None,
+             env: Mapping[str, str] | None = None) -> Settings:
+        """The settings of the course at ``root`` for a run with ``flags`` ("Class.trait": value, None: unset)
+        in the environment ``env`` (default: this process's)."""
+        env = os.environ if env is None else env
+        overrides: list[tuple[str, Any]] = []
+        for key, (variable, kind) in ENVIRONMENT.items():
+            raw = env.get(variable, "").strip()
+            if raw:
+                overrides.append((key, _parsed(variable, raw, kind)))
+        overrides += [(key, value) for key, value in (flags or {}).items() if value is not None]
+        made = cls(Path(root), _frozen(course_config(Path(root))), tuple(overrides))
+        if not made.value(Grading, "sandbox"):  # grading without a sandbox: none for the kernels either
+            made = cls(made.root, made.file, made.overrides + (("SandboxedKernelManager.bubblewrap", False),))
+        return made
+
+    def config(self) -> Config:
+        """The settings as a new traitlets Config (the file's, the overrides applied)."""
+        config = Config(json.loads(self.file))
+        for key, value in self.overrides:
+            section, name = key.split(".")
+            config[section][name] = value
+        return config
+
+    def value(self, cls: type[Configurable], name: str) -> Any:
+        """The value of ``cls``'s trait ``name`` in these settings (:func:`configured`)."""
+        return configured(self.config(), cls, name)
+
+    def make(self, cls: type[ConfigurableT], **kwargs: Any) -> ConfigurableT:
+        """An instance of the configurable ``cls`` with these settings."""
+        return cls(config=self.config(), **kwargs)
+
+    def argv(self) -> list[str]:
+        """The overrides as traitlets command-line arguments, for a process that reads the course file itself."""
+        return [f"--{key}={value}" for key, value in self.overrides]
+
+    def at(self, root: Path) -> Settings:
+        """The same overrides over the copy of the course at ``root`` (a cluster worker's private course)."""
+        return Settings(Path(root), _frozen(course_config(Path(root))), self.overrides)
+
+    def to_json(self) -> str:
+        return json.dumps({"root": str(self.root), "file": self.file, "overrides": self.overrides})
+
+    @classmethod
+    def from_json(cls, text: str) -> Settings:
+        data = json.loads(text)
+        return cls(Path(data["root"]), data["file"], tuple((key, value) for key, value in data["overrides"]))
 
 
-def grading_service(root: Path = ROOT) -> GradingService:
-    """The :class:`GradingService` settings of the course at ``root``."""
-    return GradingService(config=course_config(root))
+ConfigurableT = TypeVar("ConfigurableT", bound=Configurable)
+
+
+def _parsed(variable: str, raw: str, kind: type) -> Any:
+    if kind is bool:
+        return switch(variable, raw)
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{variable} must be a whole number, not {raw!r}") from None
+
+
+def _frozen(config: Config) -> str:
+    try:
+        return json.dumps(config, sort_keys=True)
+    except TypeError as error:
+        raise ValueError(f"{CONFIG_FILE} sets a value that is not text, a number, a list or a switch: {error}") from None
 
 
 def configured(config: Config, cls: type[Configurable], name: str) -> Any:
@@ -190,7 +276,8 @@ def table(root: Path = ROOT) -> str:
         for name in sorted(names):
             trait = cls.class_traits()[name]
             key = f"{cls.__name__}.{name}"
-            where = ["`nbgrader_config.py`"] + [w for w in (FLAGS.get(key), ENVIRONMENT.get(key)) if w]
+            variable = ENVIRONMENT.get(key, (READ_BY_THE_CONFIG_FILE.get(key),))[0]
+            where = ["`nbgrader_config.py`"] + [w for w in (FLAGS.get(key), variable and f"`{variable}`") if w]
             value = configured(config, cls, name)
             shown = "(in the course folder)" if key in FOLDERS else _shown(value)
             what = HELP.get(key) or _first_sentence(trait.help)

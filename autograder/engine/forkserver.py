@@ -15,8 +15,10 @@ that start a sandboxed kernel ahead and wait on a pipe; the next request like it
 one of them, which then runs nbgrader as above. Closing its pipe discards it (too old, another
 course or environment, the end of the input).
 
-Protocol (one JSON object per line): the client sends ``{"id", "argv", "cwd", "env", "out",
-"err"}``; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
+Protocol (one JSON object per line): the client first sends the run's settings
+(:meth:`Settings.to_json <autograder.course.settings.Settings.to_json>`: the pool's and the
+kernels' settings come from there, read once by the client), then ``{"id", "argv", "cwd", "env",
+"out", "err"}`` for each request; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
 when it ends (``out`` and ``err`` are files for its output).
 """
 
@@ -33,6 +35,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..course.settings import Settings
 from . import kernel_manager, kernel_pool, sandbox, zygote
 
 
@@ -76,9 +79,10 @@ def _child(request: dict, prepared=None) -> None:
             os._exit(code)
 
 
-def _waiting(like: dict, pipe: int, zygote_address: str | None) -> None:
+def _waiting(like: dict, pipe: int, zygote_address: str | None, settings: Settings) -> None:
     """In a forked waiting process: start a kernel ahead for requests ``like`` this one, wait for one, run it.
 
+    ``settings``: the run's, whose kernel manager's settings the kernel is started with.
     Reading the end of ``pipe`` instead of a request discards the kernel. ``zygote_address``: the
     server's zygote, which forks the kernel (None: the kernel imports in its sandbox). Never returns.
     """
@@ -93,7 +97,7 @@ def _waiting(like: dict, pipe: int, zygote_address: str | None) -> None:
         os.environ.clear()
         os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
         try:
-            prepared = kernel_manager.prepare(like, zygote_address)
+            prepared = kernel_manager.prepare(settings, zygote_address)
         except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
             prepared = None
         with os.fdopen(pipe, "rb") as requests:
@@ -146,12 +150,21 @@ def serve() -> None:
     gc.freeze()  # what every child inherits is never garbage: its collector need not scan it (0.2 s a full pass)
     out = os.fdopen(os.dup(1), "w", buffering=1)
     stdin = sys.stdin.buffer
+    buffer = b""
+    while b"\n" not in buffer:  # the settings' line; read from the descriptor, as the requests after it are
+        chunk = os.read(stdin.fileno(), 65536)
+        if not chunk:
+            return
+        buffer += chunk
+    line, buffer = buffer.split(b"\n", 1)
+    settings = Settings.from_json(line.decode())
+    pool_settings = settings.make(kernel_pool.KernelPool)
+    bubblewrap = settings.value(kernel_manager.SandboxedKernelManager, "bubblewrap")
+    pool = kernel_pool.Pool(pool_settings, kernel_pool.wanted(pool_settings, bubblewrap))
     running: dict[int, str] = {}
-    pool = kernel_pool.Pool()
     last: dict | None = None  # the last request: the waiting processes are started for requests like it
     peak = 0
     forker: zygote.Zygote | None = None  # started when the pool first needs a kernel
-    buffer = b""
     open_input = True
     while open_input or running or pool.discarded:
         ready, _, _ = select.select([stdin] if open_input else [], [], [], 0.05)
@@ -162,23 +175,23 @@ def serve() -> None:
                 for waiting in list(pool.waiting):
                     pool.discard(waiting)
             buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                request = json.loads(line)
-                pid = _hand_over(pool.take(request), line)
-                if pid is None:
-                    pid = _fork(_child, request, close=[out.fileno(), *pool.fds()])
-                running[pid] = request["id"]
-                out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
-                last, peak = request, max(peak, len(running))
+        while b"\n" in buffer:  # also what came with the settings' line
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            pid = _hand_over(pool.take(request), line)
+            if pid is None:
+                pid = _fork(_child, request, close=[out.fileno(), *pool.fds()])
+            running[pid] = request["id"]
+            out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+            last, peak = request, max(peak, len(running))
         if open_input and last is not None:
             pool.expire()
-            missing = pool.missing(last, peak)
-            if missing and pool.settings_for(last).zygote and zygote.usable() and (forker is None or not forker.alive()):
+            missing = pool.missing(peak)
+            if missing and pool.settings.zygote and zygote.usable() and (forker is None or not forker.alive()):
                 forker = zygote.Zygote(kernel_pool.PRELOAD)
             for _ in range(missing):
                 read_end, write_end = os.pipe()
-                pid = _fork(_waiting, last, read_end, forker and forker.address,
+                pid = _fork(_waiting, last, read_end, forker and forker.address, settings,
                             close=[out.fileno(), write_end, *pool.fds()])
                 os.close(read_end)
                 pool.waiting.append(kernel_pool.Waiting(pid, write_end, kernel_pool.key(last)))
@@ -212,14 +225,17 @@ def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:
 class ForkServer:
     """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
 
-    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-        """Start the server in ``cwd`` (default: this module's folder; a cluster worker gives its unpacked course)
-        with ``env`` (default: this process's; a run gives its mark and temporary folder)."""
+    def __init__(self, settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Start the server for a run with ``settings`` in ``cwd`` (default: this module's folder; a cluster worker
+        gives its unpacked course) with ``env`` (default: this process's; a run gives its mark and temporary folder)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.engine.forkserver"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env if env is not None else os.environ),
             cwd=str(cwd or Path(__file__).parent),
         )
+        assert self.process.stdin is not None
+        self.process.stdin.write((settings.to_json() + "\n").encode())
+        self.process.stdin.flush()
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[str, queue.Queue] = {}

@@ -3,7 +3,7 @@
 :class:`SandboxedKernelManager` is nbgrader's ``Execute.kernel_manager_class`` (set by
 :class:`~autograder.engine.execute.ResilientExecute`). Its traits are the sandbox's resource
 limits (``nbgrader_config.py``; the ``AUTOGRADER_MEMORY_MB``, ... environment variables override
-them, :meth:`autograder.engine.sandbox.Limits.from_environment`). Its kernel spec names the
+them where a run starts: :class:`autograder.course.settings.Settings`). Its kernel spec names the
 kernel provisioner :class:`~autograder.engine.provisioner.SandboxProvisioner`, which makes the
 kernel's processes (warm, forked or cold: see there); the manager holds what identifies the kernel
 for its whole life: its private folder (the connection file and sockets are there), its token and
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Integer
+from traitlets import Bool, Integer
 
-from ..course.settings import course_config
+from ..course.settings import Settings
 from . import cgroup, kernel_pool, provisioner
 from .sandbox import Limits
 
@@ -44,6 +44,10 @@ class SandboxedKernelManager(AsyncKernelManager):
                                     "sandbox user is not root.")
     threads = _limit("threads", "OMP/MKL threads of the kernel: one gives the same results with any number of "
                                 "workers, and no oversubscription.")
+    bubblewrap = Bool(True, help="Run each kernel in a bubblewrap sandbox where one can be made; False: with the "
+                      "resource limits only (Grading.sandbox False sets it too). The environment variable "
+                      "AUTOGRADER_SANDBOX=off overrides it (grading then refuses unless Grading.sandbox is False)."
+                      ).tag(config=True)
 
     def __init__(self, **kwargs):
         # a kernel started ahead for this process (the fork server's pool) lends its private folder
@@ -75,8 +79,8 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     @property
     def limits(self) -> Limits:
-        """The traits' limits, with the environment's overrides."""
-        return Limits.from_environment(Limits(**{name: getattr(self, name) for name in Limits.__dataclass_fields__}))
+        """The traits' limits."""
+        return Limits(**{name: getattr(self, name) for name in Limits.__dataclass_fields__})
 
 
 def prestart(manager: SandboxedKernelManager, zygote: str | None = None) -> kernel_pool.PreparedKernel:
@@ -89,6 +93,6 @@ def prestart(manager: SandboxedKernelManager, zygote: str | None = None) -> kern
     return made.prestart(zygote)
 
 
-def prepare(request: dict, zygote: str | None = None) -> kernel_pool.PreparedKernel | None:
-    """In a waiting process of the pool: start its sandboxed kernel for requests like ``request``."""
-    return prestart(SandboxedKernelManager(config=course_config(Path(request["cwd"]))), zygote)
+def prepare(settings: Settings, zygote: str | None = None) -> kernel_pool.PreparedKernel | None:
+    """In a waiting process of the pool: start its sandboxed kernel with the run's ``settings``."""
+    return prestart(settings.make(SandboxedKernelManager), zygote)

@@ -43,12 +43,8 @@ from typing import IO
 from traitlets import Bool, Float, Integer
 from traitlets.config import Configurable
 
-from ..course.settings import course_config, switched_off
 from . import cgroup
 from .sandbox import INPUT, RUN_VARIABLE, Limits, kill_leftovers, mode
-
-#: Set to 0 (or off, no) to grade without the pool, whatever ``nbgrader_config.py`` says.
-SWITCH_VARIABLE = "AUTOGRADER_KERNEL_POOL"
 
 
 class KernelPool(Configurable):
@@ -65,16 +61,10 @@ class KernelPool(Configurable):
                            "up to this).").tag(config=True)
 
 
-def settings(course: str | os.PathLike) -> KernelPool:
-    """The pool's settings from ``course``'s ``nbgrader_config.py`` (defaults where it has none)."""
-    return KernelPool(config=course_config(Path(course)))
-
-
-def wanted(pool: KernelPool, env: dict[str, str]) -> bool:
-    """Whether kernels are started ahead for a run with environment ``env``."""
-    if switched_off(SWITCH_VARIABLE, env) or switched_off("AUTOGRADER_SANDBOX", env):
-        return False
-    return pool.enabled and mode() != "limits only"
+def wanted(pool: KernelPool, bubblewrap: bool) -> bool:
+    """Whether kernels are started ahead with the settings ``pool`` for kernels in bubblewrap or not (``bubblewrap``:
+    ``SandboxedKernelManager.bubblewrap``)."""
+    return pool.enabled and mode(bubblewrap) != "limits only"
 
 
 def key(request: dict) -> str:
@@ -199,16 +189,12 @@ class Waiting:
 
 @dataclass
 class Pool:
-    """The fork server's waiting processes (see :mod:`autograder.engine.forkserver`)."""
+    """The fork server's waiting processes (see :mod:`autograder.engine.forkserver`), with the run's settings."""
 
+    settings: KernelPool = field(default_factory=KernelPool)
+    enabled: bool = False  # :func:`wanted` for the run's settings
     waiting: list[Waiting] = field(default_factory=list)
     discarded: set[int] = field(default_factory=set)
-    _settings: dict[str, KernelPool] = field(default_factory=dict)
-
-    def settings_for(self, request: dict) -> KernelPool:
-        if request["cwd"] not in self._settings:
-            self._settings[request["cwd"]] = settings(request["cwd"])
-        return self._settings[request["cwd"]]
 
     def take(self, request: dict) -> Waiting | None:
         """A waiting process for ``request`` (the others, started for other requests, are discarded)."""
@@ -217,24 +203,19 @@ class Pool:
             self.discard(stale)
         return self.waiting.pop(0) if self.waiting else None
 
-    def missing(self, request: dict, running: int) -> int:
-        """How many waiting processes to start for requests like ``request`` while ``running`` are graded."""
-        pool = self.settings_for(request)
-        if not wanted(pool, request["env"]):
+    def missing(self, running: int) -> int:
+        """How many waiting processes to start while ``running`` requests are graded."""
+        if not self.enabled:
             return 0
-        return max(0, min(pool.size, running) - len(self.waiting))
+        return max(0, min(self.settings.size, running) - len(self.waiting))
 
     def expire(self, max_idle: float | None = None) -> list[Waiting]:
         """Discard the processes that waited longer than the limit; return them."""
-        old = [w for w in self.waiting
-               if monotonic() - w.started > (max_idle if max_idle is not None else self._max_idle(w))]
+        limit = self.settings.max_idle if max_idle is None else max_idle
+        old = [w for w in self.waiting if monotonic() - w.started > limit]
         for w in old:
             self.discard(w)
         return old
-
-    def _max_idle(self, w: Waiting) -> float:
-        cwd = json.loads(w.key)[0]
-        return self._settings[cwd].max_idle if cwd in self._settings else KernelPool().max_idle
 
     def discard(self, w: Waiting) -> None:
         if w in self.waiting:

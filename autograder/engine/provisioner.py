@@ -76,7 +76,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
     def adopt(self, pooled: kernel_pool.PreparedKernel, kernel_cmd: list[str], workdir: str) -> dict:
         """Make the process started ahead this kernel: the submission's files in, then "go"; its connection info."""
         manager = self.manager
-        owner = sandbox_owner()
+        owner = sandbox_owner(manager.bubblewrap)
         prepare_scratch(workdir, manager.private / "work", owner)  # the folder the sandbox sees at sandbox.INPUT
         if owner is not None:
             os.chown(manager.connection_file, owner, owner)
@@ -99,7 +99,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
         scratch = manager.private / "work"
         if scratch.exists():
             shutil.rmtree(scratch)
-        owner = sandbox_owner()
+        owner = sandbox_owner(manager.bubblewrap)
         prepare_scratch(submission, scratch, owner)
         home = manager.private / "home"
         copy_font_cache(home)
@@ -108,7 +108,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
             os.chown(manager.private, owner, owner)
             if os.path.exists(manager.connection_file):
                 os.chown(manager.connection_file, owner, owner)
-        elif sealed_owner() is not None:  # root in a user namespace: after a seal, everything back to root, its user
+        elif sealed_owner(manager.bubblewrap) is not None:  # root in a user namespace: after a seal, all back to root
             chown_tree(manager.private, 0)
         limits = manager.limits
         cmd, env = wrap(kernel_cmd, workdir=workdir, scratch=str(scratch), private=str(manager.private), limits=limits,
@@ -116,7 +116,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
         if manager.group is None:
             manager.group = control_group(manager.token, limits)
         cmd = cgroup.join_command(manager.group, cmd)
-        if mode() == "limits only":
+        if mode(manager.bubblewrap) == "limits only":
             kw["cwd"] = str(scratch)
             if RUN_VARIABLE in os.environ:
                 env[RUN_VARIABLE] = os.environ[RUN_VARIABLE]
@@ -186,7 +186,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
         Where the sandbox user is the grader's own user, it could take the rights back: only the
         tmpfs folders are capped there.
         """
-        owner = sealed_owner()
+        owner = sealed_owner(self.manager.bubblewrap)
         if owner is not None:
             chown_tree(self.manager.private, owner)
             os.chmod(self.manager.private, 0o755)

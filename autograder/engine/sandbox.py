@@ -37,11 +37,10 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import INSTRUCTOR_ONLY
-from ..course.settings import switched_off
 from . import cgroup
 from .sandbox_folders import chown_tree, copy_font_cache, prepare_scratch
 
@@ -64,7 +63,8 @@ class Limits:
     """Resource limits of one sandboxed process tree.
 
     Grading sets them as traits of :class:`~autograder.engine.kernel_manager.SandboxedKernelManager`
-    (``nbgrader_config.py``); the environment variables of :meth:`from_environment` override them.
+    (``nbgrader_config.py``, the environment's overrides read once with the rest of the settings:
+    :class:`autograder.course.settings.Settings`).
     """
 
     memory_mb: int = 4096  # private writable memory of each process (RLIMIT_DATA), and memory of the control group
@@ -73,18 +73,7 @@ class Limits:
     tmp_mb: int = 256  # size of the private /tmp, and of the working folder and of the home (each a tmpfs)
     processes: int = 256  # tasks of the sandbox's control group; RLIMIT_NPROC too when its user is not root
     threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
-
-    @classmethod
-    def from_environment(cls, base: Limits | None = None) -> Limits:
-        """``base`` (default: the defaults), ``AUTOGRADER_MEMORY_MB``, ``AUTOGRADER_CPU_SECONDS``, ... overriding it."""
-        values = {}
-        for name, default in asdict(base or cls()).items():
-            raw = os.environ.get(f"AUTOGRADER_{name.upper()}")
-            try:
-                values[name] = int(raw) if raw else default
-            except ValueError:
-                raise ValueError(f"AUTOGRADER_{name.upper()} must be a whole number, not {raw!r}") from None
-        return cls(**values)
+    bubblewrap: bool = True  # in a bubblewrap sandbox where one can be made; False: with these limits only
 
 
 def _run_quiet(cmd: Sequence[str]) -> bool:
@@ -104,14 +93,13 @@ def _probe() -> list[str]:
             "--dev", "/dev", sys.executable, "-S", "-c", read]
 
 
-def mode() -> str:
+def mode(bubblewrap: bool = True) -> str:
     """How sandboxed code runs here: ``"bwrap as nobody"``, ``"bwrap"`` or ``"limits only"``.
 
-    ``AUTOGRADER_SANDBOX=off`` forces ``"limits only"`` (what ``--no-sandbox`` sets).
+    ``bubblewrap`` False (:attr:`Limits.bubblewrap`: ``--no-sandbox``, ``AUTOGRADER_SANDBOX=off``)
+    forces ``"limits only"``.
     """
-    if switched_off("AUTOGRADER_SANDBOX"):
-        return "limits only"
-    return _probed_mode()
+    return _probed_mode() if bubblewrap else "limits only"
 
 
 @functools.cache
@@ -129,12 +117,12 @@ def _probed_mode() -> str:
     return "bwrap" if _run_quiet([bwrap, *_probe()]) else "limits only"
 
 
-def why_not() -> str:
+def why_not(bubblewrap: bool = True) -> str:
     """Why :func:`mode` is ``"limits only"`` here, in words ("" when a sandbox can be made)."""
-    if mode() != "limits only":
+    if mode(bubblewrap) != "limits only":
         return ""
-    if switched_off("AUTOGRADER_SANDBOX"):
-        return "AUTOGRADER_SANDBOX is off"
+    if not bubblewrap:
+        return "the sandbox is turned off (AUTOGRADER_SANDBOX=off, or SandboxedKernelManager.bubblewrap)"
     if shutil.which("bwrap") is None:
         return "bwrap is not installed"
     return "bwrap is installed but cannot create namespaces here (a container that forbids them?)"
@@ -164,7 +152,7 @@ def rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
         "RLIMIT_FSIZE": (limits.file_mb * mb, limits.file_mb * mb),
         "RLIMIT_CORE": (0, 0),
     }
-    if sandbox_owner() is not None or os.geteuid() != 0:
+    if sandbox_owner(limits.bubblewrap) is not None or os.geteuid() != 0:
         found["RLIMIT_NPROC"] = (limits.processes, limits.processes)
     return found
 
@@ -253,9 +241,9 @@ def wrap(
     kernel); its ``home`` is a tmpfs too, with the grader's font cache read-only.
     """
     env = environment(limits, os.path.join(private, "home"), token)
-    current = mode()
+    current = mode(limits.bubblewrap)
     if current == "limits only":
-        as_nobody = _as_nobody(shutil.which("setpriv") or "setpriv") if sandbox_owner() is not None else []
+        as_nobody = _as_nobody(shutil.which("setpriv") or "setpriv") if sandbox_owner(False) is not None else []
         return as_nobody + limited(cmd, limits), env
     bwrap = shutil.which("bwrap")
     assert bwrap is not None
@@ -296,20 +284,20 @@ def control_group(token: str, limits: Limits) -> cgroup.Group | None:
     return cgroup.create(token, processes=limits.processes, memory_bytes=limits.memory_mb * 2**20)
 
 
-def sandbox_owner() -> int | None:
+def sandbox_owner(bubblewrap: bool = True) -> int | None:
     """The uid the sandboxed code runs as and that must own its writable folders (None: the grader's own).
 
     A root grader runs it as ``nobody``: in the bubblewrap sandbox, and also with the limits
     only (no bubblewrap), where ``nobody`` can run this Python; the code then cannot write what
-    root owns (the gradebook, a Gradescope ``results.json``).
+    root owns (the gradebook, a Gradescope ``results.json``). ``bubblewrap``: :attr:`Limits.bubblewrap`.
     """
-    current = mode()
+    current = mode(bubblewrap)
     if current == "bwrap as nobody" or (current == "limits only" and _nobody_runs_python()):
         return NOBODY
     return None
 
 
-def sealed_owner() -> int | None:
+def sealed_owner(bubblewrap: bool = True) -> int | None:
     """Who owns a kernel's private folder once the kernel has started, so that it cannot write there.
 
     Root where the sandboxed code runs as ``nobody``. ``nobody`` where it runs as root outside its
@@ -317,9 +305,9 @@ def sealed_owner() -> int | None:
     the owner of root's files, and a folder of nobody's is closed to it. None where the code runs as
     the grader's own user, who could take any right back.
     """
-    if sandbox_owner() is not None:
+    if sandbox_owner(bubblewrap) is not None:
         return 0
-    if mode() == "bwrap" and os.geteuid() == 0:
+    if mode(bubblewrap) == "bwrap" and os.geteuid() == 0:
         return NOBODY
     return None
 
@@ -364,13 +352,13 @@ def run(
 
     On timeout the whole sandbox is killed; nothing it started survives.
     """
-    limits = limits or Limits.from_environment()
+    limits = limits or Limits()
     private = Path(tempfile.mkdtemp(prefix="autograder-run-"))
     token = uuid.uuid4().hex
     group = control_group(token, limits)
     try:
         scratch = private / "work"
-        owner = sandbox_owner()
+        owner = sandbox_owner(limits.bubblewrap)
         prepare_scratch(None, scratch, owner)
         home = private / "home"
         copy_font_cache(home)

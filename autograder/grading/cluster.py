@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 
-from ..course import settings
 from ..course.repository import ROOT
+from ..course.settings import Grading, Settings
 from ..engine import sandbox
 from . import gradescope
-from .grade import Options, Runner, SandboxUnavailable, Summary, db_url, fork_server, run_nbgrader, submissions
+from .grade import Runner, SandboxUnavailable, Summary, bubblewrap, db_url, fork_server, run_nbgrader, submissions
 from .grade import autograde as grade_all
 
 #: Seconds to wait for the first worker of the cluster before giving up.
@@ -196,8 +196,11 @@ class _Worker:
         self.pythonpath = os.environ.get("PYTHONPATH", "")
 
     @contextmanager
-    def using(self, folder: Path, forkserver: bool) -> Iterator[object]:
-        """Run in ``folder``'s environment, with its fork server (``forkserver``: Grading.forkserver) if any."""
+    def using(self, folder: Path, settings: Settings) -> Iterator[object]:
+        """Run in ``folder``'s environment, with its fork server for ``settings`` (if ``Grading.forkserver``).
+
+        One server serves every task of ``folder`` (of one course's archive): the first task's settings start it.
+        """
         with self.changed:
             self.changed.wait_for(lambda: self.folder == folder or self.running == 0)
             if self.folder != folder or (self.server is not None and self.server.process.poll() is not None):
@@ -205,7 +208,7 @@ class _Worker:
                     self.server.close()
                 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), self.pythonpath) if p)
                 os.environ.pop("NBGRADER_DB_URL", None)  # always the private course's own gradebook
-                self.folder, self.server = folder, fork_server(forkserver, folder)
+                self.folder, self.server = folder, fork_server(settings, folder)
             self.running += 1
             server = self.server
         try:
@@ -219,18 +222,19 @@ class _Worker:
 _WORKER = _Worker()
 
 
-def worker_sandbox() -> tuple[str, str]:
+def worker_sandbox(bubblewrap: bool = True) -> tuple[str, str]:
     """(:func:`sandbox.mode`, :func:`sandbox.why_not`) on this worker."""
-    return sandbox.mode(), sandbox.why_not()
+    return sandbox.mode(bubblewrap), sandbox.why_not(bubblewrap)
 
 
-def grade_staged(course: str, assignment: str, student: str, files: dict[str, bytes], options: Options,
+def grade_staged(course: str, assignment: str, student: str, files: dict[str, bytes], settings: Settings,
                  limit: float) -> Graded:
     """The task: grade one staged submission (``files``) in a private course on this worker (see the module doc).
 
-    ``course``: the name of the uploaded archive; ``limit``: seconds the nbgrader process may take.
+    ``course``: the name of the uploaded archive; ``settings``: the run's (the overrides of the command that
+    submitted the work, over this worker's copy of the course); ``limit``: seconds the nbgrader process may take.
     """
-    if options.sandbox and sandbox.mode() == "limits only":
+    if settings.value(Grading, "sandbox") and sandbox.mode(bubblewrap(settings)) == "limits only":
         raise SandboxUnavailable(f"this worker cannot make a sandbox ({sandbox.why_not()}); install bubblewrap on it, "
                                  "or grade with --no-sandbox")
     folder = course_folder(course)
@@ -240,19 +244,20 @@ def grade_staged(course: str, assignment: str, student: str, files: dict[str, by
         private.chmod(0o700)  # copytree gave it the course folder's mode: other users of the worker must not read it
         staged = private / "staged"
         write_tree(staged / student / assignment, files)
-        with _WORKER.using(folder, settings.grading(private).forkserver) as server:
-            error = run_nbgrader(assignment, student, private, staged, options, limit, server)
+        with _WORKER.using(folder, settings) as server:
+            here = settings.at(private)  # the worker's copy of the course, NBGRADER_DB_URL unset by using()
+            error = run_nbgrader(assignment, student, here, staged, limit, server)
         if error is not None:
             return Graded(error=error)
-        return _read_back(private, assignment, student)
+        return _read_back(here, assignment, student)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _read_back(course: Path, assignment: str, student: str) -> Graded:
+def _read_back(course: Settings, assignment: str, student: str) -> Graded:
     from nbgrader.api import Gradebook
 
-    graded = Graded(files=read_tree(course / "autograded" / student / assignment))
+    graded = Graded(files=read_tree(course.root / "autograded" / student / assignment))
     with Gradebook(db_url(course)) as gb:
         submission = gb.find_submission(assignment, student)
         graded.timestamp = submission.timestamp
@@ -265,15 +270,15 @@ def _read_back(course: Path, assignment: str, student: str) -> Graded:
 # -- where the work is submitted ----------------------------------------------------------------
 
 
-def record(root: Path, assignment: str, student: str, graded: Graded, notebooks: list[str]) -> None:
+def record(settings: Settings, assignment: str, student: str, graded: Graded, notebooks: list[str]) -> None:
     """Write what a worker graded into ``autograded/`` and the gradebook, as ``nbgrader autograde --force`` would.
 
     ``notebooks``: those nbgrader graded (the others of the assignment were missing and score 0).
     """
     from nbgrader.api import Gradebook
 
-    write_tree(root / "autograded" / student / assignment, graded.files)
-    with Gradebook(db_url(root)) as gb:
+    write_tree(settings.root / "autograded" / student / assignment, graded.files)
+    with Gradebook(db_url(settings)) as gb:
         gb.update_or_create_submission(assignment, student, **({"timestamp": graded.timestamp} if graded.timestamp else {}))
         for notebook, name, score, review in graded.grades:
             cell = gb.find_grade(name, notebook, assignment, student)
@@ -284,19 +289,20 @@ def record(root: Path, assignment: str, student: str, graded: Graded, notebooks:
             if notebook in notebooks:
                 gb.find_comment(name, notebook, assignment, student).auto_comment = text
         gb.db.commit()
-    _late_penalties(root, assignment, student, notebooks)
+    _late_penalties(settings, assignment, student, notebooks)
 
 
-def _late_penalties(root: Path, assignment: str, student: str, notebooks: list[str]) -> None:
+def _late_penalties(settings: Settings, assignment: str, student: str, notebooks: list[str]) -> None:
     """nbgrader's ``AssignLatePenalties`` with the course's config, on the gradebook here (it knows the due dates)."""
     import nbformat
     from nbgrader.preprocessors import AssignLatePenalties
 
     quiet = logging.getLogger("autograder.cluster")  # "N seconds late" is the gradebook's to tell, not the progress bar's
     quiet.setLevel(logging.ERROR)
-    penalties = AssignLatePenalties(config=settings.course_config(root), log=quiet)
+    penalties = settings.make(AssignLatePenalties, log=quiet)
     for name in notebooks:
-        resources = {"nbgrader": {"assignment": assignment, "student": student, "notebook": name, "db_url": db_url(root)}}
+        resources = {"nbgrader": {"assignment": assignment, "student": student, "notebook": name,
+                                  "db_url": db_url(settings)}}
         penalties.preprocess(nbformat.v4.new_notebook(), resources)
 
 
@@ -304,16 +310,16 @@ class ClusterRunner(Runner):
     """Grades on the workers of the Dask scheduler at ``address`` (see the module doc).
 
     Connecting ships the course (:func:`build_archive`) and checks that the workers can make a
-    sandbox; raises :class:`SandboxUnavailable` where one cannot and ``options.sandbox`` is True,
+    sandbox; raises :class:`SandboxUnavailable` where one cannot and ``Grading.sandbox`` is True,
     RuntimeError where no worker joins in :data:`WAIT_FOR_WORKERS` seconds.
     """
 
-    def __init__(self, address: str, names: list[str], root: Path, options: Options) -> None:
+    def __init__(self, address: str, names: list[str], settings: Settings) -> None:
         from distributed import Client
         from distributed.diagnostics.plugin import UploadFile
 
         super().__init__()
-        archive = build_archive(names, root)
+        archive = build_archive(names, settings.root)
         self.course = archive.name.removesuffix(".zip")
         self.client = Client(address, timeout="60s", set_as_default=False)
         self._writing = threading.Lock()
@@ -324,9 +330,9 @@ class ClusterRunner(Runner):
             except TimeoutError:
                 raise RuntimeError(f"no worker joined the Dask scheduler at {address} in {WAIT_FOR_WORKERS} s: start "
                                    "workers (the manual: docs/scale.md)") from None
-            found = self.client.run(worker_sandbox)
+            found = self.client.run(worker_sandbox, bubblewrap(settings))
             without = sorted(w for w, (mode, _) in found.items() if mode == "limits only")
-            if options.sandbox and without:
+            if settings.value(Grading, "sandbox") and without:
                 raise SandboxUnavailable(
                     f"No sandbox can be made on the workers {', '.join(without)} ({found[without[0]][1]}), so they will "
                     "not run students' code: install bubblewrap on them, or, if you accept the risk, grade with "
@@ -336,14 +342,13 @@ class ClusterRunner(Runner):
             self.client.close()
             raise
 
-    def mode(self) -> str:
+    def mode(self, settings: Settings) -> str:
         return self._mode
 
-    def __call__(self, assignment: str, student: str, root: Path, staged: Path, options: Options,
-                 limit: float) -> str | None:
+    def __call__(self, assignment: str, student: str, settings: Settings, staged: Path, limit: float) -> str | None:
         folder = staged / student / assignment
         notebooks = sorted(p.stem for p in folder.glob("*.ipynb"))
-        future = self.client.submit(grade_staged, self.course, assignment, student, read_tree(folder), options, limit,
+        future = self.client.submit(grade_staged, self.course, assignment, student, read_tree(folder), settings, limit,
                                     key=f"autograde-{assignment}-{student}-{uuid.uuid4().hex[:8]}", pure=False)
         try:
             graded = future.result()  # raises what the task raised, or KilledWorker: grade_one says "could not be graded"
@@ -352,20 +357,20 @@ class ClusterRunner(Runner):
         if graded.error is not None:
             return graded.error
         with self._writing:  # one submission at a time: the single writer of the gradebook
-            record(root, assignment, student, graded, notebooks)
+            record(settings, assignment, student, graded, notebooks)
         return None
 
     def close(self) -> None:
         self.client.close()
 
 
-def autograde(address: str, names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
-              progress: bool = True, options: Options | None = None, students: list[str] | None = None) -> Summary:
+def autograde(address: str, names: list[str] | None = None, settings: Settings | None = None,
+              progress: bool = True, students: list[str] | None = None) -> Summary:
     """:func:`autograder.grading.grade.autograde` with nbgrader run on the workers of the scheduler at ``address``.
 
-    Raises :class:`SandboxUnavailable` where a worker cannot make a sandbox and ``options.sandbox`` is True.
+    Raises :class:`SandboxUnavailable` where a worker cannot make a sandbox and ``Grading.sandbox`` is True.
     """
-    options = (options or Options()).resolved(root)
-    jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
-    runner = ClusterRunner(address, sorted({a for a, _ in jobs}), root, options) if jobs else None
-    return grade_all(names, workers, root, progress, options, students, runner=runner)
+    settings = settings or Settings.load(ROOT)
+    jobs = [(a, s) for a, s in submissions(settings.root, names) if students is None or s in students]
+    runner = ClusterRunner(address, sorted({a for a, _ in jobs}), settings) if jobs else None
+    return grade_all(names, settings, progress, students, runner=runner)

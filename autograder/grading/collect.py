@@ -41,7 +41,7 @@ from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
 from traitlets import Integer, Unicode
 
 from ..course.repository import ROOT, nbgrader
-from ..course.settings import grading
+from ..course.settings import Grading, Settings
 from ..engine.notes import inert_text
 
 #: How a learning platform names the files of a "download all submissions" zip, as a regular
@@ -267,7 +267,7 @@ def collect_zip(assignment: str, archive: Path, pattern: str = LMS_PATTERN, root
         report = Path(work) / "skipped.json"
         done = nbgrader("zip_collect", assignment, "--force", "--log-level=WARN",
                         f"--ZipCollectApp.extractor_plugin={extractor}", f"--SafeExtractor.report={report}",
-                        f"--SafeExtractor.max_member_mb={grading(root).max_file_mb}",
+                        f"--SafeExtractor.max_member_mb={Settings.load(root).value(Grading, 'max_file_mb')}",
                         f"--ZipCollectApp.collector_plugin={collector}", f"--NewestCollector.report={report}",
                         f"--NewestCollector.extracted={root / 'downloaded' / assignment / 'extracted'}",
                         f"--FileNameCollectorPlugin.named_regexp={pattern}", root=root, check=False)

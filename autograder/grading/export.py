@@ -30,6 +30,7 @@ from typing import Any
 from nbgrader.plugins import CsvExportPlugin
 
 from ..course.repository import ROOT, assignments, nbgrader
+from ..course.settings import Settings
 
 CANVAS_FILE = "grades-canvas.csv"
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -145,7 +146,7 @@ def export(root: Path = ROOT, db_url: str | None = None) -> Export:
 
     from .grade import db_url as course_db_url
 
-    db_url = db_url or course_db_url(root)
+    db_url = db_url or course_db_url(Settings.load(root))
     done = nbgrader("export", "--to", str(root / "grades.csv"), f"--db={db_url}", "--log-level=WARN",
                     f"--exporter={SafeCsvExportPlugin.__module__}.{SafeCsvExportPlugin.__name__}", root=root, check=False)
     if done.returncode != 0:

@@ -48,8 +48,8 @@ from nbconvert.exporters.html import contextfilter
 from nbconvert.preprocessors.sanitize import SanitizeHTML
 from traitlets import default
 
-from ..course import settings
 from ..course.repository import ROOT, assignments
+from ..course.settings import Settings
 from ..engine import notes as grading_notes
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
@@ -309,12 +309,12 @@ def install_mathjax(feedback_dir: Path) -> Path:
     return target
 
 
-def make_exporter(root: Path, db_url: str) -> HTMLExporter:
-    """The exporter nbgrader's ``generate_feedback`` would use for the course at ``root``."""
+def make_exporter(course: Settings, db_url: str) -> HTMLExporter:
+    """The exporter nbgrader's ``generate_feedback`` would use for the course of ``course``."""
     from nbgrader.converters import GenerateFeedback
     from nbgrader.coursedir import CourseDirectory
 
-    config = settings.course_config(root)
+    config = course.config()
     config.CourseDirectory.db_url = db_url
     converter = GenerateFeedback(coursedir=CourseDirectory(config=config), config=config)
     exporter = converter.exporter_class(parent=converter, config=converter.config)
@@ -388,7 +388,8 @@ def feedback(names: list[str] | None = None, root: Path = ROOT, db_url: str | No
     """Write ``feedback/<student>/<assignment>/<notebook>.html`` for every graded submission of ``names``."""
     from .grade import db_url as course_db_url
 
-    db_url = db_url or course_db_url(root)
+    course = Settings.load(root)
+    db_url = db_url or course_db_url(course)
     run = FeedbackRun()
     exporter = None
     for assignment in names or assignments(root):
@@ -397,7 +398,7 @@ def feedback(names: list[str] | None = None, root: Path = ROOT, db_url: str | No
             run.without_submissions.append(assignment)
             continue
         if exporter is None:
-            exporter = make_exporter(root, db_url)
+            exporter = make_exporter(course, db_url)
             install_mathjax(root / "feedback")
         for folder in folders:
             try:

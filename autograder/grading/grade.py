@@ -46,8 +46,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..course import settings
 from ..course.repository import ROOT, assignments, nbgrader, tool_env
+from ..course.settings import Grading, Settings
 from ..engine import notes, sandbox, staging
 from ..engine.forkserver import ForkServer
 from ..engine.notes import Note, NoteKind, inert_text, safe_text
@@ -60,43 +60,33 @@ class SandboxUnavailable(RuntimeError):
     """No sandbox can be made on this machine, and the instructor did not accept grading without one."""
 
 
-def db_url(root: Path = ROOT) -> str:
-    """The gradebook URL: ``NBGRADER_DB_URL`` if set, else SQLite in the course with a busy timeout."""
-    busy = settings.grading(root).sqlite_busy_timeout
-    return os.environ.get("NBGRADER_DB_URL") or f"sqlite:///{root / 'gradebook.db'}?timeout={busy}"
+def db_url(settings: Settings) -> str:
+    """The gradebook URL of ``nbgrader_config.py`` (``NBGRADER_DB_URL`` there), a SQLite one with a busy timeout."""
+    from nbgrader.coursedir import CourseDirectory
+
+    url = settings.value(CourseDirectory, "db_url") or f"sqlite:///{settings.root / 'gradebook.db'}"
+    if url.startswith("sqlite:") and "?" not in url:
+        url += f"?timeout={settings.value(Grading, 'sqlite_busy_timeout')}"
+    return url
 
 
-@dataclass(frozen=True)
-class Options:
-    """What one grading run sets differently from the course's ``nbgrader_config.py`` (None: as it says)."""
+def bubblewrap(settings: Settings) -> bool:
+    """Whether ``settings`` run the student's code in bubblewrap where it can be made."""
+    from ..engine.kernel_manager import SandboxedKernelManager
 
-    cell_timeout: int | None = None  # seconds per cell (Execute.timeout)
-    notebook_timeout: int | None = None  # seconds per notebook, restarts included (ResilientExecute.notebook_timeout)
-    sandbox: bool | None = None  # False: run student code with the resource limits only (Grading.sandbox)
-
-    def resolved(self, root: Path = ROOT) -> Options:
-        """These options with every None replaced by the course's setting."""
-        from ..engine.execute import ResilientExecute
-
-        config = settings.course_config(root)
-        return Options(
-            cell_timeout=self.cell_timeout or settings.configured(config, ResilientExecute, "timeout"),
-            notebook_timeout=self.notebook_timeout or settings.configured(config, ResilientExecute, "notebook_timeout"),
-            sandbox=settings.configured(config, settings.Grading, "sandbox") if self.sandbox is None else self.sandbox,
-        )
+    return settings.value(SandboxedKernelManager, "bubblewrap")
 
 
-def protection(options: Options | None = None, mode: str | None = None) -> str:
+def protection(settings: Settings, mode: str) -> str:
     """Which protection grading runs student code under, in words (for the summary and the feedback).
 
-    ``mode`` is :func:`sandbox.mode` where the student's code runs (default: here).
+    ``mode`` is :func:`sandbox.mode` where the student's code runs.
     """
-    options = (options or Options()).resolved()
-    mode = mode or sandbox.mode()
+    sandboxed = settings.value(Grading, "sandbox")
     where = ("test cells run in the grader's process; the student's code, in a bubblewrap sandbox"
-             if options.sandbox and mode != "limits only" else
+             if sandboxed and mode != "limits only" else
              "test cells run in the grader's process; the student's code WITHOUT a sandbox (resource limits only)")
-    return f"{where} ({mode if options.sandbox else 'limits only'})"
+    return f"{where} ({mode if sandboxed else 'limits only'})"
 
 
 class Runner:
@@ -115,21 +105,21 @@ class Runner:
         self.run = run
 
     @classmethod
-    def start(cls, root: Path, forkserver: bool = True) -> Runner:
-        """A runner registered as a run of the course at ``root`` (:mod:`autograder.grading.runs`), with its fork server.
+    def start(cls, settings: Settings) -> Runner:
+        """A runner registered as a run of the course of ``settings`` (:mod:`autograder.grading.runs`), with its
+        fork server.
 
         A run stopped earlier is cleaned up first; :meth:`close` ends this one.
         """
-        run = runs.start(root)
-        return cls(fork_server(forkserver, env=run.environment(dict(os.environ))), run)
+        run = runs.start(settings.root)
+        return cls(fork_server(settings, env=run.environment(dict(os.environ))), run)
 
-    def mode(self) -> str:
-        """:func:`sandbox.mode` where this runner runs the student's code."""
-        return sandbox.mode()
+    def mode(self, settings: Settings) -> str:
+        """:func:`sandbox.mode` where this runner runs the student's code with ``settings``."""
+        return sandbox.mode(bubblewrap(settings))
 
-    def __call__(self, assignment: str, student: str, root: Path, staged: Path, options: Options,
-                 limit: float) -> str | None:
-        return run_nbgrader(assignment, student, root, staged, options, limit, self.server, self.run)
+    def __call__(self, assignment: str, student: str, settings: Settings, staged: Path, limit: float) -> str | None:
+        return run_nbgrader(assignment, student, settings, staged, limit, self.server, self.run)
 
     def close(self) -> None:
         try:
@@ -210,19 +200,20 @@ def _reason(output: str, code: int) -> str:
     return chosen[:300]
 
 
-def run_nbgrader(assignment: str, student: str, root: Path, staged: Path, options: Options, limit: float,
+def run_nbgrader(assignment: str, student: str, settings: Settings, staged: Path, limit: float,
                  server: ForkServer | None, run: runs.Run | None = None) -> str | None:
-    """``nbgrader autograde`` on the staged copy; None on success, else what went wrong.
+    """``nbgrader autograde`` on the staged copy, in the course of ``settings``; None on success, else what went wrong.
 
-    ``run``: the run it belongs to, whose mark and temporary folder its processes carry.
+    nbgrader reads the course's ``nbgrader_config.py`` as its own commands do; the run's overrides of it
+    (environment and flags, :meth:`Settings.argv`) are its arguments. ``run``: the run it belongs to,
+    whose mark and temporary folder its processes carry.
     """
+    root = settings.root
     args = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
-            f"--db={db_url(root)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
-            f"--ResilientExecute.notebook_timeout={options.notebook_timeout}", f"--Execute.timeout={options.cell_timeout}"]
+            f"--db={db_url(settings)}", "--log-level=WARN", f"--CourseDirectory.submitted_directory={staged}",
+            *settings.argv()]
     token = run.token() if run is not None else uuid.uuid4().hex
     env = run.environment(tool_env(), token) if run is not None else dict(tool_env(), **{RUN_VARIABLE: token})
-    if not options.sandbox:
-        env["AUTOGRADER_SANDBOX"] = "off"
     try:
         if server is not None and server.process.poll() is None:
             code, out, err = server.run(args[3:], root, env, limit, staged)
@@ -247,19 +238,19 @@ def run_nbgrader(assignment: str, student: str, root: Path, staged: Path, option
     return _reason(err or out, code)
 
 
-def _record_zero(root: Path, assignment: str, student: str) -> None:
+def _record_zero(settings: Settings, assignment: str, student: str) -> None:
     """Make sure the submission is in the gradebook, every grade nbgrader did not set being 0."""
     from nbgrader.api import Gradebook, MissingEntry
     from nbgrader.utils import parse_utc
 
-    stamp = root / "submitted" / student / assignment / "timestamp.txt"
+    stamp = settings.root / "submitted" / student / assignment / "timestamp.txt"
     timestamp = None
     if stamp.is_file() and not stamp.is_symlink():
         try:
             timestamp = parse_utc(stamp.read_text().strip())
         except Exception:  # noqa: BLE001 - an unreadable timestamp is no timestamp
             timestamp = None
-    with Gradebook(db_url(root)) as gb:
+    with Gradebook(db_url(settings)) as gb:
         try:
             gb.find_submission(assignment, student)
         except MissingEntry:
@@ -283,26 +274,29 @@ def _runtime_notes(outcome: SubmissionResult, root: Path, staged: list[str]) -> 
             outcome.notes += notes.runtime_notes(nbformat.read(path, as_version=4))
 
 
-def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options | None = None,
-              runner: Runner | None = None) -> SubmissionResult:
-    """Grade one submission (see the module doc); never raises, the outcome says what went wrong."""
-    options = (options or Options()).resolved(root)
-    course = settings.grading(root)
+def grade_one(assignment: str, student: str, settings: Settings, runner: Runner | None = None) -> SubmissionResult:
+    """Grade one submission of the course of ``settings`` (see the module doc); never raises, the outcome says what
+    went wrong."""
+    from ..engine.execute import ResilientExecute
+
+    root = settings.root
+    course = settings.make(Grading)
     runner = runner or Runner()
     started = time.monotonic()
-    outcome = SubmissionResult(assignment, student, notes=[Note(NoteKind.PROTECTION,
-                                                       f"How your code ran: {protection(options, runner.mode())}.")])
+    how = protection(settings, runner.mode(settings))
+    outcome = SubmissionResult(assignment, student, notes=[Note(NoteKind.PROTECTION, f"How your code ran: {how}.")])
     private = Path(tempfile.mkdtemp(prefix="autograder-staging-", dir=runner.run.folder if runner.run else None))
     try:
         staged = staging.stage(root, assignment, student, private, course)
         outcome.notes += staged.notes
         if staged.notebooks:
-            limit = options.notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
-            outcome.error = runner(assignment, student, root, private, options, limit)
+            notebook_timeout = settings.value(ResilientExecute, "notebook_timeout")
+            limit = notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
+            outcome.error = runner(assignment, student, settings, private, limit)
             if outcome.error is None:
                 _runtime_notes(outcome, root, staged.notebooks)
         else:
-            _record_zero(root, assignment, student)  # nothing to grade: the submission's own doing
+            _record_zero(settings, assignment, student)  # nothing to grade: the submission's own doing
     except Exception as error:  # noqa: BLE001 - one submission must never stop the class
         outcome.error = safe_text(f"{type(error).__name__}: {error}")[:300]
     finally:
@@ -318,7 +312,7 @@ def grade_one(assignment: str, student: str, root: Path = ROOT, options: Options
     return outcome
 
 
-def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[str]:
+def prepare_gradebook(jobs: list[tuple[str, str]], settings: Settings) -> list[str]:
     """Create the gradebook's schema, every assignment graded and every student, before parallel writers start.
 
     An assignment the gradebook does not know (a fresh clone: the gradebook is not committed)
@@ -331,8 +325,9 @@ def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[st
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
+    root = settings.root
     missing = []
-    with Gradebook(db_url(root)) as gb:
+    with Gradebook(db_url(settings)) as gb:
         for assignment in sorted({a for a, _ in jobs}):
             try:
                 gb.find_assignment(assignment)
@@ -344,39 +339,40 @@ def prepare_gradebook(jobs: list[tuple[str, str]], root: Path = ROOT) -> list[st
         if not (root / "source" / assignment / f"{assignment}.ipynb").is_file():
             raise FileNotFoundError(f"the gradebook has no assignment {assignment} and source/{assignment} does not "
                                     "exist: put the assignment's source there, then run make release")
-        done = nbgrader("generate_assignment", assignment, "--force", f"--db={db_url(root)}", "--log-level=ERROR",
+        done = nbgrader("generate_assignment", assignment, "--force", f"--db={db_url(settings)}", "--log-level=ERROR",
                         root=root, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"could not record {assignment} in the gradebook: {_reason(done.stderr, done.returncode)}")
     return missing
 
 
-def autograde(names: list[str] | None = None, workers: int | None = None, root: Path = ROOT,
-              progress: bool = True, options: Options | None = None, students: list[str] | None = None,
-              runner: Runner | None = None) -> Summary:
-    """Grade every submission of the named assignments (of ``students``, default all) with ``workers`` at once.
+def autograde(names: list[str] | None = None, settings: Settings | None = None, progress: bool = True,
+              students: list[str] | None = None, runner: Runner | None = None) -> Summary:
+    """Grade every submission of the named assignments (of ``students``, default all) with ``settings``
+    (default: :meth:`Settings.load` of this course), ``Grading.workers`` at once.
 
     ``runner``: where nbgrader runs (default: here, a :meth:`Runner.start`); it is closed at the end.
     :func:`autograder.grading.cluster.autograde` gives a Dask cluster's.
     Raises :class:`SandboxUnavailable` where no sandbox can be made here (``runner`` None) and
-    ``options.sandbox`` is True.
+    ``Grading.sandbox`` is True.
     """
-    options = (options or Options()).resolved(root)
-    course = settings.grading(root)
+    settings = settings or Settings.load(ROOT)
+    root = settings.root
+    course = settings.make(Grading)
     if runner is None:
-        require_sandbox(options)
+        require_sandbox(settings)
     jobs = [(a, s) for a, s in submissions(root, names) if students is None or s in students]
     start = time.monotonic()
     if runner is not None:
-        workers = workers or course.workers or len(jobs) or 1
+        workers = course.workers or len(jobs) or 1
     else:  # the fork server first, so that its imports overlap with preparing the gradebook
-        runner = Runner.start(root, course.forkserver) if jobs else Runner()
-        workers = workers or course.workers or os.cpu_count() or 1
-    summary = Summary(protection=protection(options, runner.mode()))
+        runner = Runner.start(settings) if jobs else Runner()
+        workers = course.workers or os.cpu_count() or 1
+    summary = Summary(protection=protection(settings, runner.mode(settings)))
     try:
         if jobs:
-            summary.recorded = prepare_gradebook(jobs, root)
-        _grade_all(jobs, workers, root, options, progress, summary, start, runner)
+            summary.recorded = prepare_gradebook(jobs, settings)
+        _grade_all(jobs, workers, settings, progress, summary, start, runner)
     finally:
         runner.close()
     summary.graded.sort()
@@ -385,31 +381,31 @@ def autograde(names: list[str] | None = None, workers: int | None = None, root: 
     return summary
 
 
-def require_sandbox(options: Options) -> None:
-    """Raise :class:`SandboxUnavailable` where no sandbox can be made here and ``options.sandbox`` (resolved) asks for one."""
-    if options.sandbox and sandbox.mode() == "limits only":
+def require_sandbox(settings: Settings) -> None:
+    """Raise :class:`SandboxUnavailable` where no sandbox can be made here and ``Grading.sandbox`` asks for one."""
+    if settings.value(Grading, "sandbox") and sandbox.mode(bubblewrap(settings)) == "limits only":
         raise SandboxUnavailable(
             "No sandbox can be made on this machine, so grading will not run students' code: it would run with your "
             "rights, able to read and change your files. Install bubblewrap (Debian/Ubuntu: sudo apt-get install "
             "bubblewrap; it needs Linux with user namespaces), or, if you accept the risk, grade with --no-sandbox "
-            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'})")
+            f"(make autograde NO_SANDBOX=1). ({sandbox.why_not(bubblewrap(settings))})")
 
 
-def fork_server(enabled: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
-    """A :class:`ForkServer` started in ``cwd`` with ``env`` (default: this process's); None where it is turned off
-    (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
-    if not enabled or settings.switched_off("AUTOGRADER_FORKSERVER"):
+def fork_server(settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
+    """A :class:`ForkServer` for a run with ``settings``, started in ``cwd`` with ``env`` (default: this process's);
+    None where it is turned off (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
+    if not settings.value(Grading, "forkserver"):
         return None
     try:
-        return ForkServer(cwd, env)
+        return ForkServer(settings, cwd, env)
     except OSError:
         return None
 
 
-def _grade_all(jobs: Sequence[tuple[str, str]], workers: int, root: Path, options: Options, progress: bool,
+def _grade_all(jobs: Sequence[tuple[str, str]], workers: int, settings: Settings, progress: bool,
                summary: Summary, start: float, runner: Runner) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(grade_one, a, s, root, options, runner): (a, s) for a, s in jobs}
+        futures = {pool.submit(grade_one, a, s, settings, runner): (a, s) for a, s in jobs}
         for future in as_completed(futures):
             assignment, student = futures[future]
             outcome = future.result()

@@ -53,6 +53,7 @@ import nbformat
 
 from .. import INSTRUCTOR_ONLY
 from ..course.repository import ROOT, assignments, distribution_files, nbgrader, pins
+from ..course.settings import Settings
 from ..engine import notes as grading_notes
 from ..engine import sandbox
 from . import grade
@@ -227,20 +228,24 @@ def prepare(root: Path, config: dict) -> tuple[Path, list[str]]:
     return course, lines
 
 
-def options(config: dict) -> grade.Options:
-    """The sandbox where one can be made; else the limits only, if the student's code then runs as another user.
+def settings(course: Path, config: dict) -> Settings:
+    """The private ``course``'s settings, read once for the run: one submission at a time, in the sandbox where one
+    can be made; else with the limits only, if the student's code then runs as another user.
 
     Raises :class:`~autograder.grading.grade.SandboxUnavailable` where the student's code would run
     with the grader's own rights (it could then change the checks, the gradebook and results.json).
     """
-    limit = int(config.get("notebook_timeout", NOTEBOOK_TIMEOUT))
-    if sandbox.mode() != "limits only":
-        return grade.Options(notebook_timeout=limit, sandbox=True)
-    if sandbox.sandbox_owner() is not None:
-        return grade.Options(notebook_timeout=limit, sandbox=False)
+    flags = {"Grading.workers": 1, "ResilientExecute.notebook_timeout": int(config.get("notebook_timeout",
+                                                                                      NOTEBOOK_TIMEOUT))}
+    made = Settings.load(course, flags)
+    wanted = grade.bubblewrap(made)
+    if sandbox.mode(wanted) != "limits only":
+        return made
+    if sandbox.sandbox_owner(wanted) is not None:
+        return Settings.load(course, {**flags, "Grading.sandbox": False})
     raise grade.SandboxUnavailable(
         "No sandbox can be made here and the student's code would run as the grader's own user "
-        f"({sandbox.why_not() or 'AUTOGRADER_SANDBOX is off'}); run the autograder as root, or install bubblewrap.")
+        f"({sandbox.why_not(wanted)}); run the autograder as root, or install bubblewrap.")
 
 
 def cell_output(cell: nbformat.NotebookNode) -> str:
@@ -257,15 +262,16 @@ def cell_output(cell: nbformat.NotebookNode) -> str:
     return grading_notes.inert_text(text, lines=True)
 
 
-def results(course: Path, config: dict, seconds: float, protection: str, extra: list[str] | None = None) -> dict:
+def results(private: Settings, config: dict, seconds: float, protection: str, extra: list[str] | None = None) -> dict:
     """results.json in Gradescope's format, from the gradebook and the graded notebooks of the private course."""
     from nbgrader.api import Gradebook
 
+    course = private.root
     assignment = config["assignment"]
     visibility = config.get("hidden_visibility", HIDDEN_VISIBILITY)
     folder = course / "autograded" / STUDENT / assignment
     tests = []
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(private)) as gb:
         for source_path in sorted((course / "source" / assignment).glob("*.ipynb")):
             name = source_path.stem
             scores = {g.name: g for g in gb.find_submission_notebook(assignment, name, STUDENT).grades}
@@ -357,13 +363,13 @@ def run(root: Path) -> int:
         config = json.loads((root / "source" / CONFIG).read_text())
         _protect(root)
         course, extra = prepare(root, config)
-        summary = grade.autograde([config["assignment"]], workers=1, root=course, progress=False,
-                                  options=options(config))
+        private = settings(course, config)
+        summary = grade.autograde([config["assignment"]], private, progress=False)
         print(summary)
         if summary.failed or not summary.graded:
             print("run_autograder: this submission could not be graded; no results.json was written (grade it again).")
             return 1
-        data = results(course, config, time.monotonic() - started, summary.protection, extra)
+        data = results(private, config, time.monotonic() - started, summary.protection, extra)
         path = write_results(results_folder, data)
         written = True
         print(f"{path}: {data['score']:g} points; graded in {course}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..course.repository import ROOT, assignments
+from ..course.settings import Settings
 from ..engine import notes as grading_notes
 from ..engine.judge import named_mistakes
 from .feedback import with_policy, write_text
@@ -127,7 +128,7 @@ def collect(names: list[str] | None = None, root: Path = ROOT, db_url: str | Non
     from .grade import db_url as course_db_url
 
     report = ClassReport()
-    with Gradebook(db_url or course_db_url(root)) as gb:
+    with Gradebook(db_url or course_db_url(Settings.load(root))) as gb:
         known = {a.name for a in gb.assignments}
         for name in names or assignments(root):
             submitted = sorted(p.parent.name for p in (root / "submitted").glob(f"*/{name}") if p.is_dir())

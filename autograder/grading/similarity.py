@@ -41,7 +41,7 @@ import nbformat
 import numpy as np
 
 from ..course.repository import ROOT, assignments
-from ..course.settings import Grading, grading
+from ..course.settings import Grading, Settings
 from ..engine.notes import NoteKind
 from ..engine.staging import release_notebooks, stage
 
@@ -269,7 +269,7 @@ def compare_exercise(exercise: Exercise, threshold: float = THRESHOLD, shown: in
 
 def compare_assignment(name: str, root: Path = ROOT, threshold: float = THRESHOLD, shown: int = SHOWN) -> Assignment:
     """Read every submission of ``name`` and compare its answers, exercise by exercise."""
-    settings = grading(root)
+    settings = Settings.load(root).make(Grading)
     released = released_answers(root, name)
     reference = reference_answers(root, name)
     result = Assignment(name, threshold=threshold)

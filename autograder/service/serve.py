@@ -35,8 +35,8 @@ from pathlib import Path
 
 import nbformat
 
-from ..course import settings
 from ..course.repository import ROOT, assignments
+from ..course.settings import CONFIG_FILE, GradingService, Settings
 from ..engine import notes
 from ..grading import feedback, grade
 from . import inbox, queue, release, visibility
@@ -77,19 +77,21 @@ class Service:
     """The grading service of the course at ``root``, watching ``exchange`` (default: the course's settings)."""
 
     def __init__(self, root: Path = ROOT, exchange: Path | None = None, course_id: str | None = None,
-                 options: grade.Options | None = None, runner: grade.Runner | None = None,
-                 now: Callable[[], datetime] | None = None, workers: int | None = None) -> None:
-        if not (root / settings.CONFIG_FILE).is_file() or not (root / "source").is_dir():
-            raise ValueError(f"{root} is not a course: it has no {settings.CONFIG_FILE} or no source/ folder")
-        config = settings.course_config(root)
+                 settings: Settings | None = None, runner: grade.Runner | None = None,
+                 now: Callable[[], datetime] | None = None) -> None:
+        """``settings``: the run's (default: :meth:`Settings.load` of ``root``); their ``GradingService.workers``
+        submissions are graded at once."""
+        if not (root / CONFIG_FILE).is_file() or not (root / "source").is_dir():
+            raise ValueError(f"{root} is not a course: it has no {CONFIG_FILE} or no source/ folder")
+        self.settings = settings or Settings.load(root)
+        config = self.settings.config()
         self.root = root
         self.exchange = Path(exchange or config.Exchange.get("root", "/srv/nbgrader/exchange"))
         self.course_id = course_id or config.CourseDirectory.get("course_id", "")
         if not self.course_id:
             raise ValueError("the course has no id: set c.CourseDirectory.course_id in nbgrader_config.py")
-        self.settings = settings.grading_service(root)
-        self.workers = workers or self.settings.workers or os.cpu_count() or 1
-        self.options = (options or grade.Options()).resolved(root)
+        self.service = self.settings.make(GradingService)  # the service's own settings
+        self.workers = self.service.workers or os.cpu_count() or 1
         self.now = now or (lambda: datetime.now(UTC))
         self.state = State(root / STATE_FILE)
         self.lock = threading.RLock()  # the state, and rendering (nbconvert's exporter is not thread-safe)
@@ -111,12 +113,12 @@ class Service:
         service stopped by ``SIGKILL`` left is cleaned up by the next run), its fork server started once."""
         with self.lock:  # two workers' first gradings must not start two
             if self._runner is None:
-                self._runner = grade.Runner.start(self.root, settings.grading(self.root).forkserver)
+                self._runner = grade.Runner.start(self.settings)
             return self._runner
 
     def serve(self, stop: threading.Event | None = None, idle_exit: bool = False) -> None:
         """Grade until ``stop`` is set (or, with ``idle_exit``, until nothing is left to grade now)."""
-        grade.require_sandbox(self.options)
+        grade.require_sandbox(self.settings)
         stop = stop or threading.Event()
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="grading") as pool:
             try:
@@ -125,11 +127,11 @@ class Service:
                     if idle_exit and not started and not self.running:
                         break
                     if self.running:
-                        done, _ = wait(list(self.running), timeout=self.settings.poll_seconds,
+                        done, _ = wait(list(self.running), timeout=self.service.poll_seconds,
                                        return_when=FIRST_COMPLETED)
                         self._finish(done)
                     else:
-                        stop.wait(self.settings.poll_seconds)
+                        stop.wait(self.service.poll_seconds)
             finally:
                 self._finish(wait(list(self.running)).done)
         if self._runner is not None:
@@ -146,7 +148,7 @@ class Service:
                     self._arrived(submission)
             busy = {(r.student, r.assignment) for r in self.running.values()}
             due = self.due_dates()
-            ready = queue.plan(self.state, now, self.settings.daily_quota, due, busy)
+            ready = queue.plan(self.state, now, self.service.daily_quota, due, busy)
             started = 0
             for record in ready:
                 if len(self.running) >= self.workers:
@@ -186,7 +188,7 @@ class Service:
         from nbgrader.api import Gradebook, MissingEntry
 
         try:
-            with Gradebook(grade.db_url(self.root)) as gb:
+            with Gradebook(grade.db_url(self.settings)) as gb:
                 for name in self.assignments:
                     try:
                         self._due[name] = _utc(gb.find_assignment(name).duedate)
@@ -211,8 +213,8 @@ class Service:
                 record.reason = submission.problem if submission else "its folder is no longer in the exchange"
             return
         inbox.collect(submission, self.root)
-        grade.prepare_gradebook([(record.assignment, record.student)], self.root)
-        outcome = grade.grade_one(record.assignment, record.student, self.root, self.options, self.runner())
+        grade.prepare_gradebook([(record.assignment, record.student)], self.settings)
+        outcome = grade.grade_one(record.assignment, record.student, self.settings, self.runner())
         if outcome.error is not None:
             with self.lock:
                 self._not_graded(record, outcome.error)
@@ -231,7 +233,7 @@ class Service:
 
     def _not_graded(self, record: Record, why: str) -> None:
         record.attempts += 1
-        if record.attempts <= self.settings.retries:
+        if record.attempts <= self.service.retries:
             record.status = Status.QUEUED
             record.reason = f"it could not be graded ({why}); it is graded again"
             self._release_message(record, TITLES[Status.FAILED], [
@@ -245,13 +247,13 @@ class Service:
         deadline = self._due.get(record.assignment)
         if record.final or (deadline is not None and self.now() >= deadline):
             return "messages"
-        return self.settings.hidden_before_due
+        return self.service.hidden_before_due
 
     def _graded_lines(self, record: Record) -> list[str]:
         if record.final:
             return [f"This is your final grade for {record.assignment}: your last submission before the due date "
                     f"(of {_when(record.arrived)}), graded with every check shown."]
-        quota = self.settings.daily_quota
+        quota = self.service.daily_quota
         used = self.state.graded_today(record.student, record.assignment, self.now().date())
         lines = [f"Official grading of your submission of {_when(record.arrived)}: {used} of your {quota} official "
                  f"gradings of {record.assignment} today (UTC) used, {max(quota - used, 0)} left."]
@@ -272,9 +274,9 @@ class Service:
                     nbformat.write(visibility.shown(notebook, mode), folder / path.name)
             notes.write_notes(folder, grading_notes)
             if self._exporter is None:
-                self._exporter = feedback.make_exporter(self.root, grade.db_url(self.root))
+                self._exporter = feedback.make_exporter(self.settings, grade.db_url(self.settings))
             run = feedback.FeedbackRun()
-            feedback.submission_pages(self._exporter, work, record.assignment, folder, grade.db_url(self.root), run)
+            feedback.submission_pages(self._exporter, work, record.assignment, folder, grade.db_url(self.settings), run)
             return {page.stem: page.read_text(encoding="utf-8") for page in run.pages}
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -40,17 +40,18 @@ def test_nothing_is_overwritten(tmp_path):
 GRADE = textwrap.dedent(f"""
     from pathlib import Path
     from nbgrader.api import Gradebook
+    from autograder.course.settings import Settings
     from autograder.grading import grade
-    from tests.course_copy import fill, grading_options, make_course, reference_answers, released, submit
+    from tests.course_copy import fill, grading_settings, make_course, reference_answers, released, submit
 
     Path("course").mkdir()
     course = make_course(Path("course").resolve(), ["{NAME}"])
     student = released(course, "{NAME}")
     submit(course, "{NAME}", "reference", fill(student, reference_answers("{NAME}")))
     submit(course, "{NAME}", "untouched", student)
-    summary = grade.autograde(["{NAME}"], workers=2, root=course, progress=False, options=grading_options())
+    summary = grade.autograde(["{NAME}"], grading_settings(course, {{"Grading.workers": 2}}), progress=False)
     assert not summary.failed, str(summary)
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         reference = gb.find_submission("{NAME}", "reference")
         assert reference.max_score == 3 and reference.score == 3, reference.score
         assert gb.find_submission("{NAME}", "untouched").score == 0

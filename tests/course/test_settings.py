@@ -11,11 +11,14 @@ from nbgrader.preprocessors import Execute
 from traitlets.utils.importstring import import_item
 
 from autograder.course import settings
-from autograder.engine import staging
+from autograder.engine import kernel_pool, sandbox, staging
 from autograder.engine.execute import ResilientExecute
+from autograder.engine.kernel_manager import SandboxedKernelManager
 from autograder.grading import grade
 
 from ..notebook_code import ROOT
+
+A = "01_soft_lookup"
 
 # The manual's settings page is settings.table, printed as the page is built (tests/course/test_docs.py reads the page).
 
@@ -35,20 +38,77 @@ def test_every_trait_of_the_course_has_help():
             assert trait.help.strip(), f"{cls.__name__}.{name} has no help text"
 
 
-def test_options_take_the_course_settings_and_override_them(tmp_path):
+def test_settings_are_the_file_then_the_environment_then_the_flags(tmp_path):
     shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
     with open(tmp_path / "nbgrader_config.py", "a") as config:
-        config.write("c.Execute.timeout = 120\nc.ResilientExecute.notebook_timeout = 900\nc.Grading.sandbox = False\n")
-    resolved = grade.Options().resolved(tmp_path)
-    assert (resolved.cell_timeout, resolved.notebook_timeout, resolved.sandbox) == (120, 900, False)
-    # a flag of one run wins over the file, and a resolved value is kept as it is
-    flagged = grade.Options(cell_timeout=30, sandbox=True).resolved(tmp_path)
-    assert (flagged.cell_timeout, flagged.notebook_timeout, flagged.sandbox) == (30, 900, True)
-    assert flagged.resolved(tmp_path) == flagged
+        config.write("c.Execute.timeout = 120\nc.ResilientExecute.notebook_timeout = 900\nc.Grading.sandbox = False\n"
+                     "c.SandboxedKernelManager.memory_mb = 2048\n")
+    course = settings.Settings.load(tmp_path, env={})
+    assert course.value(ResilientExecute, "timeout") == 120 and course.value(ResilientExecute, "notebook_timeout") == 900
+    assert course.value(settings.Grading, "sandbox") is False
+    # grading without a sandbox runs no kernel in bubblewrap either, and the kernel manager is told so
+    assert course.make(SandboxedKernelManager).limits == sandbox.Limits(memory_mb=2048, bubblewrap=False)
+    # the environment wins over the file, a flag over both
+    env = {"AUTOGRADER_MEMORY_MB": "1024", "AUTOGRADER_FORKSERVER": "off"}
+    flagged = settings.Settings.load(tmp_path, {"Execute.timeout": 30, "Grading.sandbox": True, "Grading.workers": None,
+                                                "SandboxedKernelManager.memory_mb": 512}, env=env)
+    assert flagged.value(ResilientExecute, "timeout") == 30 and flagged.value(settings.Grading, "sandbox") is True
+    assert flagged.value(settings.Grading, "forkserver") is False
+    assert flagged.make(SandboxedKernelManager).limits == sandbox.Limits(memory_mb=512)
+    assert flagged.value(settings.Grading, "workers") == settings.Grading().workers  # None: not set
     # without a course config: the traits' defaults, stated once, in the classes
-    bare = grade.Options().resolved(tmp_path / "nowhere")
-    assert bare.notebook_timeout == ResilientExecute.class_traits()["notebook_timeout"].default_value
-    assert bare.cell_timeout == Execute.class_traits()["timeout"].default_value
+    bare = settings.Settings.load(tmp_path / "nowhere", env={})
+    assert bare.value(ResilientExecute, "notebook_timeout") == ResilientExecute.class_traits()["notebook_timeout"].default_value
+    assert bare.value(ResilientExecute, "timeout") == Execute.class_traits()["timeout"].default_value
+
+
+def test_settings_are_frozen_and_cross_processes_whole(tmp_path):
+    """The fork server gets them as JSON, a Dask task pickled, an nbgrader process as its arguments: the same values."""
+    import dataclasses
+    import pickle
+
+    from nbgrader.apps.autogradeapp import AutogradeApp
+
+    course = settings.Settings.load(ROOT, {"Execute.timeout": 30, "Grading.cluster": "tcp://host:8786"},
+                                    env={"AUTOGRADER_MEMORY_MB": "1024", "AUTOGRADER_SANDBOX": "off"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        course.overrides = ()  # type: ignore[misc]
+    course.config().SandboxedKernelManager.memory_mb = 1  # a copy: the settings keep their value
+    assert course.make(SandboxedKernelManager).memory_mb == 1024
+    assert settings.Settings.from_json(course.to_json()) == course == pickle.loads(pickle.dumps(course))
+    app = AutogradeApp()
+    app.parse_command_line([A, *course.argv()])  # what an nbgrader process is started with
+    manager = SandboxedKernelManager(config=app.config)
+    assert manager.limits == sandbox.Limits(memory_mb=1024, bubblewrap=False)
+    assert Execute(config=app.config).timeout == 30
+    assert settings.Grading(config=app.config).cluster == "tcp://host:8786"
+    # a cluster worker's copy of the course keeps the run's overrides
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", copy / "nbgrader_config.py")
+    there = course.at(copy)
+    assert there.root == copy and there.overrides == course.overrides
+    assert there.value(ResilientExecute, "timeout") == 30
+
+
+def test_nothing_below_the_entry_point_reads_the_environment(monkeypatch):
+    """The environment is read once, into the run's settings: a variable set afterwards changes nothing."""
+    loaded_on = settings.Settings.load(ROOT, env={})
+    loaded_off = settings.Settings.load(ROOT, env={"AUTOGRADER_FORKSERVER": "0"})
+    monkeypatch.setenv("AUTOGRADER_FORKSERVER", "0")
+    monkeypatch.setenv("AUTOGRADER_MEMORY_MB", "64")
+    assert loaded_on.value(settings.Grading, "forkserver") and not loaded_off.value(settings.Grading, "forkserver")
+    assert grade.fork_server(loaded_off) is None
+    assert loaded_on.make(SandboxedKernelManager).limits.memory_mb == 4096
+
+
+@pytest.mark.parametrize("variable,raw,message", [
+    ("AUTOGRADER_MEMORY_MB", "4G", "AUTOGRADER_MEMORY_MB must be a whole number, not '4G'"),
+    ("AUTOGRADER_FORKSERVER", "maybe", "AUTOGRADER_FORKSERVER is a switch: set it to one of"),
+])
+def test_a_bad_environment_value_is_named(variable, raw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        settings.Settings.load(ROOT, env={variable: raw})
 
 
 def test_staging_limits_are_settings(tmp_path):
@@ -68,20 +128,32 @@ def test_staging_limits_are_settings(tmp_path):
 
 def test_the_table_names_where_each_setting_is_set():
     table = settings.table(ROOT)
-    for key, flag in {**settings.FLAGS, **settings.ENVIRONMENT}.items():
+    variables = {key: f"`{variable}`" for key, (variable, _) in settings.ENVIRONMENT.items()}
+    variables.update({key: f"`{variable}`" for key, variable in settings.READ_BY_THE_CONFIG_FILE.items()})
+    for key, where in [*settings.FLAGS.items(), *variables.items()]:
         row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
-        assert flag in row, (key, row)
+        assert where in row, (key, row)
     assert re.search(r"\| `ResilientExecute.notebook_timeout` \| 600 \|", table)
 
 
 @pytest.mark.parametrize("word", ["0", "off", "OFF", "no", "false", "None", " off "])
-def test_every_switch_is_turned_off_by_the_same_words(word, monkeypatch):
+def test_every_switch_is_turned_off_by_the_same_words(word):
     """AUTOGRADER_SANDBOX, AUTOGRADER_FORKSERVER and AUTOGRADER_KERNEL_POOL: one vocabulary for "off"."""
-    from autograder.engine import kernel_pool, sandbox
+    switches = {key: variable for key, (variable, kind) in settings.ENVIRONMENT.items() if kind is bool}
+    assert sorted(switches.values()) == ["AUTOGRADER_FORKSERVER", "AUTOGRADER_KERNEL_POOL", "AUTOGRADER_SANDBOX"]
+    course = settings.Settings.load(ROOT, env=dict.fromkeys(switches.values(), word))
+    for key in switches:
+        section, name = key.split(".")
+        assert course.config()[section][name] is False, key
+    bubblewrap = grade.bubblewrap(course)
+    assert sandbox.mode(bubblewrap) == "limits only" and "turned off" in sandbox.why_not(bubblewrap)
+    assert grade.fork_server(course) is None
+    assert not kernel_pool.wanted(course.make(kernel_pool.KernelPool), bubblewrap)
 
-    for variable in ("AUTOGRADER_SANDBOX", "AUTOGRADER_FORKSERVER", "AUTOGRADER_KERNEL_POOL"):
-        monkeypatch.setenv(variable, word)
-    assert sandbox.mode() == "limits only" and sandbox.why_not() == "AUTOGRADER_SANDBOX is off"
-    assert grade.fork_server(True) is None
-    assert not kernel_pool.wanted(kernel_pool.KernelPool(), {"AUTOGRADER_KERNEL_POOL": word})
-    assert settings.switched_off("AUTOGRADER_FORKSERVER") and not settings.switched_off("AUTOGRADER_UNSET_SWITCH")
+
+@pytest.mark.parametrize("word", ["1", "on", "Yes", "TRUE"])
+def test_every_switch_is_turned_on_by_the_same_words(word, tmp_path):
+    """A switch set on in the environment wins over a course file that turns it off."""
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.enabled = False\n")
+    assert settings.Settings.load(tmp_path, env={}).config().KernelPool.enabled is False
+    assert settings.Settings.load(tmp_path, env={"AUTOGRADER_KERNEL_POOL": word}).config().KernelPool.enabled is True

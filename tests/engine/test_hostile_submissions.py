@@ -23,6 +23,7 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
+from autograder.course.settings import Settings
 from autograder.engine import cgroup, sandbox
 from autograder.engine.kernel_manager import SandboxedKernelManager
 from autograder.engine.notes import NOTES_FILE
@@ -543,10 +544,11 @@ def grade_the_class(course: Path):
         notebook = build(rel, ref, course)
         if notebook is not None:
             submit(course, A, student, notebook)
-    options = grade.Options(cell_timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT)
-    summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
+    settings = Settings.load(course, {"Grading.workers": 2, "Execute.timeout": CELL_TIMEOUT,
+                                      "ResilientExecute.notebook_timeout": NOTEBOOK_TIMEOUT})
+    summary = grade.autograde([A], settings, progress=False)
     errors = feedback.feedback([A], root=course).broken
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         scores = {s: {g.name: g.score for g in gb.find_submission_notebook(A, A, s).grades} for s in CASES}
         totals = {s: (gb.find_submission(A, s).score, gb.find_submission(A, s).max_score) for s in CASES}
     return summary, errors, scores, totals
@@ -745,11 +747,10 @@ def test_a_kernel_starts_with_the_limits_only(tmp_path, monkeypatch):
     """--no-sandbox: the kernel starts and answers, as nobody where nobody can start this Python (a root grader)."""
     import asyncio
 
-    monkeypatch.setenv("AUTOGRADER_SANDBOX", "off")
     monkeypatch.chdir(tmp_path)
 
     async def uid_of_a_kernel() -> str:
-        km = SandboxedKernelManager(kernel_name="python3")
+        km = SandboxedKernelManager(kernel_name="python3", bubblewrap=False)
         await km.start_kernel(cwd=str(tmp_path))
         kc = km.client()
         kc.start_channels()

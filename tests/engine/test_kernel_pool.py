@@ -16,12 +16,13 @@ import pytest
 from traitlets.config import Config
 
 from autograder.course.repository import module_name, nbgrader, tool_env
+from autograder.course.settings import Settings
 from autograder.engine import kernel_pool, sandbox, zygote
 from autograder.engine.kernel_manager import SandboxedKernelManager
 from autograder.engine.notes import KERNEL_DIED
 from autograder.grading import grade
 
-from ..course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
+from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
 
 A = "01_soft_lookup"
 needs_bwrap = pytest.mark.skipif(sandbox.mode() == "limits only", reason="the pool runs only in the bubblewrap sandbox")
@@ -41,7 +42,7 @@ CRASH = "import os\nos._exit(3)"
 
 def export(course: Path, name: str) -> bytes:
     path = course / name
-    nbgrader("export", "--to", str(path), f"--db={grade.db_url(course)}", "--log-level=WARN", root=course)
+    nbgrader("export", "--to", str(path), f"--db={grade.db_url(Settings.load(course))}", "--log-level=WARN", root=course)
     return path.read_bytes()
 
 
@@ -66,8 +67,8 @@ def test_pooled_kernels_are_fresh_per_submission_and_grade_as_cold_ones(tmp_path
 
     runs = {}
     for pool in ("0", "1"):
-        monkeypatch.setenv(kernel_pool.SWITCH_VARIABLE, pool)
-        summary = grade.autograde([A], workers=1, root=course, progress=False, options=grading_options())
+        monkeypatch.setenv("AUTOGRADER_KERNEL_POOL", pool)
+        summary = grade.autograde([A], grading_settings(course, {"Grading.workers": 1}), progress=False)
         assert not summary.failed, str(summary)
         runs[pool] = export(course, f"grades-{pool}.csv")
         probes = {s: "".join(o.get("text", "") for o in graded(course, s).cells[0].outputs)
@@ -125,7 +126,7 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
     from autograder.engine.forkserver import ForkServer
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.max_idle = 4\n")
-    server = ForkServer()
+    server = ForkServer(Settings.load(tmp_path))
     try:
         code, _, _ = server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)
         assert code == 0
@@ -168,7 +169,7 @@ def test_the_zygote_can_be_switched_off(tmp_path):
     from autograder.engine.forkserver import ForkServer
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.KernelPool.zygote = False\n")
-    server = ForkServer()
+    server = ForkServer(Settings.load(tmp_path))
     try:
         assert server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)[0] == 0
         deadline = time.monotonic() + 60
@@ -181,20 +182,26 @@ def test_the_zygote_can_be_switched_off(tmp_path):
 
 
 def test_the_pool_is_off_when_switched_off_or_without_bubblewrap(monkeypatch):
-    pool = kernel_pool.KernelPool()
-    monkeypatch.setattr(kernel_pool, "mode", lambda: "bwrap")
-    assert kernel_pool.wanted(pool, {})
-    assert not kernel_pool.wanted(pool, {kernel_pool.SWITCH_VARIABLE: "0"})
-    assert not kernel_pool.wanted(pool, {"AUTOGRADER_SANDBOX": "off"})
-    assert not kernel_pool.wanted(kernel_pool.KernelPool(config=Config({"KernelPool": {"enabled": False}})), {})
-    monkeypatch.setattr(kernel_pool, "mode", lambda: "limits only")
-    assert not kernel_pool.wanted(pool, {})
+    from ..notebook_code import ROOT
+
+    def wanted(env: dict[str, str]) -> bool:  # as the fork server decides, from the run's settings
+        settings = Settings.load(ROOT, env=env)
+        return kernel_pool.wanted(settings.make(kernel_pool.KernelPool),
+                                  settings.value(SandboxedKernelManager, "bubblewrap"))
+
+    monkeypatch.setattr(kernel_pool, "mode", lambda bubblewrap: "bwrap" if bubblewrap else "limits only")
+    assert wanted({})
+    assert not wanted({"AUTOGRADER_KERNEL_POOL": "0"})
+    assert not wanted({"AUTOGRADER_SANDBOX": "off"})
+    assert not kernel_pool.wanted(kernel_pool.KernelPool(config=Config({"KernelPool": {"enabled": False}})), True)
+    monkeypatch.setattr(kernel_pool, "mode", lambda bubblewrap: "limits only")
+    assert not wanted({})
 
 
 def test_a_waiting_process_takes_only_requests_like_the_one_it_was_started_for(tmp_path):
     (r1, w1), (r2, w2) = os.pipe(), os.pipe()
     request = {"cwd": str(tmp_path), "env": {"A": "1", sandbox.RUN_VARIABLE: "run-1"}}
-    pool = kernel_pool.Pool()
+    pool = kernel_pool.Pool(kernel_pool.KernelPool(), enabled=True)
     pool.waiting.append(kernel_pool.Waiting(11, w1, kernel_pool.key(request)))
     other_run = dict(request, env={"A": "1", sandbox.RUN_VARIABLE: "run-2"})
     assert pool.take(other_run).pid == 11  # the run's own mark aside, the same environment
@@ -204,8 +211,8 @@ def test_a_waiting_process_takes_only_requests_like_the_one_it_was_started_for(t
     assert os.read(r2, 1) == b"", "the discarded process was not told to go"
     pool.gone(12)
     assert pool.discarded == set()
-    assert pool.missing(dict(request, env={}), running=3) == min(3, kernel_pool.KernelPool().size) * (
-        sandbox.mode() != "limits only")
+    assert pool.missing(running=3) == min(3, kernel_pool.KernelPool().size)
+    assert kernel_pool.Pool(kernel_pool.KernelPool(), enabled=False).missing(running=3) == 0
     os.close(r1)
     os.close(r2)
 
@@ -236,19 +243,22 @@ def test_a_kernel_started_ahead_is_told_its_arguments_then_its_stdin_closes():
 
 
 def test_the_limits_are_traits_and_the_environment_overrides_them(monkeypatch):
-    monkeypatch.delenv("AUTOGRADER_MEMORY_MB", raising=False)
-    km = SandboxedKernelManager(config=Config({"SandboxedKernelManager": {"memory_mb": 1000, "processes": 7}}))
+    """The traits set the limits; the environment overrides them where the run's settings are read, and only there."""
+    from ..notebook_code import ROOT
+
+    config = Config({"SandboxedKernelManager": {"memory_mb": 1000, "processes": 7}})
+    made = [SandboxedKernelManager(config=config)]
     try:
-        assert km.limits == sandbox.Limits(memory_mb=1000, processes=7)
+        assert made[0].limits == sandbox.Limits(memory_mb=1000, processes=7)
         monkeypatch.setenv("AUTOGRADER_MEMORY_MB", "2000")
-        assert km.limits == sandbox.Limits(memory_mb=2000, processes=7)
-        monkeypatch.setenv("AUTOGRADER_MEMORY_MB", "lots")
-        with pytest.raises(ValueError, match="AUTOGRADER_MEMORY_MB must be a whole number"):
-            km.limits  # noqa: B018
+        assert made[0].limits == sandbox.Limits(memory_mb=1000, processes=7)  # a manager reads no environment
+        made.append(Settings.load(ROOT).make(SandboxedKernelManager))
+        assert made[1].limits.memory_mb == 2000
     finally:
         import shutil
 
-        shutil.rmtree(km.private, ignore_errors=True)
+        for km in made:
+            shutil.rmtree(km.private, ignore_errors=True)
 
 
 def test_the_course_config_sets_the_limits_and_the_pool():
@@ -258,4 +268,4 @@ def test_the_course_config_sets_the_limits_and_the_pool():
 
     config = course_config(ROOT)
     assert set(config.SandboxedKernelManager) == set(sandbox.Limits.__dataclass_fields__)
-    assert kernel_pool.settings(ROOT).max_idle == config.KernelPool.max_idle
+    assert Settings.load(ROOT).make(kernel_pool.KernelPool).max_idle == config.KernelPool.max_idle

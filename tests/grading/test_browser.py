@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from autograder.course.bundle import TOP, write_bundle
+from autograder.course.settings import Settings
 from autograder.errors import CheckFailed
 from autograder.grading import feedback, grade
 
@@ -242,11 +243,11 @@ def graded_class(tmp_path):
         EXERCISE: mistake_source(no_scaling(), EXERCISE)})))
     submit(course, ASSIGNMENT, "untouched", student_version)
     try:
-        summary = grade.autograde([ASSIGNMENT], workers=2, root=course, progress=False)
+        summary = grade.autograde([ASSIGNMENT], Settings.load(course, {"Grading.workers": 2}), progress=False)
     except grade.SandboxUnavailable:
         # This machine cannot sandbox; these three submissions are the course's own code.
-        summary = grade.autograde([ASSIGNMENT], workers=2, root=course, progress=False,
-                                  options=grade.Options(sandbox=False))
+        summary = grade.autograde([ASSIGNMENT], Settings.load(course, {"Grading.workers": 2, "Grading.sandbox": False}),
+                                  progress=False)
     assert not summary.failed, str(summary)
     run = feedback.feedback([ASSIGNMENT], root=course)
     assert not run.broken, str(run)

@@ -21,10 +21,11 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.repository import module_name, nbgrader
+from autograder.course.settings import Settings
 from autograder.engine import sandbox
 from autograder.grading import grade
 
-from ..course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
+from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
 from ..notebook_code import ROOT
 
 distributed = pytest.importorskip("distributed", reason="the Dask tests need `distributed` (make setup installs it)")
@@ -74,7 +75,7 @@ def test_a_task_that_raises_is_not_graded_and_gets_no_score(tmp_path):
     submit(tmp_path, A, "kim", nbformat.read(ROOT / "notebooks" / f"{A}.ipynb", as_version=4))
     remote = _remote(OSError("No space left on device"))  # raised by the task on its worker
     # The worker has bubblewrap (mode "bwrap"), whatever this machine has: the note names the worker's protection.
-    outcome = grade.grade_one(A, "kim", tmp_path, grade.Options(sandbox=True), remote)
+    outcome = grade.grade_one(A, "kim", Settings.load(tmp_path, {"Grading.sandbox": True}), remote)
     assert outcome.error is not None and outcome.error == "OSError: No space left on device"
     (course, assignment, student, files, _, _), = remote.client.sent
     assert (assignment, student) == (A, "kim") and f"{A}.ipynb" in files  # the staged copy was what went
@@ -86,7 +87,7 @@ def test_a_task_that_raises_is_not_graded_and_gets_no_score(tmp_path):
 def test_a_worker_without_a_sandbox_refuses_to_grade(monkeypatch):
     monkeypatch.setenv("AUTOGRADER_SANDBOX", "off")
     with pytest.raises(grade.SandboxUnavailable, match="--no-sandbox"):
-        cluster.grade_staged("no-such-course", A, "kim", {}, grade.Options(sandbox=True), 10)
+        cluster.grade_staged("no-such-course", A, "kim", {}, Settings.load(ROOT, {"Grading.sandbox": True}), 10)
 
 
 def test_a_workers_copy_of_the_course_is_the_graders_alone(tmp_path, monkeypatch):
@@ -102,14 +103,15 @@ def test_a_workers_copy_of_the_course_is_the_graders_alone(tmp_path, monkeypatch
     (course / "courses" / A).chmod(0o755)
     seen = {}
 
-    def run(assignment, student, private, staged, options, limit, server):
+    def run(assignment, student, settings, staged, limit, server):
+        private = settings.root
         seen.update(mode=stat.S_IMODE(private.stat().st_mode), private=private)
         return "stopped before nbgrader"
 
     monkeypatch.setattr(cluster, "course_folder", lambda name: course)
     monkeypatch.setattr(cluster, "_WORKER", types.SimpleNamespace(using=lambda *args: contextlib.nullcontext()))
     monkeypatch.setattr(cluster, "run_nbgrader", run)
-    graded = cluster.grade_staged("c", A, "kim", {f"{A}.ipynb": b"{}"}, grade.Options(sandbox=False), 10)
+    graded = cluster.grade_staged("c", A, "kim", {f"{A}.ipynb": b"{}"}, Settings.load(tmp_path, {"Grading.sandbox": False}), 10)
     assert graded.error == "stopped before nbgrader"
     assert oct(seen["mode"]) == oct(0o700) and not seen["private"].exists()
 
@@ -135,7 +137,7 @@ def test_a_manual_score_asks_for_review_and_lateness_costs_as_nbgrader_does(tmp_
     shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
     with (tmp_path / "nbgrader_config.py").open("a") as config:
         config.write('\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
-    with Gradebook(grade.db_url(tmp_path)) as gb:
+    with Gradebook(grade.db_url(Settings.load(tmp_path))) as gb:
         gb.add_assignment("a", duedate=datetime(2029, 12, 31))  # only this gradebook knows it
         gb.add_notebook("n", "a")
         gb.add_notebook("missing", "a")
@@ -150,8 +152,8 @@ def test_a_manual_score_asks_for_review_and_lateness_costs_as_nbgrader_does(tmp_
     graded = cluster.Graded(files={"n.ipynb": b"{}"}, timestamp=datetime(2030, 1, 1),
                             grades=[("n", "g", 2.0, False), ("missing", "g", 0.0, False)],
                             comments=[("n", "s", "No response."), ("missing", "s", "not mine to set")])
-    cluster.record(tmp_path, "a", "kim", graded, ["n"])
-    with Gradebook(grade.db_url(tmp_path)) as gb:
+    cluster.record(Settings.load(tmp_path), "a", "kim", graded, ["n"])
+    with Gradebook(grade.db_url(Settings.load(tmp_path))) as gb:
         assert gb.find_submission("a", "kim").timestamp == datetime(2030, 1, 1)
         graded_cell, missing_cell = (gb.find_grade("g", n, "a", "kim") for n in ("n", "missing"))
         assert (graded_cell.auto_score, graded_cell.needs_manual_grade) == (2.0, True)  # graded again: review it
@@ -168,12 +170,13 @@ def test_a_worker_switches_course_only_between_tasks(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the switch sets it; the test puts it back
     worker, order = cluster._Worker(), []
     first, second = tmp_path / "course-1", tmp_path / "course-2"
+    no_server = Settings.load(tmp_path, {"Grading.forkserver": False})
 
     def other_course():
-        with worker.using(second, forkserver=False):
+        with worker.using(second, no_server):
             order.append(("second", os.environ["PYTHONPATH"].split(os.pathsep)[0]))
 
-    with worker.using(first, forkserver=False):
+    with worker.using(first, no_server):
         waiting = threading.Thread(target=other_course)
         waiting.start()
         time.sleep(0.5)
@@ -244,7 +247,7 @@ def _class(course: Path) -> None:
         (course / "submitted" / student / A / "timestamp.txt").write_text(stamp)
     with (course / "nbgrader_config.py").open("a") as config:
         config.write('\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_assignment(A, duedate=datetime(2030, 1, 1))
 
 
@@ -258,8 +261,9 @@ def _without_times(data: bytes) -> dict:
 
 def _graded(course: Path) -> dict:
     """What grading left: the export, every cell's score, and each submission's autograded files (notes included)."""
-    nbgrader("export", "--to", str(course / "grades.csv"), f"--db={grade.db_url(course)}", "--log-level=WARN", root=course)
-    with Gradebook(grade.db_url(course)) as gb:
+    url = grade.db_url(Settings.load(course))
+    nbgrader("export", "--to", str(course / "grades.csv"), f"--db={url}", "--log-level=WARN", root=course)
+    with Gradebook(url) as gb:
         cells = sorted((s.id, g.name, g.auto_score, g.needs_manual_grade) for s in gb.students
                        for g in gb.find_submission_notebook(A, A, s.id).grades)
     files = {p.relative_to(course / "autograded").as_posix(): _without_times(p.read_bytes()) if p.suffix == ".ipynb"
@@ -301,8 +305,8 @@ def test_a_cluster_grades_like_here_when_a_worker_dies(tmp_path, dask_cluster, m
         original(root, assignment, student, graded, notebooks)
 
     monkeypatch.setattr(cluster, "record", record_then_kill_a_busy_worker)
-    remote = cluster.autograde(address, [A], root=there, progress=False, options=grading_options())
-    local = grade.autograde([A], workers=2, root=here, progress=False, options=grading_options())
+    remote = cluster.autograde(address, [A], grading_settings(there), progress=False)
+    local = grade.autograde([A], grading_settings(here, {"Grading.workers": 2}), progress=False)
 
     assert killed, "no worker was grading when the first result came: nothing was lost"
     assert not remote.failed and not local.failed, (str(remote), str(local))
@@ -311,6 +315,6 @@ def test_a_cluster_grades_like_here_when_a_worker_dies(tmp_path, dask_cluster, m
     assert remote.protection == local.protection
     remote_files, local_files = _graded(there), _graded(here)
     assert remote_files == local_files, "\n".join(_difference(remote_files, local_files))
-    with Gradebook(grade.db_url(there)) as gb:
+    with Gradebook(grade.db_url(Settings.load(there))) as gb:
         late = gb.find_submission(A, "reference")
         assert late.score > 0 and late.late_submission_penalty == late.score  # graded for real, then the penalty

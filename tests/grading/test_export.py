@@ -7,6 +7,7 @@ import csv
 import pytest
 from nbgrader.api import Gradebook
 
+from autograder.course.settings import Settings
 from autograder.grading import export, grade
 
 from ..course_copy import make_course
@@ -18,7 +19,7 @@ ASSIGNMENT = "01_soft_lookup"
 
 def score(course, student: str, fraction: float) -> None:
     """Give ``student`` a submission scoring ``fraction`` of every grade's points."""
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_student(student, first_name=student.title(), last_name="Doe")
         gb.update_or_create_submission(ASSIGNMENT, student)
         for notebook in gb.find_submission(ASSIGNMENT, student).notebooks:
@@ -31,7 +32,7 @@ def test_grades_and_canvas_import(tmp_path):
     course = make_course(tmp_path, [ASSIGNMENT])
     score(course, "alice", 1.0)
     score(course, "bob", 0.5)
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_student("carol")  # no submission
         gb.update_or_create_assignment("02_scaling")  # released, nobody submitted
         maximum = gb.find_assignment(ASSIGNMENT).max_score
@@ -64,7 +65,7 @@ def test_grades_are_safe_to_open_in_a_spreadsheet(tmp_path):
     for student in HOSTILE_IDS:
         score(course, student, 1.0)
     score(course, "minus", 1.0)
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_student("minus", last_name="=cmd|' /C calc'!A0", first_name="-Ann")
         for notebook in gb.find_submission(ASSIGNMENT, "minus").notebooks:
             for g in notebook.grades:

@@ -18,6 +18,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import __main__ as cli
+from autograder.course.settings import Settings
 from autograder.engine.notes import Note, write_notes
 from autograder.grading import feedback, grade
 
@@ -59,7 +60,7 @@ def course(tmp_path_factory) -> Path:
 def graded(course: Path, student: str, notebook: nbformat.NotebookNode | bytes | None,
            notes: list[Note] | None = None) -> Path:
     """Put ``notebook`` where nbgrader leaves a graded notebook, with its submission in the gradebook."""
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_student(student)
         gb.update_or_create_submission(ASSIGNMENT, student)
     folder = course / "autograded" / student / ASSIGNMENT
@@ -170,11 +171,11 @@ def test_output_metadata_is_numbers_or_nothing(course):
 def test_the_sanitiser_is_what_stops_it(course):
     """Without SanitizeOutputs and the markdown cleaning, the same notebook's scripts are in the page."""
     graded(course, "hostile_unsafe", hostile_notebook(course))
-    exporter = feedback.make_exporter(course, grade.db_url(course))
+    exporter = feedback.make_exporter(course, grade.db_url(Settings.load(course)))
     exporter._preprocessors = [p for p in exporter._preprocessors if not isinstance(p, feedback.SanitizeOutputs)]
     plain = nbformat.reads(json.dumps(hostile_notebook(course)), as_version=4)
     resources = {"nbgrader": {"student": "hostile_unsafe", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT,
-                              "db_url": grade.db_url(course)}}
+                              "db_url": grade.db_url(Settings.load(course))}}
     unsafe_output, _ = feedback.HTMLExporter.from_notebook_node(exporter, plain, resources=resources)
     assert "window.pwned = 'javascript output'" in unsafe_output
     assert "onerror=" in unsafe_output and "html output" in unsafe_output

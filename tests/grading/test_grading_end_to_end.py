@@ -25,13 +25,14 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.repository import assignments
+from autograder.course.settings import Settings
 from autograder.grading import feedback, grade
 
 from ..course_copy import (
     catalogue,
     depends_on,
     fill,
-    grading_options,
+    grading_settings,
     make_course,
     mistake_source,
     mistake_submissions,
@@ -90,13 +91,13 @@ def submit_the_class(course) -> dict[tuple[str, str], dict]:
 def test_a_class_of_every_notebook(tmp_path):
     course = make_course(tmp_path, ASSIGNMENTS)
     expected = submit_the_class(course)
-    summary = grade.autograde(ASSIGNMENTS, workers=2, root=course, progress=False, options=grading_options())
+    summary = grade.autograde(ASSIGNMENTS, grading_settings(course, {"Grading.workers": 2}), progress=False)
     assert not summary.failed, str(summary)
     run = feedback.feedback(ASSIGNMENTS, root=course)
     assert not run.broken, run.broken
     problems: list[str] = []
 
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         for assignment in ASSIGNMENTS:
             ref = gb.find_submission(assignment, "reference")
             lost = [(g.name, g.score) for g in ref.notebooks[0].grades if g.score < g.max_score]

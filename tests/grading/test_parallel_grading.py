@@ -16,9 +16,10 @@ from nbgrader.api import Gradebook
 
 from autograder.course import settings
 from autograder.course.repository import module_name, nbgrader
+from autograder.course.settings import Settings
 from autograder.grading import collect, grade
 
-from ..course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
+from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
 from ..notebook_code import ROOT
 
 A = "01_soft_lookup"
@@ -27,13 +28,13 @@ A = "01_soft_lookup"
 def export(course, name: str) -> bytes:
     """``nbgrader export`` of the course's gradebook, as bytes."""
     path = course / name
-    nbgrader("export", "--to", str(path), f"--db={grade.db_url(course)}", "--log-level=WARN", root=course)
+    nbgrader("export", "--to", str(path), f"--db={grade.db_url(Settings.load(course))}", "--log-level=WARN", root=course)
     return path.read_bytes()
 
 
 def cell_grades(course) -> list[tuple[str, str, float | None]]:
     """Every (student, test cell, score) of the gradebook, sorted."""
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         return sorted(
             (student.id, g.name, g.score)
             for student in gb.students
@@ -54,7 +55,7 @@ def test_parallel_equals_serial_and_repeats(tmp_path):
 
     runs = []
     for workers in (1, 2):  # two gradings of the same class: serial, then parallel over it again
-        summary = grade.autograde([A], workers=workers, root=course, progress=False, options=grading_options())
+        summary = grade.autograde([A], grading_settings(course, {"Grading.workers": workers}), progress=False)
         assert not summary.failed, str(summary)
         assert len(summary.graded) == 5
         runs.append((export(course, f"grades-{len(runs)}.csv"), cell_grades(course)))
@@ -71,7 +72,7 @@ def test_sqlite_gradebook_waits_instead_of_failing(tmp_path):
     for busy in (settings.Grading().sqlite_busy_timeout, 7):  # the default, then the course's own setting
         if busy == 7:
             (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.Grading.sqlite_busy_timeout = 7\n")
-        engine = sqlalchemy.create_engine(grade.db_url(tmp_path))
+        engine = sqlalchemy.create_engine(grade.db_url(Settings.load(tmp_path)))
         with engine.connect() as connection:
             assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == busy * 1000
         engine.dispose()
@@ -90,7 +91,7 @@ def _write_submission(args) -> str:
 
 
 def test_many_writers_lose_no_row(tmp_path):
-    url = grade.db_url(tmp_path)
+    url = grade.db_url(Settings.load(tmp_path))
     with Gradebook(url) as gb:
         gb.add_assignment("a")
         gb.add_notebook("n", "a")
@@ -114,7 +115,7 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
     (tmp_path / "source" / A / f"{A}.ipynb").write_text("{}")
     running, peak, lock = [0], [0], threading.Lock()
 
-    def fake_grade_one(assignment, student, root, options, server):
+    def fake_grade_one(assignment, student, settings, server):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -124,9 +125,9 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
         return grade.SubmissionResult(assignment, student, error="it broke" if student == "c" else None)
 
     monkeypatch.setattr(grade, "grade_one", fake_grade_one)
-    monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, root: [])
+    monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, settings: [])
     monkeypatch.setattr(grade.os, "cpu_count", lambda: 2)
-    summary = grade.autograde([A], root=tmp_path, progress=True, options=grading_options())
+    summary = grade.autograde([A], grading_settings(tmp_path), progress=True)
     assert peak[0] == 2
     assert len(summary.graded) == 4 and summary.failed == [(A, "c", "it broke")]
     progress = capsys.readouterr().err
@@ -142,12 +143,12 @@ def test_grading_refuses_to_run_student_code_without_a_sandbox(tmp_path, monkeyp
     (tmp_path / "source" / A).mkdir(parents=True)
     monkeypatch.setenv("AUTOGRADER_SANDBOX", "off")
     graded = []
-    monkeypatch.setattr(grade, "grade_one", lambda a, s, root, options, server: graded.append(s) or grade.SubmissionResult(a, s))
-    monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, root: [])
+    monkeypatch.setattr(grade, "grade_one", lambda a, s, settings, server: graded.append(s) or grade.SubmissionResult(a, s))
+    monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, settings: [])
     with pytest.raises(grade.SandboxUnavailable, match="bubblewrap") as refused:
-        grade.autograde([A], root=tmp_path, progress=False)
+        grade.autograde([A], Settings.load(tmp_path), progress=False)
     assert "--no-sandbox" in str(refused.value) and graded == []
-    summary = grade.autograde([A], root=tmp_path, progress=False, options=grade.Options(sandbox=False))
+    summary = grade.autograde([A], Settings.load(tmp_path, {"Grading.sandbox": False}), progress=False)
     assert graded == ["s"] and "WITHOUT a sandbox" in summary.protection
 
 
@@ -155,13 +156,13 @@ def test_a_fresh_gradebook_records_the_assignment_it_grades(tmp_path):
     """A clone has no gradebook: grading records the assignment from source/ instead of failing for everyone."""
     shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
     shutil.copytree(ROOT / "source" / A, tmp_path / "source" / A)
-    recorded = grade.prepare_gradebook([(A, "s")], root=tmp_path)
+    recorded = grade.prepare_gradebook([(A, "s")], Settings.load(tmp_path))
     assert recorded == [A]
-    with Gradebook(grade.db_url(tmp_path)) as gb:
+    with Gradebook(grade.db_url(Settings.load(tmp_path))) as gb:
         assert [n.name for n in gb.find_assignment(A).notebooks] == [A]
-    assert grade.prepare_gradebook([(A, "s")], root=tmp_path) == []
+    assert grade.prepare_gradebook([(A, "s")], Settings.load(tmp_path)) == []
     with pytest.raises(FileNotFoundError, match="make release"):
-        grade.prepare_gradebook([("99_missing", "s")], root=tmp_path)
+        grade.prepare_gradebook([("99_missing", "s")], Settings.load(tmp_path))
 
 
 def test_an_lms_zip_lands_in_submitted(tmp_path):
@@ -191,7 +192,7 @@ def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):
     from autograder.course.repository import tool_env
     from autograder.engine.forkserver import ForkServer
 
-    server = ForkServer()
+    server = ForkServer(Settings.load(ROOT))
     try:
         code, out, err = server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)
         assert code == 0 and out.strip() == nbgrader("--version", root=tmp_path).stdout.strip()

@@ -21,9 +21,10 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.repository import module_name, nbgrader
+from autograder.course.settings import Settings
 from autograder.grading import grade
 
-from ..course_copy import fill, grading_options, make_course, mistake_source, reference_answers, released, submit
+from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
 
 #: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("postgres")
@@ -89,7 +90,7 @@ def _user_exists(name: str) -> bool:
 @pytest.mark.slow
 def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     monkeypatch.setenv("NBGRADER_DB_URL", postgres_url)
-    assert grade.db_url(tmp_path) == postgres_url
+    assert grade.db_url(Settings.load(tmp_path)) == postgres_url
     course = make_course(tmp_path, [A])  # generate_assignment records the assignment in PostgreSQL
     rel, ref = released(course, A), reference_answers(A)
     mistakes = importlib.import_module(f"autograder.hidden.{module_name(A)}").MISTAKES
@@ -103,7 +104,7 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     for student in ("late1", "late2", "late3"):
         submit(course, A, student, fill(rel, ref))
 
-    summary = grade.autograde([A], workers=2, root=course, progress=False, options=grading_options())
+    summary = grade.autograde([A], grading_settings(course, {"Grading.workers": 2}), progress=False)
     assert not summary.failed, str(summary)
     assert not (course / "gradebook.db").exists(), "grades went to SQLite, not PostgreSQL"
 

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
+from autograder.course.settings import Settings
 from autograder.diagnosis import by_id
 from autograder.engine.judge import mistakes_record
 from autograder.engine.notes import Note, write_notes
@@ -46,7 +47,7 @@ def graded(course, student: str, failing: dict[str, str | tuple]) -> None:
     folder.mkdir(parents=True)
     (folder / f"{ASSIGNMENT}.ipynb").write_text(json.dumps(notebook))
     write_notes(folder, [])
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         gb.update_or_create_student(student)
         gb.update_or_create_submission(ASSIGNMENT, student)
         for nb in gb.find_submission(ASSIGNMENT, student).notebooks:
@@ -71,7 +72,7 @@ def test_class_report(tmp_path):
     failed.mkdir(parents=True)
     write_notes(failed, [Note("failed", "This submission could not be graded (the kernel died).")])
     (course / "submitted" / "eve" / ASSIGNMENT).mkdir(parents=True)
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         cells = {c.name: c.max_score for nb in gb.find_assignment(ASSIGNMENT).notebooks for c in nb.grade_cells}
     sdpa_max = cells[f"test_{EXERCISE}"] + cells[f"test_{EXERCISE}_hidden"]
 

@@ -17,10 +17,11 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
+from autograder.course.settings import Grading, Settings
 from autograder.engine.sandbox import RUN_VARIABLE
 from autograder.grading import grade, runs
 
-from ..course_copy import fill, grading_options, make_course, reference_answers, released, submit
+from ..course_copy import fill, grading_settings, make_course, reference_answers, released, submit
 
 A = "01_soft_lookup"
 STUDENTS = ("ada", "bo", "cy")
@@ -29,9 +30,10 @@ STUDENTS = ("ada", "bo", "cy")
 DRIVER = textwrap.dedent("""
     import sys
     from pathlib import Path
+    from autograder.course.settings import Settings
     from autograder.grading import grade
-    grade.autograde([sys.argv[1]], workers=2, root=Path(sys.argv[2]), progress=False,
-                    options=grade.Options(sandbox={sandbox}))
+    grade.autograde([sys.argv[1]], Settings.load(Path(sys.argv[2]), {{"Grading.workers": 2, "Grading.sandbox": {sandbox}}}),
+                    progress=False)
 """)
 
 
@@ -48,7 +50,7 @@ def _marked(ident: str) -> list[psutil.Process]:
 
 
 def _full_marks(course: Path) -> dict[str, bool]:
-    with Gradebook(grade.db_url(course)) as gb:
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
         return {s: gb.find_submission(A, s).score == gb.find_submission(A, s).max_score > 0 for s in STUDENTS}
 
 
@@ -68,10 +70,10 @@ def test_a_run_killed_at_any_moment_is_cleaned_up_and_graded_again(tmp_path, mom
     rel, ref = released(course, A), reference_answers(A)
     for student in STUDENTS:
         submit(course, A, student, fill(rel, ref))
-    options = grading_options()
+    settings = grading_settings(course, {"Grading.workers": 2})
     registry = course / runs.REGISTRY
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(sandbox=options.sandbox), A, str(course)],
-                              cwd=course, start_new_session=True)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(sandbox=settings.value(Grading, "sandbox")), A,
+                               str(course)], cwd=course, start_new_session=True)
     try:
         def reached() -> bool:
             records = list(registry.glob("*")) if registry.is_dir() else []
@@ -92,7 +94,7 @@ def test_a_run_killed_at_any_moment_is_cleaned_up_and_graded_again(tmp_path, mom
             driver.kill()
 
     assert (registry / ident).exists(), "a stopped run leaves its record"
-    summary = grade.autograde([A], workers=2, root=course, progress=False, options=options)
+    summary = grade.autograde([A], settings, progress=False)
     assert not summary.failed and sorted(s for _, s in summary.graded) == list(STUDENTS), str(summary)
     assert _full_marks(course) == {s: True for s in STUDENTS}, "the grades are not an uninterrupted run's"
     assert not _marked(ident), [p.cmdline() for p in _marked(ident)]

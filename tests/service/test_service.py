@@ -19,12 +19,13 @@ import pytest
 from nbformat import v4
 from nbgrader.api import Gradebook, MissingEntry
 
+from autograder.course.settings import Settings
 from autograder.grading import grade
 from autograder.service import inbox, queue, visibility
 from autograder.service.serve import Service
 from autograder.service.state import Record, State, Status
 
-from ..course_copy import catalogue, fill, grading_options, make_course, mistake_source, reference_answers
+from ..course_copy import catalogue, fill, grading_settings, make_course, mistake_source, reference_answers
 from ..exchange_class import Student, release
 
 A = "01_soft_lookup"
@@ -187,7 +188,7 @@ def test_submissions_that_cannot_be_graded_are_refused_and_said_so(tmp_path, cou
     (inbound / f"carol+{A}+notatime+z").mkdir()
     (inbound / "dave+99_nothing+2026-03-02 09:00:00.000000 UTC+w").mkdir()
 
-    service = Service(root, exchange=exchange, options=grading_options())
+    service = Service(root, exchange=exchange, settings=grading_settings(root))
     service.serve(idle_exit=True)
     reasons = {r.student: r.reason for r in service.state.records.values()}
     assert all(r.status == Status.REFUSED for r in service.state.records.values()), reasons
@@ -245,14 +246,14 @@ def test_a_submission_that_could_not_be_graded_is_said_so_never_a_zero_and_grade
     root, exchange = _class(tmp_path, course)
     alice = Student("alice", tmp_path / "alice", exchange)
     alice.submit(A, fill(alice.fetch(A), _answers()))
-    service = Service(root, exchange=exchange, options=grading_options(), runner=Broken())
+    service = Service(root, exchange=exchange, settings=grading_settings(root), runner=Broken())
     service.serve(idle_exit=True)
     (rec,) = service.state.records.values()
-    assert rec.status == Status.FAILED and rec.attempts == service.settings.retries + 1
+    assert rec.status == Status.FAILED and rec.attempts == service.service.retries + 1
     (page,) = alice.fetch_feedback(A).values()
     assert "could not be graded" in page and "the disk was full" in page and "not your doing" in page
     assert "Score" not in page
-    with Gradebook(grade.db_url(root)) as gb, pytest.raises(MissingEntry):
+    with Gradebook(grade.db_url(Settings.load(root))) as gb, pytest.raises(MissingEntry):
         gb.find_submission(A, "alice")  # no score at all, not a 0
 
 
@@ -284,7 +285,7 @@ def test_a_class_graded_on_submit(tmp_path, course):
         return clock["now"] or datetime.now(UTC)
 
     def service():  # one at a time: the order of gradings is the queue's
-        return Service(root, exchange=exchange, options=grading_options(), now=now, workers=1)
+        return Service(root, exchange=exchange, settings=grading_settings(root, {"GradingService.workers": 1}), now=now)
 
     alice.submit(A, fill(released, _answers("no scaling")))
     first = service()
@@ -322,7 +323,7 @@ def test_a_class_graded_on_submit(tmp_path, course):
     assert _score(_latest(carol)) == (total, total)
 
     due = datetime.now(UTC) + timedelta(seconds=1)  # the due date passes: every last submission is final
-    with Gradebook(grade.db_url(root)) as gb:
+    with Gradebook(grade.db_url(Settings.load(root))) as gb:
         gb.update_or_create_assignment(A, duedate=due.replace(tzinfo=None))
     clock["now"] = due + timedelta(minutes=1)
     second.serve(idle_exit=True)
@@ -332,7 +333,7 @@ def test_a_class_graded_on_submit(tmp_path, course):
         r.arrived for r in second.state.records.values() if r.student == "alice"), "not alice's last submission"
     page = _latest(alice)
     assert "This is your final grade" in page and "no scaling" in page and _score(page)[0] < total
-    with Gradebook(grade.db_url(root)) as gb:
+    with Gradebook(grade.db_url(Settings.load(root))) as gb:
         assert gb.find_submission(A, "alice").score == _score(page)[0]
         assert gb.find_submission(A, "bob").score == total
     assert nbformat.read(root / "autograded" / "alice" / A / f"{A}.ipynb", as_version=4).cells

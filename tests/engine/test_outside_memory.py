@@ -16,16 +16,17 @@ import sys
 import time
 
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from autograder.engine import cgroup, sandbox
 from autograder.engine.execute import ResilientExecute
 from autograder.errors import CheckFailed
 from autograder.hidden import complexity, flash_backward
-from autograder.watches import MEMORY_RISE_BOUND
+from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, MEMORY_RISE_BOUND
 
 from ..course_copy import reference_answers
-from ..notebook_code import solution_namespace
+from ..notebook_code import nbgrader_meta, solution_namespace, source_notebook
 
 needs_group = pytest.mark.skipif("memory" not in cgroup.controllers(),
                                  reason="no memory control group can be made here (the grader is not root in one)")
@@ -243,3 +244,34 @@ def test_a_full_matrix_is_caught_from_outside_and_said_so(tmp_path):
     message = failure(outputs)
     assert message is not None and "measured by the grader from outside it" in message, outputs
     assert "tensors alive" not in message
+
+
+# -- the rule, in the exercise's text -----------------------------------------------------------------
+
+
+def section_text(assignment: str, exercise: str) -> str:
+    """The markdown of the section that holds ``exercise``'s answer cell, up to that cell."""
+    text: list[str] = []
+    for cell in source_notebook(assignment).cells:
+        if nbgrader_meta(cell).get("grade_id") == exercise:
+            return "\n".join(text)
+        if cell.cell_type == "markdown":
+            text = [cell.source] if cell.source.startswith("## ") else text + [cell.source]
+    raise AssertionError(f"no answer cell {exercise} in {assignment}")
+
+
+@pytest.mark.parametrize(("assignment", "exercise"), [("07_complexity", "flash_attention"),
+                                                      ("08_flash_backward", "flash_attention_forward"),
+                                                      ("08_flash_backward", "flash_attention_backward")])
+def test_the_exercise_states_the_measured_case_and_its_bound(assignment, exercise):
+    """A student can pass from the text alone: the shapes, the dtype, the block size, the bound, the matrix it is
+    measured against, and that the whole process is measured."""
+    text = section_text(assignment, exercise)
+    matrix_mib = MEMORY_CASE_N * MEMORY_CASE_N * torch.finfo(MEMORY_CASE_DTYPE).bits // 8 // 2**20
+    dtype = str(MEMORY_CASE_DTYPE).removeprefix("torch.")
+    stated = [f"$(1, {MEMORY_CASE_N}, {MEMORY_CASE_D})$ in {dtype}", f"`block_size={MEMORY_CASE_BLOCK}`",
+              f"at most {MEMORY_RISE_BOUND // 2**20} MiB while `{exercise}` runs",
+              f"${MEMORY_CASE_N} \\times {MEMORY_CASE_N}$ {dtype} matrix", f"is {matrix_mib} MiB",
+              "memory of your whole process", "from outside your kernel's process"]
+    missing = [s for s in stated if s not in text]
+    assert not missing, f"{assignment}, {exercise}: the text does not state {missing}"

@@ -721,7 +721,7 @@ def _check_long_rows(flash_attention) -> None:
     _check_value(value, args, False, "flash_attention")
 
 
-def _check_measured_memory(flash_attention) -> None:
+def measured_memory_check(flash_attention) -> None:
     """Config E: n = m = 4096 in float32; the memory may rise by at most MEMORY_RISE_BOUND while it runs.
 
     Measured from outside the kernel where grading has a control group, else by the watch. A call on a
@@ -876,7 +876,7 @@ def check_flash_attention(flash_attention) -> None:
     _check_keys_tiled(flash_attention)
     _check_peak(flash_attention)
     _check_long_rows(flash_attention)
-    _check_measured_memory(flash_attention)
+    measured_memory_check(flash_attention)
     print("flash_attention passes the hidden checks.")
 
 

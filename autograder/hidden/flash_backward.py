@@ -1178,7 +1178,7 @@ def _output_and_lse(Q, K, V, rows: int = 512) -> tuple[torch.Tensor, torch.Tenso
     return torch.cat(outputs, dim=-2), torch.cat(sums, dim=-1)
 
 
-def _check_measured_memory(fn, exercise: str) -> None:
+def measured_memory_check(fn, exercise: str) -> None:
     """n = m = 4096 in float32: the memory may rise by at most MEMORY_RISE_BOUND while ``fn`` runs.
 
     Measured from outside the kernel where grading has a control group, else by the watch. A call on
@@ -1271,7 +1271,7 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
     _check_tiled(flash_attention_forward, exercise, 20, 70)
     _check_peak(flash_attention_forward, exercise)
     _check_long_rows(flash_attention_forward, exercise, 32, 4096)
-    _check_measured_memory(flash_attention_forward, exercise)
+    measured_memory_check(flash_attention_forward, exercise)
     gen = generator(855)
     Q, K, V, _ = qkv(gen, (2,), 3, 5, 4, 2)
     for args, shapes, why in [((Q, K[..., :3], V, 2), "K (2, 5, 3)", "Q and K have different d_k (4 and 3)"),
@@ -1294,7 +1294,7 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     _check_peak(flash_attention_backward, exercise)
     _check_long_rows(flash_attention_backward, exercise, 32, 4096)
     _check_long_rows(flash_attention_backward, exercise, 4096, 32)
-    _check_measured_memory(flash_attention_backward, exercise)
+    measured_memory_check(flash_attention_backward, exercise)
     gen = generator(865)
     (Q, K, V, O, dO, lse, _), _ = _backward_args(*qkv(gen, (2,), 3, 5, 4, 2), 2, False)
     for args, shapes, why in [((Q, K, V, O, dO[..., :1], lse, 2), "dO (2, 3, 1)",

@@ -90,6 +90,37 @@ def flash_attention_backward(Q, K, V, O, dO, lse, block_size, is_causal=False):
     return (torch.stack(dQs).reshape(Q.shape), torch.stack(dKs).reshape(K.shape), torch.stack(dVs).reshape(V.shape))
 '''
 
+#: Right in another style: float64 inside, einsum, the output preallocated and filled block by block.
+ANOTHER_STYLE = '''
+def flash_attention(Q, K, V, block_size, is_causal=False):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)} do not fit")
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    n, m = Q.shape[-2], K.shape[-2]
+    Qd, Kd, Vd = Q.double() / math.sqrt(Q.shape[-1]), K.double(), V.double()
+    out = torch.empty(*Q.shape[:-1], V.shape[-1], dtype=torch.float64)
+    for q0 in range(0, n, block_size):
+        q = Qd[..., q0:q0 + block_size, :]
+        top = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+        total = torch.zeros(q.shape[:-1], dtype=torch.float64)
+        acc = torch.zeros(*q.shape[:-1], V.shape[-1], dtype=torch.float64)
+        for k0 in range(0, m, block_size):
+            s = torch.einsum("...id,...jd->...ij", q, Kd[..., k0:k0 + block_size, :])
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+                j = torch.arange(k0, k0 + s.shape[-1])
+                s = s.masked_fill(j > i, float("-inf"))
+            new = torch.maximum(top, s.amax(dim=-1))
+            alpha = torch.where(torch.isinf(new), torch.zeros_like(new), torch.exp(top - new))
+            p = torch.where(torch.isinf(new)[..., None], torch.zeros_like(s), torch.exp(s - new[..., None]))
+            total = alpha * total + p.sum(dim=-1)
+            acc = alpha[..., None] * acc + torch.einsum("...ij,...jd->...id", p, Vd[..., k0:k0 + block_size, :])
+            top = new
+        out[..., q0:q0 + block_size, :] = acc / total[..., None]
+    return out.to(Q.dtype)
+'''
+
 #: The n x m scores only on the large case, tiled elsewhere: caught by the watch too, where it is not blinded.
 FULL_MATRIX_WHEN_LARGE = '''
 def flash_attention(Q, K, V, block_size, is_causal=False):
@@ -232,6 +263,14 @@ def test_the_reference_passes_when_measured_from_outside(tmp_path, assignment, m
     outputs, seconds = graded_check(tmp_path, [reference_answers(assignment)[exercise]], module, exercise,
                                     sandboxed=True)
     print(f"{exercise}: the reference's hidden check, graded in {seconds:.1f} s")
+    assert failure(outputs) is None, outputs
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+def test_a_right_answer_in_another_style_passes_when_measured_from_outside(tmp_path):
+    outputs, _ = graded_check(tmp_path, [ANOTHER_STYLE], "complexity", "flash_attention", sandboxed=True)
     assert failure(outputs) is None, outputs
 
 

@@ -33,6 +33,7 @@ from nbformat.v4 import new_code_cell, new_output
 from autograder import INSTRUCTOR_ONLY
 from autograder.course import bundle
 from autograder.course.repository import module_name
+from autograder.course.settings import Settings
 from autograder.engine import notes as grading_notes
 from autograder.engine import sandbox
 from autograder.grading import gradescope
@@ -443,7 +444,7 @@ def test_hidden_visibility_is_configurable(graded):
     config = json.loads((root / "source" / gradescope.CONFIG).read_text())
     course = root / "grading"
     for visibility in ("hidden", "after_due_date"):
-        results = gradescope.results(course, dict(config, hidden_visibility=visibility), 1.0, "p")
+        results = gradescope.results(Settings.load(course), dict(config, hidden_visibility=visibility), 1.0, "p")
         assert schema_errors(results) == []
         assert {t["visibility"] for t in results["tests"] if t["name"].endswith("(hidden checks)")} == {visibility}
         assert {t["visibility"] for t in results["tests"] if t["name"].endswith("(visible checks)")} == {"visible"}
@@ -455,7 +456,7 @@ def test_a_note_cannot_pass_for_a_line_of_the_output(graded):
     root, _, _ = graded["reference"]
     config = json.loads((root / "source" / gradescope.CONFIG).read_text())
     forged = "Your notebook was in the folder x\x1b]0;t\x07\n- forged note\nProtection: none.\n\x1b[2J"
-    output = gradescope.results(root / "grading", config, 1.0, "p", [forged])["output"]
+    output = gradescope.results(Settings.load(root / "grading"), config, 1.0, "p", [forged])["output"]
     lines = output.split("\n")
     assert [line for line in lines if line.startswith("Protection:")] == ["Protection: p."], lines
     assert not [line for line in lines if line.startswith("- forged")], lines

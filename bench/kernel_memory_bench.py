@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder.engine import cgroup  # noqa: E402
 from autograder.engine.execute import ResilientExecute  # noqa: E402
+from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_N, MEMORY_RISE_BOUND  # noqa: E402
 from tests.course_copy import reference_answers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -54,6 +55,9 @@ def chunked_queries(Q, K, V, block_size, is_causal=False):
         scores = Q[..., q0:q0 + block_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
         outputs.append(torch.softmax(scores, dim=-1) @ V)
     return torch.cat(outputs, dim=-2)
+
+def in_float64(Q, K, V, block_size, is_causal=False):
+    return flash_attention(Q.double(), K.double(), V.double(), block_size, is_causal).to(Q.dtype)
 
 def scores_as_floats(Q, K, V, block_size, is_causal=False):
     d = Q.shape[-1]
@@ -85,8 +89,9 @@ warm_backward = (Q[:, :n // 4], K[:, :n // 4], V[:, :n // 4], O[:, :n // 4], dO[
 rows = []
 for exercise, name, fn, args, first in [
     ("flash_attention", "reference", flash_attention, forward_args, warm),
+    ("flash_attention", "reference, in float64 inside", in_float64, forward_args, warm),
     ("flash_attention", "the n x m scores and their softmax", naive_attention, forward_args, warm),
-    ("flash_attention", "queries chunked by 256 over all keys", chunked_queries, forward_args, warm),
+    ("flash_attention", "queries chunked by block_size over all keys", chunked_queries, forward_args, warm),
     ("flash_attention", "every score kept as a Python float", scores_as_floats, forward_args, warm),
     ("flash_attention_forward", "reference", flash_attention_forward, forward_args, warm),
     ("flash_attention_forward", "the n x m scores, softmax and logsumexp", naive_forward, forward_args, warm),
@@ -145,8 +150,10 @@ def main() -> None:
         raise SystemExit(f"the measuring cell failed: {graded.cells[-1].outputs}")
     result = json.loads(found[0].removeprefix("RESULT "))
     lines = ["# The rise of a grading kernel's memory, read from its control group",
-             "", "Q, K, V of shape (1, 4096, 8) in float32, block_size=256; one 4096 x 4096 float32 matrix is 64 MiB; "
-             f"the bound is 32 MiB. Each call {REPEATS} times, after a call on a quarter of the size.", "",
+             "", f"Q, K, V of shape (1, {MEMORY_CASE_N}, {MEMORY_CASE_D}) in float32, block_size={MEMORY_CASE_BLOCK}; "
+             f"one {MEMORY_CASE_N} x {MEMORY_CASE_N} float32 matrix is {MEMORY_CASE_N**2 * 4 // 2**20} MiB; the bound "
+             f"is {MEMORY_RISE_BOUND // 2**20} MiB. Each call {REPEATS} times, after a call on a quarter of the size.",
+             "",
              "| exercise | answer | rise (MiB) | call (s) |", "|---|---|---|---|"]
     for row in result["calls"]:
         rises = ", ".join(f"{r:.1f}" for r in row["rise_mib"])

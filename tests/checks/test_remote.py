@@ -329,3 +329,37 @@ def test_an_output_nested_too_deeply_is_kept_without_its_depth():
                              "parent_header": {"msg_id": "m"}, "content": content}, None, 0)
     assert len(outputs) == 1 and outputs[0].metadata == {}
     assert outputs[0].data == {"text/plain": "(an output nested too deeply to keep)"}
+
+
+def _modules_loaded_by(code: str) -> set[str]:
+    """The package's modules a fresh Python has loaded after ``code``."""
+    import subprocess
+    import sys
+
+    from ..notebook_code import ROOT
+
+    script = code + "\nimport sys\nprint(' '.join(m for m in sys.modules if m == 'autograder' or m.startswith('autograder.')))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stdout.split())
+
+
+#: The grader's side: what runs outside the student's kernel and judges it.
+GRADER_SIDE = ("autograder.remote", "autograder.engine", "autograder.grading", "autograder.service", "autograder.course",
+               "autograder.hidden", "autograder.__main__")
+
+
+def test_the_kernel_side_imports_nothing_of_the_graders_and_the_reverse():
+    """serve (what answers in the student's kernel) and the grader's side never import each other, so no code of
+    the grader's is loaded where the student's runs, and none of the kernel's is trusted where the grader's runs."""
+    kernel = _modules_loaded_by("import autograder.serve, autograder.student, autograder.watches")
+    assert "autograder.serve" in kernel
+    assert not {m for m in kernel if m.startswith(GRADER_SIDE)}, sorted(kernel)
+    grader = _modules_loaded_by(
+        "import pkgutil, autograder.hidden, autograder.engine\n"
+        "for package in (autograder.hidden, autograder.engine):\n"
+        "    for module in pkgutil.iter_modules(package.__path__):\n"
+        "        __import__(f'{package.__name__}.{module.name}')\n"
+        "import autograder.remote, autograder.grading.grade, autograder.grading.cluster, autograder.service.serve")
+    assert {"autograder.remote", "autograder.engine.judge", "autograder.hidden.complexity"} <= grader
+    assert "autograder.serve" not in grader

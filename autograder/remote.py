@@ -16,7 +16,9 @@ data, judged like any other answer.
 What this does not protect: what runs in the kernel is the student's. The guard against
 forbidden built-ins, the watches of probes and the thread check below all run there and can
 be fooled by code written to fool them; the grader adds a reading of the student's source
-for forbidden built-ins (:mod:`autograder.engine.source_check`) that the kernel cannot change.
+for forbidden built-ins (:mod:`autograder.engine.source_check`) that the kernel cannot change, and
+measures a call's memory from outside the kernel where the channel can
+(:meth:`Remote.measured_attempt`: the rise of the kernel's control group during the call).
 """
 
 from __future__ import annotations

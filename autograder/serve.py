@@ -10,7 +10,8 @@ boundary that grading's security rests on is a boundary in the code too.
 What this does not protect: everything here runs in the student's kernel, beside the student's
 code, which can replace it. Its answers are plain data, judged in the grader; what it measures about
 how an answer was computed (the guard, the probes' watches) helps honest students and is backed by
-the grader's reading of the source (:mod:`autograder.engine.source_check`).
+the grader's reading of the source (:mod:`autograder.engine.source_check`) and, for the memory of a
+call, by the grader's reading of the kernel's control group (:meth:`autograder.remote.Remote.measured_attempt`).
 """
 
 from __future__ import annotations

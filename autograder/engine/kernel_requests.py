@@ -40,8 +40,12 @@ class KernelRequests:
         return run_sync(self._async_request)(message)
 
     def measures_memory(self) -> bool:
-        """Whether the kernel has a control group whose memory peak :meth:`measured_request` can read."""
-        return cgroup.memory_folder(getattr(self.km, "group", None)) is not None
+        """Whether the kernel has a control group whose memory peak :meth:`measured_request` can reset and read."""
+        meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
+        if meter is None:
+            return False
+        meter.close()
+        return True
 
     def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
         """One request, and how many bytes the kernel's memory rose above its start while it ran.

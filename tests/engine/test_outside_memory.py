@@ -23,6 +23,8 @@ from autograder.engine import cgroup, sandbox
 from autograder.engine.execute import ResilientExecute
 from autograder.errors import CheckFailed
 from autograder.hidden import complexity, flash_backward
+from autograder.remote import lookup
+from autograder.serve import LocalChannel
 from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, MEMORY_RISE_BOUND
 
 from ..course_copy import reference_answers
@@ -314,3 +316,37 @@ def test_the_exercise_states_the_measured_case_and_its_bound(assignment, exercis
               "memory of your whole process", "from outside your kernel's process"]
     missing = [s for s in stated if s not in text]
     assert not missing, f"{assignment}, {exercise}: the text does not state {missing}"
+
+
+# -- the figure a channel measures is the one the check judges (no kernel, no group needed) ----------
+
+
+class MeasuringChannel(LocalChannel):
+    """A channel to this process that reports a fixed rise for every measured request, as a kernel's group would."""
+
+    def __init__(self, namespace: dict, rise: int | None) -> None:
+        super().__init__(namespace)
+        self.rise, self.measured = rise, 0
+
+    def measures_memory(self) -> bool:
+        return True
+
+    def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
+        self.measured += 1
+        return self.request(message), self.rise
+
+
+@pytest.mark.parametrize("rise", [MEMORY_RISE_BOUND + 1, 2**30])
+def test_the_check_judges_the_rise_the_channel_measured(rise):
+    """The reference, which passes every watch, fails on a rise above the bound when that is what was measured."""
+    channel = MeasuringChannel({"flash_attention": solution_namespace("07_complexity").flash_attention}, rise)
+    with pytest.raises(CheckFailed, match="measured by the grader from outside it") as caught:
+        complexity.check_flash_attention(lookup(channel, "flash_attention")[1])
+    assert channel.measured == 1 and f"rose by {rise / 2**20:.0f} MiB" in str(caught.value)
+
+
+def test_a_rise_within_the_bound_passes_and_an_unreadable_one_falls_back_to_the_watch():
+    for rise in (MEMORY_RISE_BOUND, None):
+        channel = MeasuringChannel({"flash_attention": solution_namespace("07_complexity").flash_attention}, rise)
+        complexity.check_flash_attention(lookup(channel, "flash_attention")[1])
+        assert channel.measured == 1

@@ -4,9 +4,9 @@ Notebooks 07 and 08 bound the memory of their FlashAttention functions on n = m 
 can blind the in-kernel watch (it sees tensors only: scores kept as Python floats are invisible to
 it), but not the kernel's control group, which the grader reads (:mod:`autograder.engine.cgroup`).
 Each hostile answer here computes the right values and passes every watch; graded with a control
-group it fails the memory check, which says the memory was measured from outside; graded without
-one (no sandbox) it passes, which is the gap the manual states. Tests that need a control group skip
-where none can be made.
+group it fails the memory check, which says the memory was measured from outside; graded in a
+plain kernel, which has no group, it passes, which is the gap the manual states. Tests that need a
+control group skip where none can be made.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def test_a_watch_blinded_by_python_floats_is_caught_from_outside(tmp_path, assig
 @pytest.mark.slow
 @pytest.mark.parametrize(("assignment", "module", "exercise", "hostile"), HOSTILE)
 def test_without_a_group_the_same_answer_passes_the_watch(tmp_path, assignment, module, exercise, hostile):
-    """The gap the outside measurement closes: graded without a sandbox, the hostile answer passes every watch."""
+    """The gap the outside measurement closes: graded in a plain kernel (no group), the answer passes every watch."""
     outputs, _ = graded_check(tmp_path, [hostile], module, exercise, sandboxed=False)
     assert failure(outputs) is None, outputs
     assert any(f"{exercise} passes the hidden checks" in o.get("text", "") for o in outputs)

@@ -136,6 +136,11 @@ bench-hub: setup ## the grading service's time from Submit to feedback, for one 
 bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient
 	$(BIN)/python bench/grading_bench.py
 
+.PHONY: bench-memory
+bench-memory: setup ## memory seen from outside: a grading kernel's rise on 07/08's case (needs root), the grader's own on the hostile class
+	$(BIN)/python bench/kernel_memory_bench.py
+	$(BIN)/python bench/grader_memory_bench.py
+
 clean: ## remove the venv, caches and nbgrader's working folders
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv grades-canvas.csv report docs/_build docs/api
 	find . -name __pycache__ -prune -exec rm -rf {} +

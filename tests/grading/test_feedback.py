@@ -171,7 +171,7 @@ def test_output_metadata_is_numbers_or_nothing(course):
 def test_the_sanitiser_is_what_stops_it(course):
     """Without SanitizeOutputs and the markdown cleaning, the same notebook's scripts are in the page."""
     graded(course, "hostile_unsafe", hostile_notebook(course))
-    exporter = feedback.make_exporter(course, grade.db_url(Settings.load(course)))
+    exporter = feedback.make_exporter(Settings.load(course), grade.db_url(Settings.load(course)))
     exporter._preprocessors = [p for p in exporter._preprocessors if not isinstance(p, feedback.SanitizeOutputs)]
     plain = nbformat.reads(json.dumps(hostile_notebook(course)), as_version=4)
     resources = {"nbgrader": {"student": "hostile_unsafe", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT,

@@ -90,8 +90,8 @@ def _user_exists(name: str) -> bool:
 @pytest.mark.slow
 def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     monkeypatch.setenv("NBGRADER_DB_URL", postgres_url)
-    assert grade.db_url(Settings.load(tmp_path)) == postgres_url
     course = make_course(tmp_path, [A])  # generate_assignment records the assignment in PostgreSQL
+    assert grade.db_url(Settings.load(course)) == postgres_url  # nbgrader_config.py reads NBGRADER_DB_URL
     rel, ref = released(course, A), reference_answers(A)
     mistakes = importlib.import_module(f"autograder.hidden.{module_name(A)}").MISTAKES
     exercise = "scaled_dot_product_attention"

@@ -20,6 +20,15 @@ from ..notebook_code import ROOT
 
 A = "01_soft_lookup"
 
+
+def limits_of(config) -> sandbox.Limits:
+    """The limits of a kernel manager made with ``config``, as grading makes it (its private folder removed)."""
+    manager = SandboxedKernelManager(config=config)
+    try:
+        return manager.limits
+    finally:
+        shutil.rmtree(manager.private, ignore_errors=True)
+
 # The manual's settings page is settings.table, printed as the page is built (tests/course/test_docs.py reads the page).
 
 def test_autograde_steps_are_nbgraders_with_execute_swapped():
@@ -47,14 +56,14 @@ def test_settings_are_the_file_then_the_environment_then_the_flags(tmp_path):
     assert course.value(ResilientExecute, "timeout") == 120 and course.value(ResilientExecute, "notebook_timeout") == 900
     assert course.value(settings.Grading, "sandbox") is False
     # grading without a sandbox runs no kernel in bubblewrap either, and the kernel manager is told so
-    assert course.make(SandboxedKernelManager).limits == sandbox.Limits(memory_mb=2048, bubblewrap=False)
+    assert limits_of(course.config()) == sandbox.Limits(memory_mb=2048, bubblewrap=False)
     # the environment wins over the file, a flag over both
     env = {"AUTOGRADER_MEMORY_MB": "1024", "AUTOGRADER_FORKSERVER": "off"}
     flagged = settings.Settings.load(tmp_path, {"Execute.timeout": 30, "Grading.sandbox": True, "Grading.workers": None,
                                                 "SandboxedKernelManager.memory_mb": 512}, env=env)
     assert flagged.value(ResilientExecute, "timeout") == 30 and flagged.value(settings.Grading, "sandbox") is True
     assert flagged.value(settings.Grading, "forkserver") is False
-    assert flagged.make(SandboxedKernelManager).limits == sandbox.Limits(memory_mb=512)
+    assert limits_of(flagged.config()) == sandbox.Limits(memory_mb=512)
     assert flagged.value(settings.Grading, "workers") == settings.Grading().workers  # None: not set
     # without a course config: the traits' defaults, stated once, in the classes
     bare = settings.Settings.load(tmp_path / "nowhere", env={})
@@ -74,12 +83,11 @@ def test_settings_are_frozen_and_cross_processes_whole(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         course.overrides = ()  # type: ignore[misc]
     course.config().SandboxedKernelManager.memory_mb = 1  # a copy: the settings keep their value
-    assert course.make(SandboxedKernelManager).memory_mb == 1024
+    assert limits_of(course.config()).memory_mb == 1024
     assert settings.Settings.from_json(course.to_json()) == course == pickle.loads(pickle.dumps(course))
     app = AutogradeApp()
     app.parse_command_line([A, *course.argv()])  # what an nbgrader process is started with
-    manager = SandboxedKernelManager(config=app.config)
-    assert manager.limits == sandbox.Limits(memory_mb=1024, bubblewrap=False)
+    assert limits_of(app.config) == sandbox.Limits(memory_mb=1024, bubblewrap=False)
     assert Execute(config=app.config).timeout == 30
     assert settings.Grading(config=app.config).cluster == "tcp://host:8786"
     # a cluster worker's copy of the course keeps the run's overrides
@@ -99,7 +107,7 @@ def test_nothing_below_the_entry_point_reads_the_environment(monkeypatch):
     monkeypatch.setenv("AUTOGRADER_MEMORY_MB", "64")
     assert loaded_on.value(settings.Grading, "forkserver") and not loaded_off.value(settings.Grading, "forkserver")
     assert grade.fork_server(loaded_off) is None
-    assert loaded_on.make(SandboxedKernelManager).limits.memory_mb == 4096
+    assert limits_of(loaded_on.config()).memory_mb == 4096
 
 
 @pytest.mark.parametrize("variable,raw,message", [

@@ -280,6 +280,8 @@ def table(root: Path = ROOT) -> str:
             where = ["`nbgrader_config.py`"] + [w for w in (FLAGS.get(key), variable and f"`{variable}`") if w]
             value = configured(config, cls, name)
             shown = "(in the course folder)" if key in FOLDERS else _shown(value)
+            if trait.metadata.get("set_by"):  # a live object the grader hands down, never a person's setting
+                where, shown = [trait.metadata["set_by"]], "(while grading)"
             what = HELP.get(key) or _first_sentence(trait.help)
             if not what:
                 raise ValueError(f"{key} has no help text: give the trait one, or add it to settings.HELP")

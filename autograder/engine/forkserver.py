@@ -58,11 +58,14 @@ def _child(request: dict, prepared=None) -> None:
             os.dup2(handle, fd)
         sys.argv = ["nbgrader", *request["argv"]]
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        kernel_pool.offer(prepared)
-        from nbgrader.apps.nbgraderapp import main
+        from nbgrader.apps.nbgraderapp import NbGraderApp
+        from traitlets.config import Config
 
+        config = Config()
+        if prepared is not None:  # nbgrader's kernel manager adopts it
+            config.SandboxedKernelManager.started_ahead = prepared
         try:
-            main()
+            NbGraderApp.launch_instance(config=config)  # what nbgrader's main() does, with that configuration
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
@@ -72,7 +75,8 @@ def _child(request: dict, prepared=None) -> None:
         traceback.print_exc()
     finally:
         try:
-            kernel_pool.discard_unused()
+            if prepared is not None and not prepared.launched:
+                prepared.discard()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Bool, Integer
+from traitlets import Any, Bool, Integer
 
 from ..course.settings import Settings
 from . import cgroup, kernel_pool, provisioner
@@ -49,18 +49,27 @@ class SandboxedKernelManager(AsyncKernelManager):
                       "AUTOGRADER_SANDBOX=off overrides it (grading then refuses unless Grading.sandbox is False)."
                       ).tag(config=True)
 
+    started_ahead = Any(None, allow_none=True, help="The kernel started ahead for this submission by the fork "
+                        "server's pool (a running process, set by the fork server in the configuration of the "
+                        "nbgrader it runs, never in a file); the first manager made with it adopts it.").tag(
+                            config=True, set_by="the fork server")
+
     def __init__(self, **kwargs):
-        # a kernel started ahead for this process (the fork server's pool) lends its private folder
-        self._started_ahead = kernel_pool.take()
+        super().__init__(**kwargs)
+        # a kernel started ahead for this submission lends its private folder (nbgrader makes this manager deep
+        # inside its preprocessors: the configuration is the one way in)
+        self._started_ahead = self.started_ahead.take() if self.started_ahead is not None else None
         pooled = self._started_ahead
         #: The kernel's own folder: connection file, sockets, home, the copy of the submission.
         self.private = pooled.private if pooled else Path(tempfile.mkdtemp(prefix="autograder-kernel-"))
         #: Marks every process of this kernel's sandbox (:func:`autograder.engine.sandbox.kill_leftovers`).
         self.token = pooled.token if pooled else uuid.uuid4().hex
-        kwargs.setdefault("transport", "ipc")
-        kwargs.setdefault("ip", str(self.private / "kernel"))
-        kwargs.setdefault("connection_file", str(self.private / "kernel.json"))
-        super().__init__(**kwargs)
+        if "transport" not in kwargs:
+            self.transport = "ipc"
+        if "ip" not in kwargs:
+            self.ip = str(self.private / "kernel")
+        if "connection_file" not in kwargs:
+            self.connection_file = str(self.private / "kernel.json")
         #: The sandbox's control group (None until the first sandbox is made, or where none can be).
         self.group: cgroup.Group | None = pooled.group if pooled else None
 

@@ -3,11 +3,11 @@
 Starting a sandboxed kernel and importing PyTorch costs more than most notebooks' checks. The
 fork server (:mod:`autograder.engine.forkserver`) therefore keeps, for each submission being
 graded, a forked process that waits for the next grading request, having already started its
-own sandboxed kernel process (:meth:`SandboxedKernelManager.prestart
-<autograder.engine.kernel_manager.SandboxedKernelManager.prestart>`). That process imports
+own sandboxed kernel process (:func:`autograder.engine.kernel_manager.prestart`). That process imports
 ipykernel, PyTorch and matplotlib (:data:`PRELOAD`), nothing of any student, and then blocks
 until it is told to become a kernel. When a request comes, the waiting process runs nbgrader as
-a fresh one would; its kernel manager adopts the waiting kernel (:func:`take`): the submission's
+a fresh one would; its kernel manager adopts the waiting kernel (``SandboxedKernelManager.started_ahead``,
+set in that nbgrader's configuration): the submission's
 files are copied into the sandbox's input folder, and the kernel is told "go" (the connection
 file to use), copies them into its working folder and starts ipykernel.
 
@@ -126,6 +126,18 @@ class PreparedKernel:
         """Whether it can become ``kernel_cmd`` under ``limits`` (it is alive, and was started for them)."""
         return python_kernel(kernel_cmd) and limits == self.limits and self.process.poll() is None
 
+    def __deepcopy__(self, memo: dict) -> PreparedKernel:
+        # one running process: traitlets deep-copies configuration values, and a copy would be a second
+        # owner of the same kernel (``SandboxedKernelManager.started_ahead`` carries it in the configuration)
+        return self
+
+    def take(self) -> PreparedKernel | None:
+        """This kernel the first time it is asked for, None after (one kernel manager adopts it)."""
+        if self.taken:
+            return None
+        self.taken = True
+        return self
+
     def go(self, kernel_cmd: list[str]) -> None:
         """Tell it to become ``kernel_cmd`` (its arguments: the connection file)."""
         self.launched = True
@@ -149,32 +161,6 @@ class PreparedKernel:
         self.stop()
         cgroup.remove(self.group)
         shutil.rmtree(self.private, ignore_errors=True)
-
-
-# The kernel started ahead for this process. A module variable, because nbgrader makes the kernel
-# manager deep inside its preprocessors with no way to hand it an object: the fork server's child
-# offers the kernel here before it runs nbgrader, and the manager nbgrader makes takes it, once.
-_offered: PreparedKernel | None = None
-
-
-def offer(kernel: PreparedKernel | None) -> None:
-    """Make ``kernel`` the one the next :func:`take` in this process gets."""
-    global _offered
-    _offered = kernel
-
-
-def take() -> PreparedKernel | None:
-    """The kernel started ahead for this process, once (None when there is none, or it was taken)."""
-    if _offered is None or _offered.taken:
-        return None
-    _offered.taken = True
-    return _offered
-
-
-def discard_unused() -> None:
-    """Discard the kernel offered to this process if no kernel manager launched it."""
-    if _offered is not None and not _offered.launched:
-        _offered.discard()
 
 
 @dataclass

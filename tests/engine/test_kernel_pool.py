@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from traitlets.config import Config
 from autograder.course.repository import module_name, nbgrader, tool_env
 from autograder.course.settings import Settings
 from autograder.engine import kernel_pool, sandbox, zygote
+from autograder.engine.execute import ResilientExecute
 from autograder.engine.kernel_manager import SandboxedKernelManager
 from autograder.engine.notes import KERNEL_DIED
 from autograder.grading import grade
@@ -232,6 +235,31 @@ def test_a_kernel_started_ahead_is_adopted_only_for_its_command_and_limits():
         process.wait()
 
 
+def test_only_the_first_manager_of_its_submission_adopts_a_kernel_started_ahead(tmp_path):
+    """The kernel reaches nbgrader's kernel manager through the configuration, not copied, and only once."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    kernel = kernel_pool.PreparedKernel(process, tmp_path / "started-ahead", "token", None, sandbox.Limits(), 0.0)
+    # as the fork server's child passes it to nbgrader, whose application copies its configuration
+    app_config = copy.deepcopy(Config({"SandboxedKernelManager": {"started_ahead": kernel, "memory_mb": 1234}}))
+    made = []
+    try:
+        execute = ResilientExecute(config=app_config)
+        assert execute.kernel_manager_class is SandboxedKernelManager
+        made.append(execute.kernel_manager_class(config=execute.config))  # as nbclient makes it
+        assert (made[0].private, made[0].token) == (kernel.private, kernel.token)
+        assert made[0].take_started_ahead() is kernel
+        assert made[0].limits.memory_mb == 1234
+        made.append(SandboxedKernelManager(config=execute.config))  # a second manager of the same configuration
+        made.append(SandboxedKernelManager())
+        assert [km.private == kernel.private or km.token == kernel.token for km in made[1:]] == [False, False]
+        assert [km.take_started_ahead() for km in made[1:]] == [None, None]
+    finally:
+        process.kill()
+        process.wait()
+        for km in made[1:]:
+            shutil.rmtree(km.private, ignore_errors=True)
+
+
 def test_a_kernel_started_ahead_is_told_its_arguments_then_its_stdin_closes():
     reader = "import sys; print(sys.stdin.readline().strip()); print(repr(sys.stdin.read()))"
     process = subprocess.Popen([sys.executable, "-c", reader], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -255,8 +283,6 @@ def test_the_limits_are_traits_and_the_environment_overrides_them(monkeypatch):
         made.append(Settings.load(ROOT).make(SandboxedKernelManager))
         assert made[1].limits.memory_mb == 2000
     finally:
-        import shutil
-
         for km in made:
             shutil.rmtree(km.private, ignore_errors=True)
 

@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from traitlets.config import Config
 
 from autograder.engine import kernel_pool, zygote
 from autograder.engine.kernel_manager import SandboxedKernelManager, prestart
@@ -57,8 +58,7 @@ async def _run_in_pooled_kernel(prepared: kernel_pool.PreparedKernel, code: str,
 
     Code that ``ends`` the kernel gets no reply: then wait (at most a minute) for its sandbox to end.
     """
-    kernel_pool.offer(prepared)
-    manager = SandboxedKernelManager()
+    manager = SandboxedKernelManager(config=Config({"SandboxedKernelManager": {"started_ahead": prepared}}))
     assert (manager.private, manager.token) == (prepared.private, prepared.token)  # the manager took it
     await manager.start_kernel(cwd=cwd)
     client = manager.client()
@@ -159,8 +159,7 @@ async def _probes_across_a_restart(prepared: kernel_pool.PreparedKernel, cwd: st
 
     ``before_restart`` is called between the two (e.g. to take the zygote away).
     """
-    kernel_pool.offer(prepared)
-    manager = SandboxedKernelManager()
+    manager = SandboxedKernelManager(config=Config({"SandboxedKernelManager": {"started_ahead": prepared}}))
     await manager.start_kernel(cwd=cwd)
     assert isinstance(manager.provisioner, SandboxProvisioner)  # jupyter_client took it from the kernel spec
     probes = []

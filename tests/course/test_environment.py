@@ -58,20 +58,24 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path):
     assert len(workers) == 6 and len(set(workers)) == 1, workers
 
 
-def _png(gray: int) -> bytes:
-    """A 1 x 1 grey PNG."""
+def _png(gray: int, odd: int | None = None) -> bytes:
+    """A 40 x 40 grey PNG; ``odd``: the grey of its first pixel, if another."""
     import struct
     import zlib
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes([0, gray]))) + \
+    side = 40
+    rows = [bytes([0] + [gray] * side) for _ in range(side)]
+    if odd is not None:
+        rows[0] = bytes([0, odd] + [gray] * (side - 1))
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows))) + \
         chunk(b"IEND", b"")
 
 
-def _figure_notebook(shown: int, committed: int):
+def _figure_notebook(shown: bytes, committed: bytes):
     """A notebook whose cells share a name (one kernel), then show a PNG: ``committed`` is the one its output holds."""
     import base64
 
@@ -81,9 +85,9 @@ def _figure_notebook(shown: int, committed: int):
     cells += [nbformat.v4.new_code_cell("x += 1\nprint(x)", outputs=[nbformat.v4.new_output(
         "stream", name="stdout", text=f"{k}\n")]) for k in range(2, 8)]
     cells.append(nbformat.v4.new_code_cell(
-        f"from IPython.display import Image, display\ndisplay(Image(data={_png(shown)!r}))",
+        f"from IPython.display import Image, display\ndisplay(Image(data={shown!r}))",
         outputs=[nbformat.v4.new_output("display_data", data={
-            "image/png": base64.b64encode(_png(committed)).decode(), "text/plain": "<IPython.core.display.Image object>"})]))
+            "image/png": base64.b64encode(committed).decode(), "text/plain": "<IPython.core.display.Image object>"})]))
     for count, cell in enumerate(cells, 1):
         cell.execution_count = count
     return nbformat.v4.new_notebook(cells=cells)
@@ -91,15 +95,19 @@ def _figure_notebook(shown: int, committed: int):
 
 def test_nbval_compares_figures_and_keeps_a_notebook_on_one_worker(tmp_path):
     """make test runs the solutions with nbval in its own session (tests/nbval_figures.py): a notebook's cells must
-    share one kernel on one worker, and a figure that changed must fail (plain nbval skips images)."""
+    share one kernel on one worker, and a figure that changed must fail (plain nbval skips images), while one that
+    differs by another CPU's rounding passes."""
     import os
     import subprocess
     import sys
 
     import nbformat
 
-    nbformat.write(_figure_notebook(shown=10, committed=10), tmp_path / "same.ipynb")
-    nbformat.write(_figure_notebook(shown=10, committed=200), tmp_path / "changed.ipynb")
+    nbformat.write(_figure_notebook(shown=_png(10), committed=_png(10)), tmp_path / "same.ipynb")
+    # one pixel of 1600 one level off: another CPU's rounding, within the tolerance
+    nbformat.write(_figure_notebook(shown=_png(10, odd=11), committed=_png(10)), tmp_path / "rounding.ipynb")
+    nbformat.write(_figure_notebook(shown=_png(10, odd=200), committed=_png(10)), tmp_path / "spot.ipynb")
+    nbformat.write(_figure_notebook(shown=_png(10), committed=_png(200)), tmp_path / "changed.ipynb")
     (tmp_path / "conftest.py").write_text(
         "import pytest\nfrom tests import nbval_figures\n\n@pytest.hookimpl(tryfirst=True)\n"
         "def pytest_collection_modifyitems(items):\n    nbval_figures.prepare(items)\n")
@@ -107,9 +115,11 @@ def test_nbval_compares_figures_and_keeps_a_notebook_on_one_worker(tmp_path):
                           "--nbval", "-rf", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     failed = re.findall(r"^FAILED (.*?)(?:@| - |$)", run.stdout, re.M)
-    assert failed == ["changed.ipynb::Cell 7"], run.stdout[-3000:]
+    assert sorted(failed) == ["changed.ipynb::Cell 7", "spot.ipynb::Cell 7"], run.stdout[-3000:]
     assert "a PNG of" in run.stdout and "sha256" in run.stdout, run.stdout[-3000:]
-    assert "15 passed" in run.stdout, run.stdout[-3000:]
+    assert "1600 of 1600 pixels differ, by up to 190 levels" in run.stdout, run.stdout[-3000:]
+    assert "1 of 1600 pixels differ, by up to 190 levels" in run.stdout, run.stdout[-3000:]
+    assert "30 passed" in run.stdout, run.stdout[-3000:]
 
 
 def test_a_test_worker_runs_pytorch_on_one_thread():

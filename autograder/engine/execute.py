@@ -15,9 +15,11 @@ can be graded:
   restarted as above;
 - **the whole notebook** may take at most ``ResilientExecute.notebook_timeout`` seconds,
   restarts included; the cells left get an error output "not run";
-- **output** beyond ``ResilientExecute.max_output_bytes`` per cell is dropped (a note says so;
-  a dropped stderr stream still leaves a stderr note, so nbgrader's rule "a test cell that
-  writes to stderr scores zero" is unchanged).
+- **output** beyond ``ResilientExecute.max_output_bytes`` per cell, or beyond
+  ``ResilientExecute.max_notebook_output_bytes`` for the whole notebook (so that many cells each
+  writing just under a cell's share cannot grow the graded notebook, nor the grader's memory), is
+  dropped (a note says so; a dropped stderr stream still leaves a stderr note, so nbgrader's rule
+  "a test cell that writes to stderr scores zero" is unchanged).
 
 - **test cells** run in this process, not in the kernel (:mod:`autograder.engine.judge`):
   the checks call the student's functions in the kernel through proxies and judge what
@@ -98,6 +100,9 @@ class ResilientExecute(KernelRequests, Execute):
     notebook_timeout = Integer(600, help="Seconds the whole notebook may take, restarts included.").tag(config=True)
     max_restarts = Integer(8, help="Kernel restarts allowed per notebook.").tag(config=True)
     max_output_bytes = Integer(2**20, help="Output bytes kept per cell.").tag(config=True)
+    max_notebook_output_bytes = Integer(16 * 2**20, help="Output bytes kept for the whole notebook, every cell "
+                                        "together: past it, a cell keeps a note and its error (cut short) only."
+                                        ).tag(config=True)
     sandbox = Bool(True, help="Run the kernel in the sandbox of autograder.engine.sandbox.").tag(config=True)
     grader_memory_mb = Integer(4096, help="Private writable memory of the grading process itself in MB (RLIMIT_DATA, its soft "
                                "limit; 0: none): whatever a kernel answers, one submission's grading fails alone "
@@ -140,6 +145,7 @@ class ResilientExecute(KernelRequests, Execute):
         self._timed_out = False
         self._cell_limit: int | None = None
         self._output_bytes: dict[int, int] = {}
+        self._notebook_output_bytes = 0
         self._noted: dict[int, set[str]] = {}
         self._started_cells: set[int] = set()
         self._deadline = 0.0
@@ -250,18 +256,33 @@ class ResilientExecute(KernelRequests, Execute):
             if self._count(index, out):
                 kept.append(out)
             elif out.get("output_type") == "error":  # a failure always shows, cut to fit
-                kept.append(error_output(out.ename, out.evalue[: self.max_output_bytes // 4] + " [cut]"))
+                kept.append(error_output(out.ename, out.evalue[: self._error_room(index)] + " [cut]"))
             elif out.get("name", "stdout") not in cut:
                 cut.append(out.get("name", "stdout"))
-        return kept + [new_output("stream", name=n, text=self._cut_note(n)) for n in cut]
+        return kept + [new_output("stream", name=n, text=self._cut_note(n, index)) for n in cut]
 
     def _count(self, index: int, out) -> bool:
-        """Add ``out`` to the cell's output bytes; False when that goes over the budget."""
-        used = self._output_bytes.get(index, 0) + len(json.dumps(out, default=str))
+        """Add ``out`` to the cell's and the notebook's output bytes; False when either goes over its budget."""
+        size = len(json.dumps(out, default=str))
+        used = self._output_bytes.get(index, 0) + size
         self._output_bytes[index] = used
-        return used <= self.max_output_bytes
+        if used > self.max_output_bytes or self._notebook_output_bytes + size > self.max_notebook_output_bytes:
+            return False
+        self._notebook_output_bytes += size
+        return True
 
-    def _cut_note(self, stream: str) -> str:
+    def _over_notebook_budget(self, index: int) -> bool:
+        """Whether cell ``index`` lost output to the notebook's budget rather than to its own."""
+        return self._output_bytes.get(index, 0) <= self.max_output_bytes
+
+    def _error_room(self, index: int) -> int:
+        """Characters kept of an error's message past the budget: a quarter of a cell's, or a line once the
+        notebook's is spent (an error still shows: nbgrader scores the cell from it)."""
+        return 1000 if self._over_notebook_budget(index) else self.max_output_bytes // 4
+
+    def _cut_note(self, stream: str, index: int) -> str:
+        if self._over_notebook_budget(index):
+            return output_cut(self.max_notebook_output_bytes, stream, whole_notebook=True)
         return output_cut(self.max_output_bytes, stream)
 
     def forbidden_use(self, name: str, rules, exercise: str) -> str | None:
@@ -424,10 +445,10 @@ class ResilientExecute(KernelRequests, Execute):
             if not self._count(cell_index, content):
                 if msg_type == "error":  # the error still shows (nbgrader scores the cell from it), cut to fit
                     ename = str(content.get("ename", "Error"))[:100]
-                    outs.append(error_output(ename, str(content.get("evalue", ""))[: self.max_output_bytes // 4]))
+                    outs.append(error_output(ename, str(content.get("evalue", ""))[: self._error_room(cell_index)]))
                 stream = content.get("name", "stdout") if msg_type == "stream" else "stdout"
                 if stream not in self._noted.setdefault(cell_index, set()):
                     self._noted[cell_index].add(stream)
-                    outs.append(new_output("stream", name=stream, text=self._cut_note(stream)))
+                    outs.append(new_output("stream", name=stream, text=self._cut_note(stream, cell_index)))
                 return None
         return super().output(outs, msg, display_id, cell_index)

@@ -34,8 +34,12 @@ RUNTIME_ERRORS = {TIMEOUT, KERNEL_DIED, NOT_RUN}  # each is also a NoteKind
 OUTPUT_CUT = "[output cut:"
 
 
-def output_cut(limit: int, stream: str) -> str:
-    """The stream text that replaces what a cell wrote beyond ``limit`` bytes."""
+def output_cut(limit: int, stream: str, whole_notebook: bool = False) -> str:
+    """The stream text that replaces what a cell wrote beyond ``limit`` bytes (``whole_notebook``: beyond the
+    notebook's ``limit``, every cell together)."""
+    if whole_notebook:
+        return (f"\n{OUTPUT_CUT} the notebook's cells together wrote more than {limit} bytes; "
+                f"this cell's {stream} was not kept]\n")
     return f"\n{OUTPUT_CUT} this cell wrote more than {limit} bytes to {stream}]\n"
 
 

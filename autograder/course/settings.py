@@ -103,7 +103,7 @@ ENVIRONMENT: dict[str, tuple[str, type]] = {
     "KernelPool.enabled": ("AUTOGRADER_KERNEL_POOL", bool),
     "SandboxedKernelManager.bubblewrap": ("AUTOGRADER_SANDBOX", bool),
     **{f"SandboxedKernelManager.{name}": (f"AUTOGRADER_{name.upper()}", int)
-       for name in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "processes", "threads")},
+       for name in ("memory_mb", "cpu_seconds", "file_mb", "tmp_mb", "processes", "threads", "cpu_percent")},
 }
 #: Environment variables read by ``nbgrader_config.py`` (the course's file, for every nbgrader command).
 READ_BY_THE_CONFIG_FILE = {"CourseDirectory.db_url": "NBGRADER_DB_URL", "Exchange.root": "NBGRADER_EXCHANGE"}

@@ -1,11 +1,14 @@
-"""A control group for each sandbox: a cap on its processes and on its memory in all.
+"""A control group for each sandbox: a cap on its processes, its memory and its CPU in all.
 
 The resource limits of :mod:`autograder.engine.sandbox` are per process, and the cap on
 processes (``RLIMIT_NPROC``) counts the processes of a *user*: it does nothing when the
 sandboxed code is root outside its user namespace (a grader running as root whose Python
 installation the real ``nobody`` cannot read), so a fork bomb could slow the machine until
 the notebook's time was up. A control group counts the processes (``pids.max``) and the
-memory (``memory.limit_in_bytes`` / ``memory.max``) of one sandbox, whoever runs them.
+memory (``memory.limit_in_bytes`` / ``memory.max``) of one sandbox, whoever runs them, and caps their
+CPU together (``cpu.cfs_quota_us`` / ``cpu.max``): a sandbox that starts dozens of busy processes
+gets its share of the cores, and a classmate graded beside it keeps theirs. The cap is a quota per
+period, not a deadline: a throttled sandbox is slower, and its own cell limits are what stop it.
 
 Groups are made under the grader's own group of each hierarchy (cgroup v1, or v2 where the
 grader's group already delegates the controller) and need the right to write there, which
@@ -33,7 +36,10 @@ from pathlib import Path
 from typing import IO
 
 #: The controllers used, and the file that sets each one's limit in cgroup v1 and v2.
-LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
+LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max"),
+               "cpu": ("cpu.cfs_quota_us", "cpu.max")}
+#: The scheduler's period of a CPU quota, in microseconds (the kernel's default).
+CPU_PERIOD_US = 100_000
 PREFIX = "autograder-"
 
 _JOIN_SNIPPET = (
@@ -127,21 +133,35 @@ def controllers() -> tuple[str, ...]:
     return tuple(usable)
 
 
-def create(name: str, processes: int, memory_bytes: int) -> Group | None:
-    """A new group limited to ``processes`` tasks and ``memory_bytes`` (None when there are no controllers)."""
-    limits = {"pids": str(processes), "memory": str(memory_bytes)}
+def cpu_quota(cpu_percent: int, version: int) -> str | None:
+    """What the CPU controller's file takes for ``cpu_percent`` of one core (None: no cap)."""
+    if cpu_percent <= 0:
+        return None
+    quota = max(1000, CPU_PERIOD_US * cpu_percent // 100)  # the kernel refuses a quota under 1 ms
+    return str(quota) if version == 1 else f"{quota} {CPU_PERIOD_US}"
+
+
+def create(name: str, processes: int, memory_bytes: int, cpu_percent: int = 0) -> Group | None:
+    """A new group limited to ``processes`` tasks, ``memory_bytes`` and ``cpu_percent`` of one core (0: no CPU
+    cap); None when there are no controllers."""
     folders: list[Path] = []
     for controller in controllers():
         place = _parent(controller)
         if place is None:
             continue
         parent, version = place
+        limit = {"pids": str(processes), "memory": str(memory_bytes),
+                 "cpu": cpu_quota(cpu_percent, version)}[controller]
+        if limit is None:
+            continue
         folder = parent / f"{PREFIX}{name}"
         try:
             if folder not in folders:
                 folder.mkdir(exist_ok=True)
                 folders.append(folder)
-            (folder / LIMIT_FILES[controller][version - 1]).write_text(limits[controller])
+            if version == 1 and controller == "cpu":
+                (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (folder / LIMIT_FILES[controller][version - 1]).write_text(limit)
         except OSError:
             continue
     return Group(tuple(folders)) if folders else None

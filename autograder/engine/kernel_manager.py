@@ -44,6 +44,9 @@ class SandboxedKernelManager(AsyncKernelManager):
                                     "sandbox user is not root.")
     threads = _limit("threads", "OMP/MKL threads of the kernel: one gives the same results with any number of "
                                 "workers, and no oversubscription.")
+    cpu_percent = _limit("cpu_percent", "CPU of the sandbox's control group, every process in it together, in percent "
+                                        "of one core (0: no cap): a submission that starts busy processes slows only "
+                                        "itself, never a classmate graded beside it.")
     bubblewrap = Bool(True, help="Run each kernel in a bubblewrap sandbox where one can be made; False: with the "
                       "resource limits only (Grading.sandbox False sets it too). The environment variable "
                       "AUTOGRADER_SANDBOX=off overrides it (grading then refuses unless Grading.sandbox is False)."

@@ -73,6 +73,7 @@ class Limits:
     tmp_mb: int = 256  # size of the private /tmp, and of the working folder and of the home (each a tmpfs)
     processes: int = 256  # tasks of the sandbox's control group; RLIMIT_NPROC too when its user is not root
     threads: int = 1  # OMP/MKL threads: same results with any number of workers, no oversubscription
+    cpu_percent: int = 100  # CPU of the control group, all its processes together, in percent of one core (0: none)
     bubblewrap: bool = True  # in a bubblewrap sandbox where one can be made; False: with these limits only
 
 
@@ -279,9 +280,22 @@ def wrap(
     return prefix + args + limited(cmd, limits), env_outside
 
 
+def open_to_sandbox_user(folder: Path) -> None:
+    """Let the sandbox user pass through ``folder`` (a root grader's) to a folder of its own inside, and no one else.
+
+    A grading run's temporary folder holds every kernel's private folder; where bubblewrap itself runs as
+    ``nobody`` it must reach the one it binds. ``nobody``'s group may enter ``folder`` but not list it; other
+    users may do neither (the copies of submissions are in there). Nothing to do for a grader that is not root.
+    """
+    if os.geteuid() == 0:
+        os.chown(folder, -1, NOBODY)
+        os.chmod(folder, 0o710)
+
+
 def control_group(token: str, limits: Limits) -> cgroup.Group | None:
-    """A control group that caps the sandbox's processes and memory in all (None where groups cannot be made)."""
-    return cgroup.create(token, processes=limits.processes, memory_bytes=limits.memory_mb * 2**20)
+    """A control group that caps the sandbox's processes, memory and CPU in all (None where groups cannot be made)."""
+    return cgroup.create(token, processes=limits.processes, memory_bytes=limits.memory_mb * 2**20,
+                         cpu_percent=limits.cpu_percent)
 
 
 def sandbox_owner(bubblewrap: bool = True) -> int | None:

@@ -5,7 +5,8 @@ service) is a *run*. It registers in ``<course>/.grading-runs/<id>`` a file that
 (``flock``) for as long as it lives, which names its temporary folder; every process it starts carries
 ``AUTOGRADER_RUN=<id>:...`` in its environment (the fork server, each nbgrader process, and outside
 each sandbox bubblewrap itself), and everything they write to a temporary folder is under the run's
-own (``TMPDIR``). A run that is stopped, even by ``SIGKILL`` or a power cut, leaves its file
+own (``TMPDIR``): a root grader's is closed to every user but ``nobody``'s group, which may pass
+through it (not list it) to reach the kernels' own folders (:func:`~autograder.engine.sandbox.open_to_sandbox_user`). A run that is stopped, even by ``SIGKILL`` or a power cut, leaves its file
 unlocked: the next run, before it grades anything, kills what is left of it and removes its folder.
 Runs at the same time (the service beside ``make autograde``) leave each other alone: a locked file
 is a live run.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..engine.sandbox import RUN_VARIABLE, kill_leftovers
+from ..engine.sandbox import RUN_VARIABLE, kill_leftovers, open_to_sandbox_user
 
 #: Where a course's runs register, and the prefix of their temporary folders.
 REGISTRY = ".grading-runs"
@@ -67,6 +68,7 @@ def start(root: Path) -> Run:
     clean_stopped(root)
     ident = uuid.uuid4().hex
     folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+    open_to_sandbox_user(folder)  # each kernel's folder is made in it (TMPDIR), and the sandbox must reach its own
     record = registry / ident
     handle = open(record, "w")  # noqa: SIM115 - held open, and locked, for the run's whole life
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -40,6 +40,7 @@ from ..course_copy import make_course, mistake_source, reference_answers
 from ..exchange_class import release
 from ..grading.test_browser import CHROMIUM, EXERCISE, Steps, cell, free_port, no_scaling, replace_source
 from ..notebook_code import ROOT
+from .user_env import user_python
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -50,25 +51,6 @@ A = "01_soft_lookup"
 HUB = ROOT / "hub"
 PROXY = HUB / "node_modules" / ".bin" / "configurable-http-proxy"
 BIN = Path(sys.executable).parent
-
-
-def user_python(folder: Path) -> Path:
-    """A Python every user can run, with the course's packages: this one where it can, else a shim.
-
-    The course's environment may be made from a Python only root can run (pyenv under /root):
-    then a virtual environment of the system's Python of the same version reads its packages.
-    """
-    real = Path(os.path.realpath(sys.executable))
-    if all(path.stat().st_mode & 0o001 for path in (real, *real.parents)):  # others may run it
-        return Path(sys.executable)
-    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-    if not system.exists():
-        pytest.skip(f"{sys.executable} cannot be run by other users and there is no {system} to share its packages")
-    subprocess.run([str(system), "-m", "venv", "--without-pip", str(folder)], check=True)
-    site = next((folder / "lib").glob("python*/site-packages"))
-    ours = next(Path(p) for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    (site / "course.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
-    return folder / "bin" / "python"
 
 
 def why_not() -> str | None:

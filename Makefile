@@ -89,7 +89,7 @@ feedback: setup ## write feedback/ HTML for every graded submission
 	$(BIN)/python -m autograder feedback $(ASSIGNMENTS)
 
 grades: setup ## grades.csv (nbgrader export) and grades-canvas.csv (Canvas's gradebook import)
-	$(BIN)/python -m autograder.grading.export
+	$(BIN)/python -m autograder grades
 
 report: setup ## report/index.html: the class report (scores per exercise, named mistakes, failures, time)
 	$(BIN)/python -m autograder.grading.report $(ASSIGNMENTS)

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     similar.add_argument("assignments", nargs="*", help="assignment names (default: all)")
     similar.add_argument("--threshold", type=float, default=None,
                          help="list the pairs at or above this similarity, 0 to 1 (default: 0.5)")
+    commands.add_parser("grades", help="write grades.csv (nbgrader export) and grades-canvas.csv (Canvas's import)")
     commands.add_parser("settings", help="print every setting of the course as a Markdown table")
     new = commands.add_parser("new-notebook", help="write the files of a new notebook (source, references, checks, "
                               "hidden checks, tests) with one example exercise")
@@ -104,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"make similarity: {error}")
             return 2
         print(similarity_page.summary(found, threshold))
+    elif args.command == "grades":
+        from .grading import export
+
+        try:
+            print(export.export())
+        except RuntimeError as error:
+            print(f"make grades: {error}")
+            return 2
     elif args.command == "new-notebook":
         from .course import scaffold
 

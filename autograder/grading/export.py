@@ -88,6 +88,10 @@ class SafeCsvExportPlugin(CsvExportPlugin):
         write_csv(Path(self.to or "grades.csv"), rows)
 
 
+#: The exporter as nbgrader's subprocess imports it: this module's import path, even where it runs as ``__main__``.
+EXPORTER = f"{__spec__.name}.{SafeCsvExportPlugin.__qualname__}"
+
+
 @dataclass
 class Export:
     """What :func:`export` wrote."""
@@ -148,7 +152,7 @@ def export(root: Path = ROOT, db_url: str | None = None) -> Export:
 
     db_url = db_url or course_db_url(Settings.load(root))
     done = nbgrader("export", "--to", str(root / "grades.csv"), f"--db={db_url}", "--log-level=WARN",
-                    f"--exporter={SafeCsvExportPlugin.__module__}.{SafeCsvExportPlugin.__name__}", root=root, check=False)
+                    f"--exporter={EXPORTER}", root=root, check=False)
     if done.returncode != 0:
         raise RuntimeError("nbgrader export failed: " + " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:]))
     result = Export(files=[root / "grades.csv", root / CANVAS_FILE])
@@ -162,7 +166,3 @@ def export(root: Path = ROOT, db_url: str | None = None) -> Export:
         result.students = len(rows) - 2
     write_csv(root / CANVAS_FILE, rows)
     return result
-
-
-if __name__ == "__main__":
-    print(export())

@@ -233,7 +233,11 @@ class Service:
 
     def _not_graded(self, record: Record, why: str) -> None:
         record.attempts += 1
-        if record.attempts <= self.service.retries:
+        again = record.attempts <= self.service.retries
+        # The instructor's one place to learn why (the hub's log, where the service's output goes).
+        log.error("could not grade %s (attempt %d of %d%s): %s", record.key, record.attempts, self.service.retries + 1,
+                  "; it is graded again" if again else "; the service gives up on it", why)
+        if again:
             record.status = Status.QUEUED
             record.reason = f"it could not be graded ({why}); it is graded again"
             self._release_message(record, TITLES[Status.FAILED], [
@@ -241,7 +245,7 @@ class Service:
                 "That is not your doing, and no score was recorded: it is graded again in a moment."])
         else:
             record.status = Status.FAILED
-            record.reason = f"it could not be graded ({why}); your instructor has been told"
+            record.reason = f"it could not be graded ({why}); the reason is in the grading service's log for your instructor"
 
     def _mode(self, record: Record) -> str:
         deadline = self._due.get(record.assignment)

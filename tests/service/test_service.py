@@ -242,14 +242,17 @@ class Broken(grade.Runner):
         return "the disk was full"
 
 
-def test_a_submission_that_could_not_be_graded_is_said_so_never_a_zero_and_graded_again(tmp_path, course):
+def test_a_submission_that_could_not_be_graded_is_said_so_never_a_zero_and_graded_again(tmp_path, course, caplog):
     root, exchange = _class(tmp_path, course)
     alice = Student("alice", tmp_path / "alice", exchange)
     alice.submit(A, fill(alice.fetch(A), _answers()))
     service = Service(root, exchange=exchange, settings=grading_settings(root), runner=Broken())
-    service.serve(idle_exit=True)
+    with caplog.at_level("INFO", logger="autograder.service"):
+        service.serve(idle_exit=True)
     (rec,) = service.state.records.values()
     assert rec.status == Status.FAILED and rec.attempts == service.service.retries + 1
+    told = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]  # the instructor's log says why, each time
+    assert len(told) == rec.attempts and all(rec.key in line and "the disk was full" in line for line in told), told
     (page,) = alice.fetch_feedback(A).values()
     assert "could not be graded" in page and "the disk was full" in page and "not your doing" in page
     assert "Score" not in page

@@ -36,8 +36,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install everything (fast when already done; PYTHON=python3.13 to choose)
+# PYTHON=... named on the command line for an existing environment: the one it was made from (two 3.11s, pyenv's
+# and the system's, are two Pythons: their sys.base_prefix tells them apart), else a refusal that says what to do.
+BASE_PREFIX := import sys; print(sys.base_prefix)
+setup: $(if $(filter command line,$(origin PYTHON)),setup-same-python) $(STAMP) ## create .venv and install everything (fast when already done; PYTHON=python3.13 to choose)
 	@echo "make: Python $(PYTHON_VERSION) ($(PYTHON)) in $(VENV)"
+
+.PHONY: setup-same-python
+setup-same-python:
+	@test ! -x $(BIN)/python || test "$$($(BIN)/python -c '$(BASE_PREFIX)')" = "$$($(PYTHON) -c '$(BASE_PREFIX)')" \
+	  || { echo "make setup: $(VENV) was made with the Python of $$($(BIN)/python -c '$(BASE_PREFIX)'), not $(PYTHON) (of $$($(PYTHON) -c '$(BASE_PREFIX)')): remove it (rm -rf $(VENV)) and run make setup PYTHON=$(PYTHON) again, or choose another folder (VENV=.venv-other)"; exit 2; }
 
 exchange: ## make the nbgrader exchange folder (the Assignment List needs it)
 	mkdir -p exchange
@@ -107,9 +115,13 @@ hub/node_modules/.installed: hub/package.json hub/package-lock.json
 	cd hub && npm ci --no-audit --no-fund
 	@touch $@
 
-hub: setup hub/node_modules/.installed ## JupyterHub for the class on this server, with the grading service (as root; COURSE_STUDENTS=a,b COURSE_INSTRUCTORS=prof)
+# What make hub needs, said before anything is installed.
+.PHONY: hub-allowed
+hub-allowed:
 	@test "$$(id -u)" = 0 || { echo "make hub: run it as root: the hub starts each user's JupyterLab as that Linux user"; exit 2; }
 	@test -n "$(COURSE_STUDENTS)$(COURSE_INSTRUCTORS)" || { echo "make hub: say who may log in: make hub COURSE_STUDENTS=alice,bob COURSE_INSTRUCTORS=prof (Linux users of this machine)"; exit 2; }
+
+hub: hub-allowed setup hub/node_modules/.installed ## JupyterHub for the class on this server, with the grading service (as root; COURSE_STUDENTS=a,b COURSE_INSTRUCTORS=prof)
 	mkdir -p $(HUB_EXCHANGE) && chmod 777 $(HUB_EXCHANGE)
 	NBGRADER_EXCHANGE=$(HUB_EXCHANGE) COURSE_STUDENTS=$(COURSE_STUDENTS) COURSE_INSTRUCTORS=$(COURSE_INSTRUCTORS) \
 	  $(BIN)/jupyterhub -f hub/jupyterhub_config.py

@@ -161,7 +161,7 @@ class Summary:
         if self.protection:
             lines.append(f"protection: {self.protection}")
         if self.failed:
-            lines.append("could not be graded (no score was recorded; grade them again):")
+            lines.append("could not be graded (the gradebook holds what it held before; grade them again):")
             lines += [f"  {a} / {s}: {why}" for a, s, why in self.failed]
         for (a, s), outcome in sorted(self.outcomes.items()):
             for note in outcome.notes:
@@ -263,6 +263,59 @@ def _record_zero(settings: Settings, assignment: str, student: str) -> None:
         gb.db.commit()
 
 
+#: What the gradebook holds for one submission: (notebook, grade id) -> (auto score, manual score, extra credit,
+#: needs manual grade).
+Scores = dict[tuple[str, str], tuple]
+
+
+def _gradebook_exists(settings: Settings) -> bool:
+    """Whether the gradebook is there to read (opening a SQLite one that is not would create it)."""
+    url = db_url(settings)
+    return not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):].split("?")[0]).is_file()
+
+
+def scores_of(settings: Settings, assignment: str, student: str) -> Scores | None:
+    """What the gradebook holds for ``student``'s ``assignment`` (None: no such submission)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if not _gradebook_exists(settings):
+        return None
+    with Gradebook(db_url(settings)) as gb:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return None
+        return {(notebook.name, g.name): (g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade)
+                for notebook in submission.notebooks for g in notebook.grades}
+
+
+def restore_scores(settings: Settings, assignment: str, student: str, before: Scores | None) -> None:
+    """Make the gradebook hold what it held before a grading of the submission that failed (``before``,
+    :func:`scores_of`; None: no submission at all).
+
+    nbgrader saves the scores before its last steps (writing the graded notebook): a grading that failed
+    after that would leave scores that the run's summary, the feedback and the service say were never
+    recorded. A failed grading changes nothing in the gradebook, and no earlier score is lost.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if not _gradebook_exists(settings):
+        return
+    with Gradebook(db_url(settings)) as gb:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return
+        if before is None:
+            gb.remove_submission(assignment, student)
+            return
+        for notebook in submission.notebooks:
+            for g in notebook.grades:
+                g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade = before.get(
+                    (notebook.name, g.name), (None, None, None, True))
+        gb.db.commit()
+
+
 def _runtime_notes(outcome: SubmissionResult, root: Path, staged: list[str]) -> None:
     """Notes on how the notebooks ran: cells that crashed, hung, were skipped or flooded their output."""
     import nbformat
@@ -292,9 +345,15 @@ def grade_one(assignment: str, student: str, settings: Settings, runner: Runner 
         if staged.notebooks:
             notebook_timeout = settings.value(ResilientExecute, "notebook_timeout")
             limit = notebook_timeout * len(staged.notebooks) + course.nbgrader_margin
+            before = scores_of(settings, assignment, student)
             outcome.error = runner(assignment, student, settings, private, limit)
             if outcome.error is None:
                 _runtime_notes(outcome, root, staged.notebooks)
+            else:
+                try:
+                    restore_scores(settings, assignment, student, before)
+                except Exception as error:  # noqa: BLE001 - the grading's own error is the one to keep
+                    outcome.error += f"; the gradebook could not be put back as it was ({type(error).__name__})"
         else:
             _record_zero(settings, assignment, student)  # nothing to grade: the submission's own doing
     except Exception as error:  # noqa: BLE001 - one submission must never stop the class

@@ -192,11 +192,22 @@ def _progress(done: int, total: int, failed: int, start: float) -> None:
     sys.stderr.flush()
 
 
-def _reason(output: str, code: int) -> str:
-    """The line of nbgrader's output that says why it failed (its last error line), else its exit code."""
+#: The lines nbgrader closes a failure with, which say nothing of its cause.
+NBGRADER_BOILERPLATE = ("There was an error processing", "Please see the", "NbGraderException",
+                        "Traceback (most recent call last)")
+
+
+def failure_reason(output: str, code: int) -> str:
+    """The line of nbgrader's output that says why it failed, else its exit code.
+
+    The cause, not nbgrader's closing words ("Please see the above traceback"): bubblewrap's own complaint
+    when the sandbox could not be made, else the last error line that is not boilerplate.
+    """
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "error" in line or line.startswith("[AutogradeApp |")]
-    chosen = (errors or lines or [f"nbgrader exited with {code}"])[-1]
+    sandbox_said = [line for line in lines if line.startswith("bwrap:")]
+    errors = [line for line in lines if ("Error" in line or "error" in line or line.startswith("[AutogradeApp |"))
+              and not any(words in line for words in NBGRADER_BOILERPLATE)]
+    chosen = (sandbox_said or errors or lines or [f"nbgrader exited with {code}"])[-1]
     return chosen[:300]
 
 
@@ -235,7 +246,7 @@ def run_nbgrader(assignment: str, student: str, settings: Settings, staged: Path
         return f"grading took longer than {limit:.0f} s and was stopped"
     if code == 0:
         return None
-    return _reason(err or out, code)
+    return failure_reason(err or out, code)
 
 
 def _record_zero(settings: Settings, assignment: str, student: str) -> None:
@@ -401,7 +412,7 @@ def prepare_gradebook(jobs: list[tuple[str, str]], settings: Settings) -> list[s
         done = nbgrader("generate_assignment", assignment, "--force", f"--db={db_url(settings)}", "--log-level=ERROR",
                         root=root, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"could not record {assignment} in the gradebook: {_reason(done.stderr, done.returncode)}")
+            raise RuntimeError(f"could not record {assignment} in the gradebook: {failure_reason(done.stderr, done.returncode)}")
     return missing
 
 

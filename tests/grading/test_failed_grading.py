@@ -43,3 +43,21 @@ def test_a_grading_that_fails_after_saving_leaves_the_gradebook_as_it_was(tmp_pa
     again = grade.grade_one(A, "kim", settings, FailsAfterSaving())
     assert again.error is not None
     assert grade.scores_of(settings, A, "kim") == graded  # the earlier grading's scores are kept, unchanged
+
+
+BWRAP_FAILED = """\
+[AutogradeApp | ERROR] There was an error processing assignment: /tmp/autograder-grading-x/01_soft_lookup
+Traceback (most recent call last):
+  File "/srv/course/.venv/lib/python3.11/site-packages/nbgrader/apps/autogradeapp.py", line 1, in start
+jupyter_client.kernelspec.KernelError: the sandboxed kernel did not start
+bwrap: Can't find source path /tmp/autograder-grading-x/autograder-kernel-y: Permission denied
+[AutogradeApp | ERROR] Please see the the above traceback for details on the specific errors on the above failures.
+nbgrader.auth.NbGraderException: Please see the the above traceback for details
+"""
+
+
+def test_the_reason_of_a_failure_is_its_cause_not_nbgraders_closing_words():
+    assert grade.failure_reason(BWRAP_FAILED, 1).startswith("bwrap: Can't find source path")
+    without_bwrap = "\n".join(line for line in BWRAP_FAILED.splitlines() if not line.startswith("bwrap"))
+    assert grade.failure_reason(without_bwrap, 1).startswith("jupyter_client.kernelspec.KernelError")
+    assert grade.failure_reason("", 3) == "nbgrader exited with 3"

@@ -20,6 +20,8 @@ from ..references.long_context import (
     LINEAR_ARGS,
     RECURRENT_OUTPUTS,
     check_rolling_cases,
+    expect_append_errors,
+    expect_shape_errors,
     held_bytes_problem,
     linear_quadratic,
     recurrent_flat,
@@ -91,6 +93,7 @@ def check_RollingKVCache(RollingKVCache) -> None:  # noqa: N802, N803 - named af
                  why="a window must hold at least one token (the newest)")
     expect_error(RollingKVCache, 1, 2, 3, -1, 4, error=ValueError, what="RollingKVCache(1, 2, window=3, sinks=-1, 4)",
                  why="there cannot be a negative number of sinks")
+    expect_append_errors(RollingKVCache)
     print("RollingKVCache passes the visible checks.")
 
 
@@ -113,14 +116,12 @@ def check_linear_attention(linear_attention) -> None:
     for is_causal in (False, True):
         args = (randn(1, 64, 2, gen=gen), randn(1, 64, 2, gen=gen), randn(1, 64, 2, gen=gen))
         watch_linear(linear_attention, "linear_attention", args, {"is_causal": is_causal})
-    expect_error(linear_attention, randn(3, 4, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen), is_causal=True,
-                 error=ValueError, what="linear_attention(Q (3, 4), K (5, 4), V (5, 2), is_causal=True)",
-                 why="the causal form needs as many queries as keys (n = 3, m = 5)")
+    expect_shape_errors(linear_attention, "linear_attention", gen)
     print("linear_attention passes the visible checks.")
 
 
 def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
-    """Against the causal quadratic form and the sums over all keys (float64); no n x n tensor."""
+    """Against the causal quadratic form and the sums over all keys (float64); only the state held; errors."""
     gen = generator(104)
     cases = [
         Case((randn(2, 5, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 3, gen=gen)), label="5 tokens, d_v = 3"),
@@ -130,6 +131,7 @@ def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
     verify(run_recurrent(linear_attention_recurrent), cases, recurrent_flat, exercise="linear_attention_recurrent",
            notebook=NOTEBOOK, arg_names=LINEAR_ARGS, outputs=RECURRENT_OUTPUTS, forbid=ATTENTION_BUILTINS, rtol=1e-9,
            atol=1e-12)
-    args = (randn(1, 64, 2, gen=gen), randn(1, 64, 2, gen=gen), randn(1, 64, 2, gen=gen))
+    args = (randn(1, 64, 4, gen=gen), randn(1, 64, 4, gen=gen), randn(1, 64, 4, gen=gen))
     watch_linear(linear_attention_recurrent, "linear_attention_recurrent", args, {})
+    expect_shape_errors(linear_attention_recurrent, "linear_attention_recurrent", gen)
     print("linear_attention_recurrent passes the visible checks.")

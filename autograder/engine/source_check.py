@@ -4,43 +4,62 @@ In the student's kernel the guard (:mod:`autograder.guard`) stops a forbidden bu
 it is called, which is what an honest student needs. Code in that kernel can also switch the
 guard off (``torch._C.DisableTorchFunction``), call the built-in from another thread, or
 replace the guard. So, before the grader asks the kernel to run an exercise that forbids
-built-ins, it reads the student's own source, in the grader's process:
+built-ins, it reads, in the grader's process, exactly what the graded kernel loads (the
+release's own imports and definitions, the student's import statements, the answer cells) and
+in it:
 
-- the definition of the exercise and, transitively, every top-level function, class,
-  assignment or import of the notebook that it reads as a global (Python's own symbol
-  tables say which names those are);
+- the definition of the exercise and, transitively, every top-level statement that binds a
+  name that code reads as a global (a definition, an assignment, an import, a ``global``
+  statement in a function, a ``match`` capture: Python's own symbol tables say which) or that
+  hands such a name on or changes what it holds (``registry.append(f)``, ``table[0] = f``,
+  ``fill(registry)``);
 - in that code, a forbidden built-in *called* or *passed on* (``F.scaled_dot_product_attention(...)``,
   ``torch.ops.aten._softmax``, ``f = torch.softmax``, ``from torch import softmax``, a
-  string naming it for ``getattr``, even one glued together from constants), and the ways
-  round the guard (``DisableTorchFunction``, threads, processes). Mentioning a forbidden
-  class in ``isinstance`` or an annotation is fine.
+  string naming it for ``getattr``, even one glued together from constants), a PyTorch entry of
+  the forbidden built-in's *family* (:attr:`autograder.guard.Forbidden.family`:
+  ``torch._native_multi_head_attention``, ``nn.TransformerEncoderLayer``), and the ways round the
+  guard (``DisableTorchFunction``, threads, processes). Mentioning a forbidden class in
+  ``isinstance`` or an annotation is fine.
 
-It reads conservatively, because only the code it reads is judged: in an exercise that forbids
-built-ins, that code may not run code that is not in the notebook's cells (``exec``, ``eval``,
-``compile``, ``__import__``, ``importlib``, a module this environment does not have, such as one
-the code writes at run time), reach a function by a name computed at run time (``getattr`` with a
-name that is not a constant, ``globals()``, ``vars``, ``__dict__``, ``sys.modules``, frames), or
-name a PyTorch entry of the forbidden built-in's *family* (:attr:`autograder.guard.Forbidden.family`:
-``torch._native_multi_head_attention`` and ``torch.ops.aten.scaled_dot_product_attention.default``
-are attention whatever list they are missing from). Nothing in the notebook may change what an
-imported module holds (``torch.softmax = f``, a probe of the public checks replaced): the checks' own
-code runs in the kernel beside the student's. A function that behaves differently when it is graded
-gains nothing: its source is what is read.
+It fails closed: what it cannot resolve statically is "cannot verify", a failing verdict whose
+message says what to write instead, never "allowed". In an exercise that forbids built-ins, the
+code the answer reaches may reach functions only by names the reader resolves to their
+definitions: every free name is defined in what is loaded or is one of Python's plain built-ins;
+a module is used only through its attributes (``F.relu(x)``; never passed, stored or listed, so
+``getattr`` never reaches one); ``getattr``/``setattr`` with a computed name only on ``self`` or
+on a parameter of the exercise's own function (the student's objects and the grader's
+arguments, one step deep); no dunder beyond a few plain ones (``__init__``, ``__name__``, ...);
+no ``exec``, ``eval``, ``globals()``, ``vars``, ``__builtins__``, ``get_ipython()``, magics
+(``%time``'s and ``%%time``'s Python is read in their place), ``operator.attrgetter``/
+``methodcaller``, star imports, TorchScript or compiled code (``torch.jit``, ``torch.compile``,
+``torch.load``), PyTorch's private names, or a module outside :data:`IMPORTABLE`. Anywhere in
+what is loaded, nothing may write the notebook's namespace (``globals()[...] = ``, ``__builtins__``,
+``import builtins``) or change what an imported module holds (``torch.softmax = f``, a probe of
+the public checks replaced). A source that does not parse, an expression nested deeper than
+:data:`MAX_DEPTH`, more than :data:`MAX_CHARS` of source, and any error of the reader's own are
+"cannot verify" too. A function that behaves differently when it is graded gains nothing: its
+source is what is read.
 
-What it does not see: code that is not Python source in the notebook (a compiled extension that
-this environment already has), a family that no pattern describes, and exercises that forbid no
-built-in (their source is not read: a probe of theirs replaced in the kernel can only misreport how
-the student's own code worked, never supply its results). Those are left to the guard,
-and to the instructor reading the code.
+What it does not see: cells the graded kernel does not load (scratch cells, set-up cells, the
+magics of the imports cell: they cannot change a verdict there), code that is not Python source
+(a compiled extension this environment already has), a family that no pattern describes, what a
+PyTorch object reached in one ``getattr`` step from the student's own objects does when called
+(the guard sees that at run time), and exercises that forbid no built-in (their source is not
+read). Those are left to the guard, to the pristine graded kernel, and to the instructor reading
+the code.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import importlib
 import re
 import symtable
+import types
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from ..guard import Forbidden
 
@@ -61,39 +80,76 @@ EVASIONS = {
     "fork": "runs code in another process, where the guard does not watch",
     "Popen": "runs code in another process, where the guard does not watch",
     "start_new_thread": "runs code in another thread, where the guard does not watch",
+    "multiprocessing": "runs code in another process, where the guard does not watch",
+    "DataLoader": "can run code in other processes, where the guard does not watch",
 }
 #: What an exercise that forbids built-ins may import: PyTorch and what honest answers use beside it. Any
-#: other module may run code the grader does not read (``importlib``, one the code writes at run time),
-#: or tell grading from a run in the notebook (``os.environ``, ``sys._getframe``, ``inspect``).
+#: other module may run code the grader does not read (``importlib``, one the code writes at run time, a
+#: pickle), reach attributes by computed names (``string.Formatter``), or tell grading from a run in the
+#: notebook (``os.environ``, ``sys._getframe``, ``inspect``).
 IMPORTABLE = frozenset({
     "torch", "math", "cmath", "numpy", "einops", "functools", "itertools", "operator", "collections", "typing",
-    "dataclasses", "abc", "enum", "numbers", "fractions", "decimal", "random", "statistics", "string", "re", "copy",
-    "contextlib", "heapq", "bisect", "warnings", "time", "weakref", "matplotlib", "__future__",
+    "dataclasses", "abc", "enum", "numbers", "fractions", "decimal", "random", "statistics", "re", "copy",
+    "contextlib", "heapq", "bisect", "warnings", "time", "__future__",
 })
-#: Calls through which code runs that is not in the notebook's cells, or a name is computed at run time.
+#: Python's built-ins that run code from a string, reach a namespace or an attribute by a computed name.
 DYNAMIC_CALLS = {
     "exec": "runs code from a string", "eval": "runs code from a string", "compile": "makes code from a string",
     "__import__": "imports a module by a computed name", "globals": "reaches functions through the notebook's namespace",
     "locals": "reaches functions through a namespace", "vars": "reaches functions through a namespace",
     "breakpoint": "stops in a debugger", "get_ipython": "reaches the notebook's kernel",
+    "__build_class__": "builds a class by hand", "__loader__": "reaches the import machinery",
+    "__spec__": "reaches the import machinery", "__builtins__": "reaches Python's built-ins by name",
 }
-#: Attributes that reach code or namespaces rather than values.
+#: Attributes that reach code, frames or namespaces rather than values (dunders are refused apart from
+#: :data:`PLAIN_DUNDERS`).
 DYNAMIC_ATTRIBUTES = frozenset({
-    "__dict__", "__globals__", "__code__", "__builtins__", "__closure__", "__subclasses__", "__getattribute__",
-    "__import__", "__loader__", "__spec__", "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "tb_frame",
-    "co_code", "_getframe", "modules",
+    "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame",
+    "tb_next", "co_code", "_getframe", "attrgetter", "methodcaller", "get_type_hints", "ForwardRef",
+})
+#: Dunders an honest answer uses, that reach no code: ``super().__init__()``, ``type(self).__name__``.
+PLAIN_DUNDERS = frozenset({"__init__", "__name__", "__qualname__", "__doc__", "__class__", "__len__", "__call__"})
+#: Parts of PyTorch and NumPy that compile, load or run code the reader cannot read (TorchScript strings,
+#: pickles, C++ sources, traced graphs).
+UNREADABLE = frozenset({
+    "jit", "compile", "_dynamo", "fx", "export", "library", "cpp_extension", "load_inline", "load_library",
+    "package", "hub", "load", "classes", "ctypeslib", "utils",
 })
 #: PyTorch's machinery of modes and dispatch (switching the guard or a watch off, or looking for them), by its
 #: names' shape rather than a list: ``torch._C._disable_current_modes``, ``torch.overrides._pop_mode``, ...
 GUARD_MACHINERY = (r"(?i)dispatch|torch_function|function_mode|current_modes?|mode_stack|_len_torch|disable"
                    r"|^_pop|^_push|_unset|overrides")
-#: Calls that reach an attribute by name: fine with a constant name, not with one computed at run time.
+#: Calls that reach an attribute by name: fine with a constant name, with a computed one only on own objects.
 BY_NAME = {"getattr", "setattr", "delattr"}
 #: Calls whose arguments only name a class (never call it).
 NAMING_ONLY = {"isinstance", "issubclass", "type"}
+#: Bounds on what is read, checked before anything recurses: honest answers stay far below them.
+MAX_DEPTH = 100
+MAX_CHARS = 2_000_000
+#: Python's built-ins an answer may name (the others are in :data:`DYNAMIC_CALLS`; :data:`BY_NAME` is read apart).
+PLAIN_BUILTINS = frozenset(dir(builtins)) - set(DYNAMIC_CALLS)
+#: IPython's magics whose argument or body is Python that runs in the notebook's namespace: it is read instead.
+PYTHON_MAGICS = frozenset({"time", "capture"})
+
+
+class CannotVerify(Exception):
+    """What the reader cannot resolve statically, and where: the verdict is "cannot verify"."""
+
+    def __init__(self, problem: str, node: ast.AST | str | None = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.where = node if isinstance(node, str) or node is None else _shown(node)
+
+
+def _shown(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _statements(sources: Iterable[str]) -> list[ast.stmt]:
+    sources = list(sources)
+    if sum(len(s) for s in sources) > MAX_CHARS:
+        raise CannotVerify(f"is more than {MAX_CHARS:,} characters of code")
     return [statement for source in sources for statement in _cell_statements(source)]
 
 
@@ -103,93 +159,115 @@ def _statements(sources: Iterable[str]) -> list[ast.stmt]:
 def _cell_statements(source: str) -> tuple[ast.stmt, ...]:
     from IPython.core.inputtransformer2 import TransformerManager
 
+    first = source.strip().splitlines()[0][:60] if source.strip() else ""
     try:
-        statements = ast.parse(TransformerManager().transform_cell(source)).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()  # a cell that does not parse defines nothing the kernel could run either
-    # A cell magic that runs its body as Python (%%time, %%timeit, %%capture): the body is what is read.
-    if len(statements) == 1 and _magic(statements[0]) in PYTHON_CELL_MAGICS:
-        body = statements[0].value.args[2]  # type: ignore[attr-defined]
-        if isinstance(body, ast.Constant) and isinstance(body.value, str):
-            return _cell_statements(body.value)
+        tree = ast.parse(TransformerManager().transform_cell(source))
+    except SyntaxError as error:
+        raise CannotVerify(f"has a cell that is not Python (line {error.lineno}: {error.msg})", first) from None
+    except (RecursionError, MemoryError, ValueError):
+        raise CannotVerify("has a cell too deeply nested or too large to read", first) from None
+    if _depth(tree) > MAX_DEPTH:
+        raise CannotVerify(f"has an expression nested more than {MAX_DEPTH} levels deep", first)
+    statements: list[ast.stmt] = []
+    for statement in tree.body:
+        statements += _unmagicked(statement)
     return tuple(statements)
 
 
-#: IPython's magics that run nothing but Python the reader sees, or a shell: kept in a read notebook.
-SAFE_MAGICS = frozenset({"matplotlib", "time", "timeit", "config", "precision", "pprint", "who", "whos", "pwd", "ls",
-                         "capture"})
-PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture"})
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree`` nests, without recursion."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:
+            todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
 
 
-def _magic(node: ast.AST) -> str | None:
-    """The magic a transformed magic line calls (``get_ipython().run_line_magic('time', ...)``), or None."""
+def _magic(node: ast.AST) -> tuple[str, list[ast.expr]] | None:
+    """The magic a transformed magic line calls (``get_ipython().run_line_magic('time', ...)``) and its arguments."""
     call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else node
     if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
             and call.func.attr in ("run_line_magic", "run_cell_magic") and call.args
             and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
-        return call.args[0].value
+        return call.args[0].value, call.args
     return None
 
 
-def _harmless_ipython(node: ast.Call, parents: dict[int, ast.AST]) -> bool:
-    """Whether a ``get_ipython()`` call only runs a shell command or a magic of :data:`SAFE_MAGICS`."""
-    attribute = parents.get(id(node))
-    if not isinstance(attribute, ast.Attribute):
-        return False
-    if attribute.attr in ("system", "getoutput"):
-        return True
-    return _magic(parents.get(id(attribute))) in SAFE_MAGICS
-
-
-def _bound_names(statement: ast.stmt) -> set[str]:
-    """The global names a top-level statement defines."""
-    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {statement.name}
-    if isinstance(statement, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in statement.names}
-    names = set()
+def _unmagicked(statement: ast.stmt) -> list[ast.stmt]:
+    """``statement``, or the Python a ``%time``/``%%time``/``%%capture`` magic runs in its place."""
+    magic = _magic(statement) if isinstance(statement, ast.Expr) else None
+    if magic is not None and magic[0] in PYTHON_MAGICS:
+        name, args = magic
+        body = args[2] if len(args) == 3 else args[1] if name == "time" and len(args) == 2 else None
+        if isinstance(body, ast.Constant) and isinstance(body.value, str):
+            return list(_cell_statements(body.value))
     for node in ast.walk(statement):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-    return names
+        if isinstance(node, ast.Name) and node.id == "get_ipython":
+            raise CannotVerify("uses an IPython magic or shell command (a line starting with % or !) in a cell "
+                               "that is graded: put it in a cell of your own", statement)
+    return [statement]
 
 
-@functools.lru_cache(maxsize=4096)
-def _globals_read(statement: ast.stmt) -> frozenset[str]:
-    """The global names a top-level statement reads (in its own body and in nested functions and classes)."""
-    try:
-        table = symtable.symtable(ast.unparse(statement), "<cell>", "exec")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return frozenset()
-    names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+@dataclass(frozen=True)
+class _Facts:
+    """What one top-level statement binds, reads as a global, and hands on or changes (a non-call mention)."""
+
+    binds: frozenset[str]
+    reads: frozenset[str]
+    touches: frozenset[str]
+
+
+@functools.lru_cache(maxsize=16384)
+def _facts(statement: ast.stmt) -> _Facts:
+    table = symtable.symtable(ast.unparse(statement), "<cell>", "exec")
+    binds = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    reads = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
     todo = list(table.get_children())
     while todo:
         child = todo.pop()
         todo += child.get_children()
-        names |= {s.get_name() for s in child.get_symbols() if s.is_global() or (
-            child.get_type() == "class" and s.is_referenced() and not s.is_assigned())}
-    return frozenset(names)
+        for s in child.get_symbols():
+            if s.is_global() and s.is_assigned():  # ``global x; x = ...`` in a function, a walrus in a comprehension
+                binds.add(s.get_name())
+            if s.is_global() or (child.get_type() == "class" and s.is_referenced() and not s.is_assigned()):
+                reads.add(s.get_name())
+    parents = _parents(statement)
+    touches = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            parent = parents.get(id(node))
+            if not (isinstance(parent, ast.Call) and parent.func is node):
+                touches.add(node.id)
+    return _Facts(frozenset(binds), frozenset(reads), frozenset(touches & reads))
 
 
 def definition_closure(sources: Sequence[str], name: str) -> list[ast.stmt]:
-    """Every top-level statement that defines ``name`` or a global it reads, transitively."""
-    statements = _statements(sources)
-    defining: dict[str, list[ast.stmt]] = {}
-    for statement in statements:
-        for bound in _bound_names(statement):
-            defining.setdefault(bound, []).append(statement)
-    chosen: dict[int, ast.stmt] = {}
-    todo = [name]
-    seen = set()
-    while todo:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for statement in defining.get(current, []):
-            if id(statement) not in chosen:
-                chosen[id(statement)] = statement
-                todo += _globals_read(statement)
+    """Every top-level statement that binds ``name`` or a global it reads, or hands one on or changes it,
+    transitively."""
+    return _closure(_statements(sources), name)
+
+
+def _closure(statements: Sequence[ast.stmt], name: str) -> list[ast.stmt]:
+    # What a module holds is changed only where the whole of what is loaded is read (``torch.softmax = f``):
+    # a statement that only mentions a module is not part of the code that reaches it.
+    # Nor does a statement that only mentions one of Python's built-ins that nothing loaded rebinds.
+    bound = set().union(*(_facts(s).binds for s in statements))
+    modules = set(_imported(statements)) | (PLAIN_BUILTINS - bound)
+    names = {name}
+    chosen: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for statement in statements:
+            if id(statement) in chosen:
+                continue
+            facts = _facts(statement)
+            if facts.binds & names or (facts.touches - modules) & names:
+                chosen.add(id(statement))
+                names |= facts.reads
+                grew = True
     return [s for s in statements if id(s) in chosen]
 
 
@@ -239,112 +317,52 @@ def _chain_root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _torch_names(closure: Sequence[ast.stmt]) -> set[str]:
-    """The names that stand for PyTorch (or a part of it) in this code: imports, and names assigned from them."""
-    names = {"torch"}
-    for statement in closure:
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Import):
-                names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "torch"}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
-                names |= {a.asname or a.name for a in node.names}
-    for _ in range(3):  # aliases of aliases (``ops = torch.ops; aten = ops.aten``)
-        for statement in closure:
-            for node in ast.walk(statement):
-                if isinstance(node, (ast.Assign, ast.NamedExpr)) and _chain_root(node.value) in names:
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return names
+def _chain(node: ast.AST) -> list[str] | None:
+    """The names of a plain attribute chain (``["torch", "nn", "functional"]``), or None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
 
 
-def _dynamic(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
-    """How ``node`` runs code that is not in the cells or reaches a function by a computed name (None: it does not)."""
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            return "imports from a package by a relative name"
-        for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
-            if module.split(".")[0] not in IMPORTABLE:
-                return (f"imports {module} (an answer here may import only "
-                        f"{', '.join(sorted(IMPORTABLE - {'__future__'}))})")
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        if node.func.id == "get_ipython" and _harmless_ipython(node, parents):
-            return None
-        if node.func.id in DYNAMIC_CALLS:
-            return DYNAMIC_CALLS[node.func.id]
-        if node.func.id in BY_NAME and (len(node.args) < 2 or _constant_text(node.args[1]) is None):
-            return f"reaches an attribute by a name computed at run time ({node.func.id} with a name that is not a constant)"
-    elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRIBUTES and not _only_named(node, parents):
-        return f"reaches code through {node.attr}"
-    return None
-
-
-def _module_names(statements: Sequence[ast.stmt]) -> set[str]:
-    """The names that stand for an imported module (or what it holds) anywhere in the notebook, aliases included."""
-    names: set[str] = set()
+def _imported(statements: Sequence[ast.stmt]) -> dict[str, str]:
+    """Each name an import binds, and the dotted path of what it stands for (``F``: ``torch.nn.functional``)."""
+    paths = {}
     for statement in statements:
         for node in ast.walk(statement):
             if isinstance(node, ast.Import):
-                names |= {a.asname or a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                names |= {a.asname or a.name for a in node.names}
-    for _ in range(3):  # ``fb = checks.flash_backward``: a name for a module, not a value a module computed
-        for statement in statements:
-            for node in ast.walk(statement):
-                if isinstance(node, (ast.Assign, ast.NamedExpr)) and _names_a_module_part(node.value, names):
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return names
+                for a in node.names:
+                    paths[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                paths |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+    return paths
 
 
-def _names_a_module_part(node: ast.AST, modules: set[str]) -> bool:
-    """Whether ``node`` is a module's name or an attribute chain from one (no call, no subscript)."""
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return isinstance(node, ast.Name) and node.id in modules
+_MISSING = object()
 
 
-def _patches_a_module(node: ast.AST, modules: set[str]) -> str | None:
-    """How ``node`` changes what an imported module holds (``torch.softmax = f``, ``setattr(checks, ...)``), or None."""
-    targets: list[ast.AST] = []
-    if isinstance(node, (ast.Assign, ast.Delete)):
-        targets = list(node.targets)
-    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-        targets = [node.target]
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
-        if node.args and (_names_a_module_part(node.args[0], modules) or _chain_root(node.args[0]) == "sys"):
-            return f"changes what the module {_chain_root(node.args[0])} holds ({node.func.id})"
-    for target in targets:
-        if isinstance(target, (ast.Attribute, ast.Subscript)) and _names_a_module_part(target.value, modules):
-            return f"changes what the module {_chain_root(target)} holds"
-    return None
+@functools.lru_cache(maxsize=4096)
+def _resolve(path: str) -> object:
+    """What a dotted path of an importable module stands for in the grader's process (_MISSING: unknown)."""
+    parts = path.split(".")
+    if parts[0] not in IMPORTABLE:
+        return _MISSING
+    try:
+        value: object = importlib.import_module(parts[0])
+        for i, part in enumerate(parts[1:], 1):
+            try:
+                value = getattr(value, part)
+            except AttributeError:
+                value = importlib.import_module(".".join(parts[: i + 1]))
+    except Exception:  # noqa: BLE001 - a path this environment does not have is simply unknown
+        return _MISSING
+    return value
 
 
-def _only_reads(namespace: ast.Call, parents: dict[int, ast.AST]) -> bool:
-    """Whether a namespace (``globals()``) is only read where it is made: ``globals()['x']``, ``.get``, ``in``."""
-    parent = parents.get(id(namespace))
-    if isinstance(parent, ast.Subscript):
-        return isinstance(parent.ctx, ast.Load)
-    if isinstance(parent, ast.Attribute):
-        return parent.attr in ("get", "keys", "items", "values", "copy", "__contains__")
-    return isinstance(parent, ast.Compare)
-
-
-def _rewrites_namespace(node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
-    """How a statement anywhere in the notebook could put another function under an exercise's name (None: it cannot)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-            "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "get_ipython"):
-        if node.func.id == "get_ipython" and _harmless_ipython(node, parents):
-            return None
-        if node.func.id in ("globals", "locals", "vars") and _only_reads(node, parents):
-            return None
-        return DYNAMIC_CALLS[node.func.id]
-    if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "__globals__", "__code__", "modules", "f_globals"):
-        return f"reaches code through {node.attr}"
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
-            if module.split(".")[0] in ("__main__", "builtins", "importlib", "ctypes", "runpy", "unittest", "mock"):
-                return f"imports {module}, which can change which function a name stands for"
-    return None
+def _is_namespace(value: object) -> bool:
+    """Whether ``value`` is a module or a namespace of operators (``torch.ops.aten``): what holds functions by name."""
+    return value is _MISSING or isinstance(value, types.ModuleType) or "Namespace" in type(value).__name__
 
 
 def _kin(node: ast.AST, rules: Sequence[Forbidden], torch_names: set[str], parents: dict[int, ast.AST]
@@ -365,10 +383,39 @@ def _kin(node: ast.AST, rules: Sequence[Forbidden], torch_names: set[str], paren
     return None
 
 
+def _torch_names(closure: Sequence[ast.stmt]) -> set[str]:
+    """The names that stand for PyTorch (or a part of it) in this code: imports, and names assigned from them."""
+    names = {"torch"}
+    for statement in closure:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Import):
+                names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "torch"}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+                names |= {a.asname or a.name for a in node.names}
+    for _ in range(3):  # aliases of aliases (``ops = torch.ops; aten = ops.aten``)
+        for statement in closure:
+            for node in ast.walk(statement):
+                if isinstance(node, (ast.Assign, ast.NamedExpr)) and _chain_root(node.value) in names:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
 def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
-    """What in the code behind ``name`` uses a forbidden built-in or gets round the guard, as a message."""
-    closure = definition_closure(sources, name)
-    torch_names = _torch_names(closure)
+    """What in the code behind ``name`` uses a forbidden built-in, gets round the guard, or cannot be verified,
+    as a message (None: nothing). ``sources`` are what the graded kernel loads, in load order."""
+    try:
+        statements = _statements(sources)
+        closure = _closure(statements, name)
+        return _forbidden_words(closure, rules, exercise) or _Reader(statements, closure, name, rules).check(exercise)
+    except CannotVerify as error:
+        return _cannot_verify(exercise, error.problem, error.where)
+    except Exception as error:  # noqa: BLE001 - anything the reader did not foresee is "cannot verify", never "allowed"
+        return _cannot_verify(exercise, f"could not be read by the grader ({type(error).__name__})", None)
+
+
+def _forbidden_words(closure: Sequence[ast.stmt], rules: Sequence[Forbidden], exercise: str) -> str | None:
+    """A forbidden built-in or a way round the guard named in ``closure``, as a message (None: none)."""
     words = {w: rule for rule in rules for w in rule.names}
     imported = {}
     for statement in closure:
@@ -397,7 +444,7 @@ def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden],
                     found = text.rsplit(".", 1)[-1]
             if found is None:
                 continue
-            where = ast.unparse(node)[:80]
+            where = _shown(node)
             if found in EVASIONS:
                 return (f"{exercise}'s code uses {found} (`{where}`), which {EVASIONS[found]}. In an exercise that "
                         "asks you to write a built-in yourself, compute the result in your function's own thread, "
@@ -406,43 +453,227 @@ def forbidden_use(sources: Sequence[str], name: str, rules: Sequence[Forbidden],
             return (f"{exercise}'s code uses {rule.shown_as} (`{where}`), which this exercise asks you to write "
                     "yourself. Outside your function PyTorch's built-in is the referee your answer is compared "
                     "with; inside it, build the result from basic operations (matmul, exp, sum, max, ...).")
-    # Then what the grader cannot read for the built-ins it runs, and the forbidden built-ins' kin.
-    for statement in closure:
-        parents = _parents(statement)
-        for node in ast.walk(statement):
-            problem = _dynamic(node, parents)
-            if problem is not None:
-                return _read_only_message(exercise, problem, node)
-            if (isinstance(node, ast.Attribute) and _chain_root(node) in torch_names and not _only_named(node, parents)
-                    and re.search(GUARD_MACHINERY, node.attr)):
-                return (f"{exercise}'s code uses {node.attr} (`{ast.unparse(node)[:80]}`), PyTorch's machinery of modes "
-                        "and dispatch, which can turn off or detect the guard and the watches. In an exercise that "
-                        "asks you to write a built-in yourself, compute the result with the guard on.")
-            kin = _kin(node, rules, torch_names, parents)
-            if kin is not None:
-                rule, entry = kin
-                return (f"{exercise}'s code uses {entry} (`{ast.unparse(node)[:80]}`), a PyTorch built-in of the "
-                        f"same kind as {rule.shown_as}, which this exercise asks you to write yourself. Build the "
-                        "result from basic operations (matmul, exp, sum, max, ...).")
-    # Anywhere in the notebook: what could put another function under the exercise's name, or change the
-    # modules the checks' own code runs on in the kernel (a probe replaced, torch.softmax rebound).
-    everything = _statements(sources)
-    modules = _module_names(everything)
-    chosen = {id(statement) for statement in closure}
-    for statement in everything:
-        parents = _parents(statement)
-        for node in ast.walk(statement):
-            problem = _patches_a_module(node, modules)
-            if problem is None and id(statement) not in chosen:
-                problem = _rewrites_namespace(node, parents)
-            if problem is not None:
-                return _read_only_message("the notebook", problem, node)
     return None
 
 
-def _read_only_message(who: str, problem: str, node: ast.AST) -> str:
-    """The message of code the grader cannot read for the built-ins it runs."""
-    whose = "'s code" if who != "the notebook" else ""
-    return (f"{who}{whose} {problem} (`{ast.unparse(node)[:80]}`). In an exercise that asks you to write a built-in "
-            "yourself, the grader reads the code your answer runs to see that no built-in does the work: write it "
-            "in the notebook's cells and call it by its name, importing only what the exercise needs.")
+class _Reader:
+    """The static reading of an exercise's code: each use it cannot resolve raises :class:`CannotVerify`."""
+
+    def __init__(self, statements: Sequence[ast.stmt], closure: Sequence[ast.stmt], name: str,
+                 rules: Sequence[Forbidden]) -> None:
+        self.statements, self.closure, self.name, self.rules = statements, closure, name, rules
+        self.imported = _imported(statements)
+        self.bound = set().union(*(_facts(s).binds for s in statements))
+        self.torch_names = _torch_names(closure)
+        self.classes = {s.name: s for s in statements if isinstance(s, ast.ClassDef)}
+        # The exercise's own parameters hold the grader's arguments only if nothing in the code calls it.
+        self.graded_alone = not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                                    for s in closure for n in ast.walk(s))
+
+    def check(self, exercise: str) -> str | None:
+        for statement in self.statements:
+            self._anywhere(statement)
+        for statement in self.closure:
+            unknown = sorted(_facts(statement).reads - self.bound - PLAIN_BUILTINS)
+            if unknown:
+                raise CannotVerify(f"uses {', '.join(unknown)}, which is not defined in the exercise cells or the "
+                                   "imports (a helper defined in a cell of your own is not loaded where your answer "
+                                   "is graded: define it in an exercise cell)", statement)
+            self._parents = _parents(statement)
+            for node in ast.walk(statement):
+                message = self._machinery_or_kin(node, exercise)
+                if message:
+                    return message
+            self._visit(statement, frozenset(), in_class=False)
+        return None
+
+    def _anywhere(self, statement: ast.stmt) -> None:
+        """What anywhere in what is loaded could put another function under a name, or change a module."""
+        parents = _parents(statement)
+        for node in ast.walk(statement):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                raise CannotVerify(f"imports every name of {node.module} (`import *`), so the grader cannot tell "
+                                   f"what a name stands for: import the names you use", node)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
+                    if module.split(".")[0] in ("__main__", "builtins", "importlib", "ctypes", "runpy", "unittest",
+                                                "mock", "gc", "inspect", "IPython"):
+                        raise CannotVerify(f"imports {module}, which can change which function a name stands for", node)
+            if isinstance(node, ast.Name) and node.id in DYNAMIC_CALLS and not self._reads_namespace(node, parents):
+                raise CannotVerify(DYNAMIC_CALLS[node.id], node)
+            if isinstance(node, ast.Attribute) and (node.attr in ("__dict__", "__globals__", "__code__", "__builtins__",
+                                                                  "f_globals", "f_locals")
+                                                    or node.attr == "modules" and _chain_root(node) == "sys"):
+                raise CannotVerify(f"reaches code through {node.attr}", node)
+            problem = self._patches_a_module(node)
+            if problem:
+                raise CannotVerify(problem, node)
+
+    @staticmethod
+    def _reads_namespace(node: ast.Name, parents: dict[int, ast.AST]) -> bool:
+        """Whether ``globals()`` is only read where it is made (``globals()['x']``, ``.get``, ``in``)."""
+        call = parents.get(id(node))
+        if node.id not in ("globals", "locals", "vars") or not (isinstance(call, ast.Call) and call.func is node):
+            return False
+        parent = parents.get(id(call))
+        if isinstance(parent, ast.Subscript):
+            return isinstance(parent.ctx, ast.Load) and not isinstance(parents.get(id(parent)), (ast.Call,))
+        if isinstance(parent, ast.Attribute):
+            return parent.attr in ("get", "keys", "__contains__")
+        return isinstance(parent, ast.Compare)
+
+    def _patches_a_module(self, node: ast.AST) -> str | None:
+        """How ``node`` changes what an imported module holds (``torch.softmax = f``, ``setattr(checks, ...)``)."""
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            if node.args and (_chain_root(node.args[0]) in self.imported or _chain_root(node.args[0]) == "sys"):
+                return f"changes what the module {_chain_root(node.args[0])} holds ({node.func.id})"
+        for target in targets:
+            if isinstance(target, (ast.Attribute, ast.Subscript)) and _chain_root(target) in self.imported:
+                chain = target.value
+                while isinstance(chain, (ast.Attribute, ast.Subscript)):  # ``x.grad[0] = 1`` on a tensor is fine
+                    chain = chain.value
+                root = target.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name):
+                    return f"changes what the module {root.id} holds"
+        return None
+
+    def _visit(self, node: ast.AST, own: frozenset[str], in_class: bool) -> None:
+        """Check ``node`` and what it holds; ``own`` are the names that hold the student's own objects there."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            own = self._own(node, own, in_class)
+            in_class = False
+        elif isinstance(node, ast.ClassDef):
+            in_class = True
+        else:
+            self._check(node, own)
+        for child in ast.iter_child_nodes(node):
+            self._visit(child, own, in_class and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    def _own(self, function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, outer: frozenset[str],
+             method: bool) -> frozenset[str]:
+        """The names that hold the student's own objects in ``function``: ``self`` in a method, the exercise's
+        parameters (the grader's arguments), the enclosing function's such names, none of them rebound."""
+        params = [a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)]
+        own = set(outer) - set(params)
+        decorators = {d.id for d in getattr(function, "decorator_list", []) if isinstance(d, ast.Name)}
+        if method and params and not decorators & {"staticmethod", "classmethod"}:
+            own.add(params[0])
+        if getattr(function, "name", None) == self.name and self.graded_alone and function in self.closure:
+            own |= set(params)
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                own.discard(node.id)
+            elif isinstance(node, (ast.Nonlocal, ast.Global)):
+                own -= set(node.names)
+            elif isinstance(node, ast.arg) and node is not function and node.arg in own:
+                own.discard(node.arg)  # shadowed by a nested function's parameter
+        for param in params:  # a default value is evaluated once, by whoever defines the function
+            if param in own and any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store)
+                                    for n in ast.walk(function)):
+                own.discard(param)
+        return frozenset(own)
+
+    def _check(self, node: ast.AST, own: frozenset[str]) -> None:
+        parents = self._parents
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                raise CannotVerify("imports from a package by a relative name", node)
+            for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]):
+                if module.split(".")[0] not in IMPORTABLE:
+                    raise CannotVerify(f"imports {module} (an answer here may import only "
+                                       f"{', '.join(sorted(IMPORTABLE - {'__future__'}))})", node)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            parent = parents.get(id(node))
+            called = isinstance(parent, ast.Call) and parent.func is node
+            if node.id in BY_NAME and not called:
+                raise CannotVerify(f"hands {node.id} on as a value, so the grader cannot tell which attribute it "
+                                   "reaches", node)
+            if node.id in self.imported and not isinstance(parent, ast.Attribute) and not _only_named(node, parents) \
+                    and not called and _is_namespace(_resolve(self.imported[node.id])):
+                raise CannotVerify(f"uses the module {node.id} as a value (stored, passed or listed), so the grader "
+                                   f"cannot tell which of its functions runs: call them by name ({node.id}.name(...))",
+                                   node)
+        elif isinstance(node, ast.Attribute):
+            self._attribute(node, parents)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BY_NAME:
+            attribute = _constant_text(node.args[1]) if len(node.args) >= 2 else None
+            if attribute is not None:
+                if _unplain(attribute):
+                    raise CannotVerify(f"reaches the attribute {attribute}, which reaches code rather than values",
+                                       node)
+            elif not (node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in own):
+                raise CannotVerify(f"reaches an attribute by a name computed at run time ({node.func.id} with a name "
+                                   "that is not a constant, on an object that is not self or an argument of the "
+                                   "exercise's function)", node)
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in self.classes
+                and node.attr in _plain_methods(self.classes[node.value.id])):
+            call = parents.get(id(node))
+            if not (isinstance(call, ast.Call) and call.func is node and call.args
+                    and isinstance(call.args[0], ast.Name) and call.args[0].id in own):
+                raise CannotVerify(f"takes the method {node.attr} from the class {node.value.id}, so it may run on "
+                                   "any object: call it on an instance", node)
+
+    def _attribute(self, node: ast.Attribute, parents: dict[int, ast.AST]) -> None:
+        if _only_named(node, parents):
+            return
+        if _unplain(node.attr):
+            raise CannotVerify(f"reaches code through {node.attr}", node)
+        chain = _chain(node)
+        if chain is None or chain[0] not in self.imported:
+            return
+        path = [*self.imported[chain[0]].split("."), *chain[1:]]
+        if path[0] in ("torch", "numpy"):
+            hidden = next((p for p in chain[1:] if p in UNREADABLE or (p.startswith("_") and not p.startswith("__"))),
+                          None)
+            if hidden is not None:
+                raise CannotVerify(f"uses {'.'.join(chain)}, which runs code the grader cannot read (compiled, "
+                                   "loaded or private to PyTorch): write the computation in Python", node)
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and parent.func is node):
+            return
+        if _is_namespace(_resolve(".".join(path))):
+            raise CannotVerify(f"uses the module {'.'.join(chain)} as a value (stored, passed or listed), so the "
+                               "grader cannot tell which of its functions runs: call them by name", node)
+
+    def _machinery_or_kin(self, node: ast.AST, exercise: str) -> str | None:
+        parents = self._parents
+        if (isinstance(node, ast.Attribute) and _chain_root(node) in self.torch_names
+                and not _only_named(node, parents) and re.search(GUARD_MACHINERY, node.attr)):
+            return (f"{exercise}'s code uses {node.attr} (`{_shown(node)}`), PyTorch's machinery of modes "
+                    "and dispatch, which can turn off or detect the guard and the watches. In an exercise that "
+                    "asks you to write a built-in yourself, compute the result with the guard on.")
+        kin = _kin(node, self.rules, self.torch_names, parents)
+        if kin is not None:
+            rule, entry = kin
+            return (f"{exercise}'s code uses {entry} (`{_shown(node)}`), a PyTorch built-in of the "
+                    f"same kind as {rule.shown_as}, which this exercise asks you to write yourself. Build the "
+                    "result from basic operations (matmul, exp, sum, max, ...).")
+        return None
+
+
+def _unplain(attribute: str) -> bool:
+    """Whether reaching ``attribute`` may reach code or a namespace (a dunder other than a plain one, a frame)."""
+    dunder = attribute.startswith("__") and attribute.endswith("__")
+    return (dunder and attribute not in PLAIN_DUNDERS) or attribute in DYNAMIC_ATTRIBUTES
+
+
+def _plain_methods(cls: ast.ClassDef) -> set[str]:
+    """The methods of ``cls`` that take their object as first argument (neither static nor class methods)."""
+    return {s.name for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not {d.id for d in s.decorator_list if isinstance(d, ast.Name)} & {"staticmethod", "classmethod"}}
+
+
+def _cannot_verify(exercise: str, problem: str, where: str | None) -> str:
+    """The message of code the grader cannot read for the built-ins it runs: what, where, and what to write."""
+    shown = f" (`{where}`)" if where else ""
+    return (f"Cannot verify {exercise}: the code loaded for grading {problem}{shown}. In an exercise that asks you "
+            "to write a built-in yourself, the grader reads the code your answer runs to see that no built-in does "
+            "the work, and gives no points for code it cannot read: write plain Python in the exercise cells, "
+            "call functions by their names, and import only what the exercise needs.")

@@ -18,6 +18,8 @@ from ..references.long_context import (
     LINEAR_ARGS,
     RECURRENT_OUTPUTS,
     check_rolling_cases,
+    expect_append_errors,
+    expect_shape_errors,
     held_bytes_problem,
     linear_quadratic,
     recurrent_flat,
@@ -89,6 +91,22 @@ def mask_inverted(n, m, window, sinks=0):
     return ~(((p - j >= 0) & (p - j < window)) | ((j < sinks) & (j <= p)))
 
 
+def mask_window_both_sides(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((p - j).abs() < window) | ((j < sinks) & (j <= p))  # the window on both sides: causality forgotten
+
+
+def mask_window_ahead(n, m, window, sinks=0):
+    if window < 1 or sinks < 0:
+        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    p = torch.arange(n)[:, None] + (m - n)
+    j = torch.arange(m)[None, :]
+    return ((j - p >= 0) & (j - p < window)) | ((j < sinks) & (j <= p))  # the next keys instead of the last ones
+
+
 class CacheEvictsSinks:
     def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
         if window < 1 or sinks < 0:
@@ -114,6 +132,37 @@ class CacheEvictsSinks:
         positions = torch.arange(max(0, self.seen - self.size), self.seen)
         slots = positions % self.size
         return self.keys[:, :, slots], self.values[:, :, slots], positions
+
+
+class CacheSlotForgetsSinks:
+    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
+        if window < 1 or sinks < 0:
+            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
+        self.keys = self.values = None
+        self.seen = 0
+
+    def __len__(self):
+        return self.seen
+
+    def slot(self, p):
+        return p if p < self.sinks else (p - self.sinks) % self.window  # the ring's slots start at 0: over the sinks
+
+    def append(self, k, v):
+        batch, kv_heads, d_head = self.shape
+        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
+            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
+        if self.keys is None:
+            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
+                                    device=k.device)
+            self.values = torch.empty_like(self.keys)
+        self.keys[:, :, self.slot(self.seen)] = k[:, :, 0]
+        self.values[:, :, self.slot(self.seen)] = v[:, :, 0]
+        self.seen += 1
+        positions = sorted(set(range(min(self.sinks, self.seen))) | set(range(max(0, self.seen - self.window),
+                                                                              self.seen)))
+        slots = [self.slot(p) for p in positions]
+        return self.keys[:, :, slots], self.values[:, :, slots], torch.tensor(positions, dtype=torch.long)
 
 
 class CacheOutOfOrder:
@@ -303,6 +352,45 @@ def linear_eps_left_out(Q, K, V, is_causal=False, eps=1e-6):
     return (fq.unsqueeze(-2) @ S).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
 
 
+def linear_eps_in_numerator_too(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V) + eps) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return ((fq.unsqueeze(-2) @ S).squeeze(-2) + eps) / ((fq * z).sum(-1, keepdim=True) + eps)  # eps on top too
+
+
+def linear_phi_exp(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = torch.exp(Q), torch.exp(K)  # positive, but not the feature map asked for
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
+def linear_phi_elu_without_one(Q, K, V, is_causal=False, eps=1e-6):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
+    fq, fk = F.elu(Q), F.elu(K)  # the + 1 forgotten: negative for negative inputs
+    if not is_causal:
+        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
+    z = torch.cumsum(fk, dim=-2)
+    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+
+
 def linear_eps_in_phi(Q, K, V, is_causal=False, eps=1e-6):
     if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
         raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
@@ -389,6 +477,27 @@ def recurrent_update_after_output(Q, K, V, eps=1e-6):
     return torch.stack(outputs, dim=-2), (S, z)
 
 
+def recurrent_state_overwritten(Q, K, V, eps=1e-6):
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
+    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
+    outputs = []
+    for i in range(Q.shape[-2]):
+        S = fk[..., i, :, None] * V[..., i, None, :]  # the state replaced by the token's, not added to
+        z = fk[..., i, :]
+        q = fq[..., i, :]
+        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
+    return torch.stack(outputs, dim=-2), (S, z)
+
+
+def recurrent_by_prefix_sums(Q, K, V, eps=1e-6):
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)  # the parallel form: every S_i at once
+    z = torch.cumsum(fk, dim=-2)
+    output = (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+    return output, (S[..., -1, :, :], z[..., -1, :])
+
+
 def recurrent_no_normaliser(Q, K, V, eps=1e-6):
     fq, fk = F.elu(Q) + 1, F.elu(K) + 1
     S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
@@ -431,6 +540,12 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("window anchored top-left", "with n queries and m keys the queries are the last n positions: query "
                 "i sits at p = i + m - n (bottom-right, as in decoding), not at i.", WINDOW, mask_top_left,
                 id="long_context/sink_window_mask/window-anchored-top-left"),
+        Mistake("window on both sides of the query (causality forgotten)", "the window is the window most recent keys: "
+                "0 <= p - j < window, so a query never sees a key after its own position, however near.", WINDOW,
+                mask_window_both_sides, id="long_context/sink_window_mask/window-on-both-sides"),
+        Mistake("window over the next keys instead of the last ones", "query i at position p sees the keys p - window "
+                "+ 1, ..., p, the most recent ones: the condition is on p - j, not on j - p.", WINDOW, mask_window_ahead,
+                id="long_context/sink_window_mask/window-over-the-next-keys"),
         Mistake("sinks counted inside the window", "the sinks come on top of the window: a query keeps its window "
                 "most recent keys and the first sinks keys, so up to sinks + window keys.", SINKS,
                 mask_sinks_inside_window, id="long_context/sink_window_mask/sinks-counted-inside-the-window"),
@@ -444,6 +559,9 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("the cache evicts a sink", "the first sinks tokens are never evicted: only the window rolls, so the "
                 "storage has sinks slots that are written once and window slots used as a ring.", ROLLING,
                 CacheEvictsSinks, id="long_context/RollingKVCache/the-cache-evicts-a-sink"),
+        Mistake("the ring's slot index forgets the sinks", "the ring starts after the sinks' slots: token p >= sinks "
+                "goes to slot sinks + (p - sinks) % window; without the + sinks the window overwrites the sinks.",
+                ROLLING, CacheSlotForgetsSinks, id="long_context/RollingKVCache/slot-index-forgets-the-sinks"),
         Mistake("tokens returned out of order", "the kept tokens must come back ordered by position (sinks, then the "
                 "window from oldest to newest); a ring buffer's slots are not in that order once it wraps.", ROLLING,
                 CacheOutOfOrder, id="long_context/RollingKVCache/tokens-returned-out-of-order"),
@@ -474,6 +592,16 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("eps added to phi", "eps goes in the denominator only, phi(q) S / (phi(q) z + eps); adding it to "
                 "the features changes every weight when they are small.", LINEAR, linear_eps_in_phi,
                 id="long_context/linear_attention/eps-added-to-phi"),
+        Mistake("eps added to the numerator and the denominator", "eps guards the denominator only: phi(q) S / (phi(q) "
+                "z + eps). Added above as well, it adds eps / (phi(q) z + eps) to every output, which is large exactly "
+                "where the features are small.", LINEAR, linear_eps_in_numerator_too,
+                id="long_context/linear_attention/eps-in-numerator-too"),
+        Mistake("phi = exp instead of elu + 1", "the feature map is phi(x) = elu(x) + 1 (x + 1 above 0, e^x below): "
+                "exp is positive too, but another similarity, and it overflows for large inputs.", LINEAR,
+                linear_phi_exp, id="long_context/linear_attention/phi-exp"),
+        Mistake("phi = elu without the + 1", "elu(x) is negative for x < 0; the + 1 makes phi(x) = elu(x) + 1 positive "
+                "everywhere, so the weights stay positive and the denominator never vanishes.", LINEAR,
+                linear_phi_elu_without_one, id="long_context/linear_attention/phi-elu-without-one"),
         Mistake("queries scaled by 1/sqrt(d)", "linear attention has no temperature: phi is applied to q and k as "
                 "they are; 1/sqrt(d) belongs to softmax attention's scores.", LINEAR, linear_scaled_queries,
                 id="long_context/linear_attention/queries-scaled"),
@@ -491,9 +619,17 @@ MISTAKES: dict[str, list[Mistake]] = {
                 linear_quadratic_form, id="long_context/linear_attention/n-by-m-matrix-built"),
     ],
     "linear_attention_recurrent": [
-        Mistake("state updated after the output", "token i adds phi(k_i) v_i^T and phi(k_i) to the state before "
-                "its output is read: query i sees its own key, as in the causal form.", RECURRENT,
+        Mistake("state read before adding the token (updated after the output)", "token i adds phi(k_i) v_i^T and "
+                "phi(k_i) to the state before its output is read: query i sees its own key, as in the causal form, "
+                "and the first query does not get 0 / eps.", RECURRENT,
                 recurrent_update_after_output, id="long_context/linear_attention_recurrent/update-after-output"),
+        Mistake("state overwritten instead of accumulated", "S and z are sums over every token so far: S = S + phi(k_i) "
+                "v_i^T and z = z + phi(k_i); assigned, they hold the last token only.", RECURRENT,
+                recurrent_state_overwritten, id="long_context/linear_attention_recurrent/state-overwritten"),
+        Mistake("the recurrence computed by the parallel form", "the recurrent form holds one (d, d_v) state and "
+                "updates it token by token; the prefix sums of all n outer products (n d d_v numbers, what "
+                "linear_attention(..., is_causal=True) builds) are the parallel form.", RECURRENT,
+                recurrent_by_prefix_sums, id="long_context/linear_attention_recurrent/parallel-form"),
         Mistake("normaliser left out", "the output is phi(q_i) S / (phi(q_i) z + eps): without the division it is "
                 "a sum, not an average, and grows with the number of tokens.", RECURRENT, recurrent_no_normaliser,
                 id="long_context/linear_attention_recurrent/normaliser-left-out"),
@@ -588,22 +724,21 @@ def check_RollingKVCache(RollingKVCache) -> None:  # noqa: N802, N803 - named af
     for args, why in [((1, 2, 0, 1, 4), "a window must hold at least one token"),
                       ((1, 2, 3, -1, 4), "there cannot be a negative number of sinks")]:
         expect_error(RollingKVCache, *args, error=ValueError, what=f"RollingKVCache{args}", why=why)
-    cache = call_student(RollingKVCache, 1, 2, 3, 1, 4, what="RollingKVCache(1, 2, 3, 1, 4)")
-    for shape, why in [((1, 2, 2, 4), "append takes one token at a time"), ((1, 3, 1, 4), "the cache has 2 "
-                       "key/value heads, not 3"), ((1, 2, 1, 5), "the cache has d_head = 4, not 5")]:
-        expect_error(cache.append, torch.zeros(shape), torch.zeros(shape), error=ValueError, why=why,
-                     what=f"cache.append(k {shape}, v {shape}) with a RollingKVCache(1, 2, 3, 1, 4)")
+    expect_append_errors(RollingKVCache)
     print("RollingKVCache passes the hidden checks.")
 
 
-def _offender_mistake(fn, args: tuple, kwargs: dict, exercise: str, mistake_id: str) -> None:
-    """Run the watch; when it fails, name the mistake ``mistake_id``: an n x m tensor is that mistake."""
+def _offender_mistake(fn, args: tuple, kwargs: dict, exercise: str, mistake_id: str,
+                      prefix_sums_id: str | None = None) -> None:
+    """Run the watch; when it fails, name the mistake ``mistake_id`` (an n x m tensor), or ``prefix_sums_id``
+    (a tensor as large as the n outer products, the recurrence's parallel form)."""
     try:
         watch_linear(fn, exercise, args, kwargs)
     except CheckFailed as failure:
         if "allocated a tensor" not in str(failure):
             raise
-        raise MistakeFound(str(failure), [by_id(MISTAKES[exercise], mistake_id)]) from None
+        named = prefix_sums_id if prefix_sums_id and "outer products" in str(failure) else mistake_id
+        raise MistakeFound(str(failure), [by_id(MISTAKES[exercise], named)]) from None
 
 
 @hidden
@@ -635,14 +770,7 @@ def check_linear_attention(linear_attention) -> None:
                       {}, "linear_attention", "long_context/linear_attention/n-by-m-matrix-built")
     _offender_mistake(linear_attention, (randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen), randn(1, 80, 3, gen=gen)),
                       {"is_causal": True}, "linear_attention", "long_context/linear_attention/causal-with-n-by-n-mask")
-    for args, kwargs, why in [
-        ((randn(3, 4, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen)), {"is_causal": True},
-         "the causal form needs as many queries as keys (n = 3, m = 5)"),
-        ((randn(3, 4, gen=gen), randn(5, 3, gen=gen), randn(5, 2, gen=gen)), {}, "Q and K differ in d (4 and 3)"),
-        ((randn(3, 4, gen=gen), randn(5, 4, gen=gen), randn(6, 2, gen=gen)), {}, "K has 5 keys but V has 6 values"),
-    ]:
-        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(LINEAR_ARGS, args))
-        expect_error(linear_attention, *args, error=ValueError, why=why, what=f"linear_attention({shapes})", **kwargs)
+    expect_shape_errors(linear_attention, "linear_attention", gen)
     print("linear_attention passes the hidden checks.")
 
 
@@ -672,8 +800,7 @@ def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
            atol=1e-6)
     _offender_mistake(linear_attention_recurrent,
                       (randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen), randn(1, 80, 2, gen=gen)), {},
-                      "linear_attention_recurrent", "long_context/linear_attention_recurrent/n-by-n-matrix")
-    expect_error(linear_attention_recurrent, randn(4, 3, gen=gen), randn(5, 3, gen=gen), randn(5, 2, gen=gen),
-                 error=ValueError, what="linear_attention_recurrent(Q (4, 3), K (5, 3), V (5, 2))",
-                 why="the recurrence reads one query per key: n = 4 queries, m = 5 keys")
+                      "linear_attention_recurrent", "long_context/linear_attention_recurrent/n-by-n-matrix",
+                      "long_context/linear_attention_recurrent/parallel-form")
+    expect_shape_errors(linear_attention_recurrent, "linear_attention_recurrent", gen)
     print("linear_attention_recurrent passes the hidden checks.")

@@ -14,8 +14,8 @@ from ..compare import describe
 from ..diagnosis import Mistake, MistakeFound, Outcome, matching
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator
-from ..student import probe
+from ..inputs import generator, randn
+from ..student import call_student, expect_error, probe
 from ..verify import Case
 from ..watches import TensorWatch, watched_call
 
@@ -252,17 +252,54 @@ LINEAR_ADVICE = {
 
 
 def watch_linear(fn, exercise: str, args: tuple, kwargs: dict) -> None:
-    """Run ``fn`` under the watch: no tensor with the n x m scores' number of elements (or two long axes)."""
+    """Run ``fn`` under the watch: no tensor with the n x m scores' number of elements (or two long axes).
+
+    The recurrent form is held to its state: no tensor as large as the n outer products phi(k_j) v_j^T
+    either, the prefix sums of the parallel form (a recurrence that calls it is not one).
+    """
     n, m = args[0].shape[-2], args[1].shape[-2]
-    value, watch = watched_call(fn, args, kwargs, exercise=exercise, rows=n, cols=m, max_elements=n * m,
+    limit = n * m
+    if exercise == "linear_attention_recurrent":
+        limit = min(limit, n * args[0].shape[-1] * args[2].shape[-1])
+    value, watch = watched_call(fn, args, kwargs, exercise=exercise, rows=n, cols=m, max_elements=limit,
                                 forbid=ATTENTION_BUILTINS)
     if watch["offender"] is not None:
         op, shape = watch["offender"]
         shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in zip(LINEAR_ARGS, args))
         flags = "".join(f", {k}={v}" for k, v in kwargs.items())
-        fail(f"With {shapes}{flags}: {exercise} allocated a tensor of shape {tuple(shape)} (in {op}), as big as the "
-             f"n x m = {n} x {m} matrix phi(Q) phi(K)^T. {LINEAR_ADVICE[exercise]}")
+        size = torch.Size(shape).numel()
+        what = (f"as big as the n x m = {n} x {m} matrix phi(Q) phi(K)^T" if size >= n * m or limit == n * m else
+                f"as big as the n = {n} outer products phi(k_j) v_j^T ({limit} numbers), the prefix sums of the "
+                "parallel form")
+        fail(f"With {shapes}{flags}: {exercise} allocated a tensor of shape {tuple(shape)} (in {op}), {what}. "
+             f"{LINEAR_ADVICE[exercise]}")
     return value
+
+
+def expect_append_errors(RollingKVCache) -> None:  # noqa: N803
+    """A RollingKVCache(1, 2, 3, 1, 4) refuses a token of the wrong shape (the text's ValueError)."""
+    cache = call_student(RollingKVCache, 1, 2, 3, 1, 4, what="RollingKVCache(1, 2, 3, 1, 4)")
+    for shape, why in [((1, 2, 2, 4), "append takes one token at a time"), ((1, 3, 1, 4), "the cache has 2 "
+                       "key/value heads, not 3"), ((1, 2, 1, 5), "the cache has d_head = 4, not 5")]:
+        expect_error(cache.append, torch.zeros(shape), torch.zeros(shape), error=ValueError, why=why,
+                     what=f"cache.append(k {shape}, v {shape}) with a RollingKVCache(1, 2, 3, 1, 4)")
+
+
+def expect_shape_errors(fn, exercise: str, gen: torch.Generator) -> None:
+    """The shapes that do not fit, refused with a ValueError: linear attention's three, the recurrence's three."""
+    if exercise == "linear_attention":
+        cases = [((3, 4), (5, 4), (5, 2), {"is_causal": True}, "the causal form needs as many queries as keys (n = 3, "
+                  "m = 5)"),
+                 ((3, 4), (5, 3), (5, 2), {}, "Q and K differ in d (4 and 3)"),
+                 ((3, 4), (5, 4), (6, 2), {}, "K has 5 keys but V has 6 values")]
+    else:
+        cases = [((4, 3), (5, 3), (5, 2), {}, "the recurrence reads one query per key: n = 4 queries, m = 5 keys"),
+                 ((5, 4), (5, 3), (5, 2), {}, "Q and K differ in d (4 and 3)"),
+                 ((5, 3), (5, 3), (6, 2), {}, "K has 5 keys but V has 6 values")]
+    for q, k, v, kwargs, why in cases:
+        flags = "".join(f", {key}={value}" for key, value in kwargs.items())
+        expect_error(fn, randn(*q, gen=gen), randn(*k, gen=gen), randn(*v, gen=gen), error=ValueError, why=why,
+                     what=f"{exercise}(Q {q}, K {k}, V {v}{flags})", **kwargs)
 
 
 def run_recurrent(linear_attention_recurrent):

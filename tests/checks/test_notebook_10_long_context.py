@@ -35,7 +35,7 @@ REQUIRED = {
     "RollingKVCache": {"the cache evicts a sink", "tokens returned out of order"},
     "linear_attention": {"phi not positive (phi(x) = x)", "phi not positive (relu)",
                          "the causal form built with an n x n mask"},
-    "linear_attention_recurrent": {"state updated after the output"},
+    "linear_attention_recurrent": {"state read before adding the token (updated after the output)"},
 }
 
 

@@ -18,7 +18,7 @@ ASSIGNMENTS ?=
 WORKERS ?=
 CLUSTER ?=
 
-.PHONY: help setup lab test test-python test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
+.PHONY: help setup lab test test-fast lint release autograde feedback grades report student-bundle bench bench-grading clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -53,15 +53,10 @@ exchange: ## make the nbgrader exchange folder (the Assignment List needs it)
 lab: setup exchange ## the instructor's JupyterLab (Formgrader, Assignment List) on the course, opened at notebooks/
 	$(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-test: setup ## run every test on two workers: lint, unit, drift, grading end to end, and nbval on solutions/
+test: setup ## run every test on two workers: lint, unit, drift, grading end to end, and nbval on solutions/ (another Python: PYTHON=python3.13 VENV=.venv-3.13)
 	$(BIN)/ruff check autograder tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=12 \
 	  --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg tests solutions  # the order: tests/conftest.py
-
-test-python: setup ## on another Python (make test-python PYTHON=python3.13 VENV=.venv-3.13): the quick tests, classes graded end to end, the bundle's own setup
-	$(BIN)/python -m pytest -n 2 -m "not slow" tests
-	COURSE_TEST_BUNDLE_SETUP=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=8 \
-	  tests/grading/test_parallel_grading.py tests/engine/test_hostile_submissions.py tests/course/test_validate.py
 
 test-fast: setup ## the quick tests only (no nbgrader runs)
 	$(BIN)/python -m pytest -m "not slow" tests

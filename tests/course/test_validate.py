@@ -47,7 +47,7 @@ def test_validate_shows_every_line_whole(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("COURSE_TEST_BUNDLE_SETUP"),
                     reason="course.py setup installs requirements.txt into a new .venv (PyTorch: GBs from PyPI on any Python "
-                           "but this machine's 3.11); `make test-python` runs it (COURSE_TEST_BUNDLE_SETUP=1)")
+                           "but this machine's 3.11); CI runs it on its second Python (COURSE_TEST_BUNDLE_SETUP=1)")
 def test_the_bundle_sets_itself_up_and_validates_a_solved_notebook(tmp_path):
     """What a student does on this Python: `course.py setup` makes .venv and installs, then Validate passes."""
     with zipfile.ZipFile(write_bundle(tmp_path / "bundle.zip")) as archive:

@@ -39,7 +39,6 @@ FRONT_DOORS = {
     "exchange": f"{HERE}::test_make_exchange_makes_the_folder",
     "lab": f"{HERE}::test_make_lab_serves_the_course",
     "test": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
-    "test-python": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
     "test-fast": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
     "lint": f"{HERE}::test_make_lint_passes",
     "release": f"{HERE}::test_make_release_regenerates_what_is_committed",
@@ -154,10 +153,10 @@ def test_make_lab_serves_the_course(own_clone):
 
 
 def test_make_test_runs_the_suite_it_is_part_of(course):
-    """`make test`, `test-fast` and `test-python` are this suite: run inside it they would run themselves. Here
+    """`make test` and `make test-fast` are this suite: run inside it they would run themselves. Here
     `make -n` shows what each runs, in the clone's environment; CI (.ci/run) types them whole."""
     for target, expected in (("test", ["ruff check autograder tests bench", "pytest -n 2", "tests solutions"]),
-                             ("test-fast", ['-m "not slow" tests']), ("test-python", ["pytest"])):
+                             ("test-fast", ['-m "not slow" tests'])):
         done = user.make(course, "-n", target)
         assert done.returncode == 0, user.said(done)
         assert "pip install" not in done.stdout, f"make {target} would install again: {done.stdout}"
@@ -209,7 +208,7 @@ def test_make_docs_builds_the_manual(own_clone):
 @pytest.mark.slow
 def test_make_student_bundle_and_the_students_commands(own_clone, tmp_path):
     """`make student-bundle`, then what its README tells a student to type, with this environment
-    (`--python`: installing requirements.txt is `make test-python`'s, COURSE_TEST_BUNDLE_SETUP)."""
+    (`--python`: installing requirements.txt is tests/course/test_validate.py's, COURSE_TEST_BUNDLE_SETUP=1)."""
     done = user.make(own_clone, "student-bundle")
     assert done.returncode == 0, user.said(done)
     with zipfile.ZipFile(own_clone / "dist" / "attention-course.zip") as archive:

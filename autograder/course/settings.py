@@ -121,6 +121,7 @@ HELP = {
 }
 #: The course's own configurable classes, then nbgrader's and Jupyter's that it sets, by section name.
 COURSE_CLASSES = ("autograder.course.settings.Grading", "autograder.course.settings.GradingService",
+                  "autograder.course.notebook_setup.StudentBundle",
                   "autograder.engine.execute.ResilientExecute",
                   "autograder.engine.kernel_manager.SandboxedKernelManager",
                   "autograder.engine.kernel_pool.KernelPool")

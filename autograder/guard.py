@@ -65,8 +65,9 @@ def forbidden(shown_as: str, *aliases: str, family: str = "") -> Forbidden:
     return Forbidden(shown_as, frozenset({shown_as.rsplit(".", 1)[-1], *aliases}), family)
 
 
-#: Every PyTorch entry that computes attention: SDPA and its kernels, multi-head attention, flex attention, ...
-ATTENTION_FAMILY = r"(?i)attention|sdpa|_sdp_|multihead|_mha"
+#: Every PyTorch entry that computes attention: SDPA and its kernels, multi-head attention, flex attention, the
+#: transformer layers and their fused paths (``nn.TransformerEncoderLayer``, ``_transformer_encoder_layer_fwd``), ...
+ATTENTION_FAMILY = r"(?i)attention|sdpa|_sdp_|multihead|_mha|transformer"
 SOFTMAX_FAMILY = r"(?i)softmax"
 
 

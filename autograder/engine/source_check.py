@@ -229,7 +229,7 @@ def _facts(statement: ast.stmt) -> _Facts:
         child = todo.pop()
         todo += child.get_children()
         for s in child.get_symbols():
-            if s.is_global() and s.is_assigned():  # ``global x; x = ...`` in a function, a walrus in a comprehension
+            if s.is_global() and (s.is_assigned() or s.is_imported()):  # ``global x; x = ...``, a walrus
                 binds.add(s.get_name())
             if s.is_global() or (child.get_type() == "class" and s.is_referenced() and not s.is_assigned()):
                 reads.add(s.get_name())
@@ -471,10 +471,11 @@ class _Reader:
                                     for s in closure for n in ast.walk(s))
 
     def check(self, exercise: str) -> str | None:
-        for statement in self.statements:
-            self._anywhere(statement)
         for statement in self.closure:
             unknown = sorted(_facts(statement).reads - self.bound - PLAIN_BUILTINS)
+            dynamic = [n for n in unknown if n in DYNAMIC_CALLS]
+            if dynamic:
+                raise CannotVerify(f"{DYNAMIC_CALLS[dynamic[0]]} ({dynamic[0]})", statement)
             if unknown:
                 raise CannotVerify(f"uses {', '.join(unknown)}, which is not defined in the exercise cells or the "
                                    "imports (a helper defined in a cell of your own is not loaded where your answer "
@@ -485,6 +486,8 @@ class _Reader:
                 if message:
                     return message
             self._visit(statement, frozenset(), in_class=False)
+        for statement in self.statements:
+            self._anywhere(statement)
         return None
 
     def _anywhere(self, statement: ast.stmt) -> None:
@@ -505,7 +508,7 @@ class _Reader:
                                                                   "f_globals", "f_locals")
                                                     or node.attr == "modules" and _chain_root(node) == "sys"):
                 raise CannotVerify(f"reaches code through {node.attr}", node)
-            problem = self._patches_a_module(node)
+            problem = self._patches_a_module(node) or self._module_as_value(node, parents)
             if problem:
                 raise CannotVerify(problem, node)
 
@@ -572,8 +575,8 @@ class _Reader:
                 own.discard(node.id)
             elif isinstance(node, (ast.Nonlocal, ast.Global)):
                 own -= set(node.names)
-            elif isinstance(node, ast.arg) and node is not function and node.arg in own:
-                own.discard(node.arg)  # shadowed by a nested function's parameter
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node is not function:
+                own -= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}  # shadowed in a nested one
         for param in params:  # a default value is evaluated once, by whoever defines the function
             if param in own and any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store)
                                     for n in ast.walk(function)):
@@ -589,17 +592,13 @@ class _Reader:
                 if module.split(".")[0] not in IMPORTABLE:
                     raise CannotVerify(f"imports {module} (an answer here may import only "
                                        f"{', '.join(sorted(IMPORTABLE - {'__future__'}))})", node)
+            for path in _imported([node]).values():
+                self._readable(path.split("."), node)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             parent = parents.get(id(node))
-            called = isinstance(parent, ast.Call) and parent.func is node
-            if node.id in BY_NAME and not called:
+            if node.id in BY_NAME and not (isinstance(parent, ast.Call) and parent.func is node):
                 raise CannotVerify(f"hands {node.id} on as a value, so the grader cannot tell which attribute it "
                                    "reaches", node)
-            if node.id in self.imported and not isinstance(parent, ast.Attribute) and not _only_named(node, parents) \
-                    and not called and _is_namespace(_resolve(self.imported[node.id])):
-                raise CannotVerify(f"uses the module {node.id} as a value (stored, passed or listed), so the grader "
-                                   f"cannot tell which of its functions runs: call them by name ({node.id}.name(...))",
-                                   node)
         elif isinstance(node, ast.Attribute):
             self._attribute(node, parents)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BY_NAME:
@@ -628,19 +627,29 @@ class _Reader:
         chain = _chain(node)
         if chain is None or chain[0] not in self.imported:
             return
-        path = [*self.imported[chain[0]].split("."), *chain[1:]]
-        if path[0] in ("torch", "numpy"):
-            hidden = next((p for p in chain[1:] if p in UNREADABLE or (p.startswith("_") and not p.startswith("__"))),
-                          None)
-            if hidden is not None:
-                raise CannotVerify(f"uses {'.'.join(chain)}, which runs code the grader cannot read (compiled, "
-                                   "loaded or private to PyTorch): write the computation in Python", node)
+        self._readable([*self.imported[chain[0]].split("."), *chain[1:]], node)
+
+    @staticmethod
+    def _readable(path: list[str], node: ast.AST) -> None:
+        """Refuse a part of PyTorch or NumPy that compiles, loads or hides code (``torch.jit``, ``torch._C``)."""
+        if path[0] in ("torch", "numpy") and any(p in UNREADABLE or (p.startswith("_") and not p.startswith("__"))
+                                                 for p in path[1:]):
+            raise CannotVerify(f"uses {'.'.join(path)}, which runs code the grader cannot read (compiled, loaded "
+                               "or private to PyTorch): write the computation in Python", node)
+
+    def _module_as_value(self, node: ast.AST, parents: dict[int, ast.AST]) -> str | None:
+        """How ``node`` uses a module as a value (stored, passed, listed: then ``getattr`` could reach it), or None."""
+        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+            return None
+        chain = _chain(node)
         parent = parents.get(id(node))
-        if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and parent.func is node):
-            return
-        if _is_namespace(_resolve(".".join(path))):
-            raise CannotVerify(f"uses the module {'.'.join(chain)} as a value (stored, passed or listed), so the "
-                               "grader cannot tell which of its functions runs: call them by name", node)
+        if (chain is None or chain[0] not in self.imported or isinstance(parent, ast.Attribute)
+                or (isinstance(parent, ast.Call) and parent.func is node) or _only_named(node, parents)):
+            return None
+        if _is_namespace(_resolve(".".join([*self.imported[chain[0]].split("."), *chain[1:]]))):
+            return (f"uses the module {'.'.join(chain)} as a value (stored, passed or listed), so the grader cannot "
+                    f"tell which of its functions runs: call them by name ({'.'.join(chain)}.name(...))")
+        return None
 
     def _machinery_or_kin(self, node: ast.AST, exercise: str) -> str | None:
         parents = self._parents

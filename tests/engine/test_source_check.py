@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import nbformat
 import pytest
 
 from autograder.engine.source_check import definition_closure, forbidden_use
@@ -37,6 +35,7 @@ CAUGHT = {
     "a thread": sdpa("import threading\nthreading.Thread(target=print).start()\nreturn Q"),
     "a process pool": sdpa("from concurrent.futures import ProcessPoolExecutor\nreturn Q"),
     "a magic in the cell": "%time x = 1\n" + sdpa("return F.scaled_dot_product_attention(Q, K, V)"),
+    "a transformer layer": sdpa("return nn.TransformerEncoderLayer(Q.shape[-1], 1, batch_first=True)(Q)"),
 }
 
 ALLOWED = {
@@ -49,8 +48,9 @@ ALLOWED = {
     "a class named in isinstance": sdpa("if isinstance(Q, nn.MultiheadAttention):\n    raise TypeError('no')\nreturn Q"),
     "an annotation": "def sdpa(Q: torch.Tensor, K, V, m: nn.MultiheadAttention | None = None) -> torch.Tensor:\n    return Q\n",
     "a local variable with the name": sdpa("scaled_dot_product_attention = Q @ K.mT\nreturn scaled_dot_product_attention"),
-    "a cell that does not parse": "def broken(:\n" + sdpa("return Q"),
-    "a cell too deep to parse": "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n" + sdpa("return Q"),
+    "imports inside the function": sdpa("from torch.nn import functional as nnf\nimport math as m\n"
+                                        "return nnf.softmax(Q @ K.mT / m.sqrt(Q.shape[-1]), dim=-1) @ V"),
+    "a profiler label": sdpa("with torch.profiler.record_function('scores'):\n    s = Q @ K.mT\nreturn s @ V"),
 }
 
 
@@ -58,17 +58,17 @@ ALLOWED = {
 #: cell before the exercise's (or none) and the exercise, and what the message must say.
 UNREAD = {
     "exec of a decoded string": ("", sdpa("import base64\nexec(base64.b64decode('cmV0dXJu').decode())\nreturn Q"),
-                                 "imports base64"),
+                                 "runs code from a string"),
     "eval of a computed string": ("", sdpa("code = ''.join(map(chr, [70]))\nreturn eval(code)(Q, K, V)"),
                                   "runs code from a string"),
     "getattr of a computed name": ("", sdpa("name = ''.join(reversed('noitnetta_tcudorp_tod_delacs'))\n"
                                             "return getattr(F, name)(Q, K, V)"), "a name computed at run time"),
     "swapped in globals() after an honest def": (
         "", sdpa("return Q @ K.mT") + "globals()['sdpa'] = lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V)\n",
-        "the notebook reaches functions through the notebook's namespace"),
+        "reaches functions through the notebook's namespace"),
     "the namespace written through an alias": ("def sdpa_honest(Q, K, V):\n    return Q\n"
                                                "space = globals()\nspace['sdpa'] = sdpa_honest\n", sdpa("return Q"),
-                                               "the notebook reaches functions through the notebook's namespace"),
+                                               "reaches functions through the notebook's namespace"),
     "a module written at run time": ("open('helpers.py', 'w').write('import torch')\nimport helpers\n",
                                      sdpa("return helpers.attend(Q, K, V)"), "imports helpers"),
     "importlib": ("", sdpa("import importlib\nreturn importlib.import_module('torch').nn.functional.relu(Q)"),
@@ -76,17 +76,17 @@ UNREAD = {
     "honest unless graded": ("", sdpa("import os\nif 'AUTOGRADER_RUN' in os.environ:\n    return Q\nreturn Q @ K.mT"),
                              "imports os"),
     "the caller's frame": ("import torch\n", sdpa("import sys\nreturn Q if sys._getframe(1) else K"), "imports sys"),
-    "a %run magic": ("%run cheat.py\n", sdpa("return Q"), "the notebook reaches the notebook's kernel"),
+    "a %run magic": ("%run cheat.py\n", sdpa("return Q"), "uses an IPython magic or shell command"),
     "a module's namespace": ("import sys\nsetattr(sys.modules[__name__], 'sdpa', print)\n", sdpa("return Q"),
-                             "the notebook changes what the module sys holds"),
+                             "changes what the module sys holds"),
     "a probe of the checks replaced": ("import autograder.checks.flash_backward as fb\n"
                                        "fb.function_record = lambda *args, **kwargs: {}\n", sdpa("return Q"),
-                                       "the notebook changes what the module fb holds"),
+                                       "changes what the module fb holds"),
     "a probe replaced through an alias": ("from autograder import checks\nfb = checks.flash_backward\n"
                                           "setattr(fb, 'function_record', print)\n", sdpa("return Q"),
-                                          "changes what the module fb holds (setattr)"),
+                                          "uses the module checks.flash_backward as a value"),
     "torch's softmax rebound": ("torch.softmax = lambda x, dim: x\n", sdpa("return Q"),
-                                "the notebook changes what the module torch holds"),
+                                "changes what the module torch holds"),
     "mock.patch": ("from unittest import mock\nmock.patch('autograder.remote.serve', print).start()\n",
                    sdpa("return Q"), "imports unittest"),
     "native multi-head attention by its name": ("", sdpa("return torch._native_multi_head_attention(Q, K, V, 4, 1)"),
@@ -104,7 +104,7 @@ UNREAD = {
 }
 
 STILL_ALLOWED = {
-    "magics and shell commands": ("%matplotlib inline\n!ls\nfiles = !ls\n", sdpa("return Q @ K.mT")),
+    "%time and %%time in exercise cells": ("%time y = torch.ones(2)\n", "%%time\n" + sdpa("return Q @ K.mT")),
     "getattr with a constant name": ("", sdpa("return getattr(Q, 'mT') @ K")),
     "notebook 03's mask helper": ("from torch.nn.attention.bias import causal_lower_right\n",
                                   sdpa("bias = causal_lower_right(Q.shape[-2], K.shape[-2])\nreturn Q @ K.mT")),
@@ -154,12 +154,17 @@ def test_only_the_code_the_exercise_reaches_is_read():
     assert forbidden_use(cells, "unrelated", SOFTMAX_BUILTINS, "unrelated") is not None
 
 
-# -- a notebook read cell by cell (tests/fixtures/scan_cells.ipynb) -------------------------------
+# -- a notebook read cell by cell -------------------------------------------------------------------
 
-
-def fixture_cells() -> list[str]:
-    notebook = nbformat.read(Path(__file__).parents[1] / "fixtures" / "scan_cells.ipynb", as_version=4)
-    return [c.source for c in notebook.cells if c.cell_type == "code"]
+CELLS = [
+    "import torch\nimport torch.nn.functional as F",
+    "impl = F.scaled_dot_product_attention  # an alias, two cells before its use",
+    "def helper(q, k, v):\n    return impl(q, k, v)",
+    "def via_alias(Q, K, V):\n    return helper(Q, K, V)",
+    "def honest(Q, K, V):\n    w = torch.softmax(Q @ K.mT, dim=-1)\n    return w @ V",
+    "print(F.scaled_dot_product_attention)  # the built-in at top level, outside any exercise",
+    "def rebound(Q, K, V):\n    return Q\n\n\ndef rebound(Q, K, V):\n    return F.scaled_dot_product_attention(Q, K, V)",
+]
 
 
 @pytest.mark.parametrize(("name", "caught"), [
@@ -168,13 +173,13 @@ def fixture_cells() -> list[str]:
     ("honest", False),  # the built-in printed at top level elsewhere in the notebook is not the exercise's
 ])
 def test_a_notebook_is_read_across_its_cells(name, caught):
-    message = forbidden_use(fixture_cells(), name, ATTENTION_BUILTINS, name)
+    message = forbidden_use(CELLS, name, ATTENTION_BUILTINS, name)
     assert (message is not None) == caught, message
     if caught:
         assert message.startswith(f"{name}'s code uses"), message
 
 
-def test_the_closure_follows_globals_across_cells_past_a_cell_that_does_not_parse():
-    read = "\n".join(ast.unparse(s) for s in definition_closure(fixture_cells(), "via_alias"))
+def test_the_closure_follows_globals_across_cells():
+    read = "\n".join(ast.unparse(s) for s in definition_closure(CELLS, "via_alias"))
     assert "def via_alias" in read and "def helper" in read and "impl = F.scaled_dot_product_attention" in read
     assert "def honest" not in read and "print(" not in read

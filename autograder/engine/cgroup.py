@@ -227,6 +227,14 @@ def memory_folder(group: Group | None) -> tuple[Path, int] | None:
     return None
 
 
+def usage(folder: Path, version: int) -> int | None:
+    """The memory a group's processes hold now, in bytes (None: it could not be read)."""
+    try:
+        return int((folder / USAGE_FILES[version][0]).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class PeakMeter:
     """How far a group's memory rose above its usage at :meth:`start`, until :meth:`stop`.
 
@@ -269,8 +277,9 @@ class PeakMeter:
             self._peak.flush()
         self._start = self._read(usage)
 
-    def stop(self) -> int | None:
-        """Bytes of the highest usage since :meth:`start` above the usage then (None: it could not be read)."""
+    def stop(self, base: int | None = None) -> int | None:
+        """Bytes of the highest usage since :meth:`start` above ``base`` (default: the usage at the start;
+        None: it could not be read)."""
         try:
             if self._peak is not None:
                 self._peak.seek(0)
@@ -281,7 +290,7 @@ class PeakMeter:
             return None
         finally:
             self.close()
-        return max(0, peak - self._start)
+        return max(0, peak - (self._start if base is None else base))
 
     def close(self) -> None:
         if self._peak is not None:

@@ -22,10 +22,14 @@ can be graded:
   "a test cell that writes to stderr scores zero" is unchanged).
 
 - **test cells** run in this process, not in the kernel (:mod:`autograder.engine.judge`):
-  the checks call the student's functions in the kernel through proxies and judge what
-  comes back here, so the student's code never shares a process with a reference, an
-  expected value or a comparison. Before an exercise that forbids built-ins is run, the
-  student's source is read for them (:mod:`autograder.engine.source_check`);
+  the checks call the student's functions through proxies and judge what comes back here,
+  so the student's code never shares a process with a reference, an expected value or a
+  comparison. The calls go to a second kernel, the graded kernel
+  (:mod:`autograder.engine.graded_kernel`), started while the notebook runs, into which only
+  the release's code, the imports and the answer cells before the test cell are loaded
+  (:mod:`autograder.engine.graded_cells`): no other cell can change a verdict or cost one.
+  Before an exercise that forbids built-ins is run, those same sources are read for them
+  (:mod:`autograder.engine.source_check`);
 - **a cell kills its kernel** without an error of its own (``exit()``, a thread that calls
   ``os._exit`` later): after each cell the kernel must answer a request before the cell
   counts as done; if it does not, that cell is blamed and never run again.
@@ -41,18 +45,20 @@ import asyncio
 import copy
 import json
 import resource
-from queue import Empty
+from pathlib import Path
 from time import monotonic
 
-from jupyter_core.utils import ensure_async, run_sync
+from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat import NotebookNode
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade, is_solution
 from traitlets import Bool, Integer
 
 from .. import remote
-from . import judge, source_check
+from . import graded_cells, graded_kernel, judge, source_check, staging
+from .graded_kernel import GradedKernel
 from .judge import error_output
 from .kernel_requests import KernelRequests
 from .notes import KERNEL_DIED, NOT_RUN, TIMEOUT, describe_exit, output_cut, safe_tree
@@ -128,7 +134,7 @@ class ResilientExecute(KernelRequests, Execute):
         self.timeout_func = self._timeout_of
         # and once the kernel is ready: nbclient calls this hook from the sync and async paths alike (an override
         # of async_start_new_kernel_client is not reached from the sync one, which nbconvert's preprocess takes)
-        self.on_notebook_start = self._seal
+        self.on_notebook_start = self._notebook_started
         if self.checks_in_grader:
             import torch
 
@@ -154,7 +160,24 @@ class ResilientExecute(KernelRequests, Execute):
         self._streams_size = 0
         self._forbidden: dict[tuple, str | None] = {}
         self._asked_exit = False
-        return super().preprocess(nb, resources, km)
+        self.graded = None
+        self._graded_broken: str | None = None
+        self._graded_sources = graded_cells.graded_sources(nb, self._release(resources)) if self.checks_in_grader else []
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self.graded is not None:
+                run_sync(self.graded.shutdown)()
+
+    def _release(self, resources) -> NotebookNode | None:
+        """The released notebook this submission's notebook was made from (None: it is not graded in a course)."""
+        info = (resources or {}).get("nbgrader", {})
+        if not info.get("assignment"):
+            return None
+        from nbgrader.coursedir import CourseDirectory
+
+        root = Path(CourseDirectory(config=self.config).root)
+        return staging.release_notebooks(root, info["assignment"]).get(info.get("notebook"))
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code" or not cell.source.strip():
@@ -237,17 +260,70 @@ class ResilientExecute(KernelRequests, Execute):
         self._index = index
         self._streams, self._streams_size = [], 0
         cell.outputs = []
+        if self.checks_in_grader and self._graded_broken is None:
+            self._load_graded(index)
+        if self._graded_broken is not None:
+            cell.outputs = [error_output(KERNEL_DIED, self._graded_broken)]
+            return cell
         try:
             failure = judge.run_test_cell(cell.source, self, self._streams)
         except remote.CallTimedOut:
+            if self.graded is not None:
+                cell.outputs = self._capped(index, judge.stream_outputs(self._streams)) + [
+                    error_output(TIMEOUT, self._timeout_message(self._cell_limit))]
+                if not run_sync(self.graded.idle)(5):
+                    self._restart_graded()
+                return cell
             cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
             raise CellTimeoutError.error_from_timeout_and_cell("", self._cell_limit, cell) from None
         except remote.KernelDied:
             cell.outputs = self._capped(index, judge.stream_outputs(self._streams))
+            if self.graded is not None:
+                message = self._death_message(self._exit_code(self.graded.km), asked_exit=self._asked_exit,
+                                              graded=True)
+                self._asked_exit = False
+                cell.outputs.append(error_output(KERNEL_DIED, message))
+                self._restart_graded()
+                return cell
             raise DeadKernelError("the kernel died while a check ran the student's code") from None
+        problems = self.graded.load_problems() if self.graded is not None and failure is not None else ""
+        if problems:
+            failure = error_output(failure.ename, failure.evalue + problems)
         outputs = judge.stream_outputs(self._streams) + ([failure] if failure is not None else [])
         cell.outputs = self._capped(index, outputs)
         return cell
+
+    # -- the graded kernel ------------------------------------------------------------------
+
+    def _load_graded(self, index: int) -> None:
+        """Load into the graded kernel what the test cell at ``index`` sees (:mod:`autograder.engine.graded_cells`)."""
+        try:
+            if self.graded is None:
+                raise RuntimeError("it was not started")
+            run_sync(self.graded.load_until)(graded_cells.before(self._graded_sources, index), self._deadline,
+                                             self._may_restart)
+        except Exception as error:  # noqa: BLE001 - whatever went wrong, the test cells say so
+            self._graded_broken = (f"This check could not be run: the grader could not start the kernel that runs "
+                                   f"the checks ({type(error).__name__}: {error}).")
+
+    def _may_restart(self) -> bool:
+        """Whether the graded kernel may be restarted once more (it counts as a restart of the notebook's)."""
+        if self._restarts >= self.max_restarts or self._remaining() < 5:
+            return False
+        self._restarts += 1
+        return True
+
+    def _restart_graded(self) -> None:
+        """A new graded kernel, loaded again at the next test cell; the test cells say so when none can be made."""
+        if not self._may_restart():
+            self._graded_broken = ("This check was not run: the kernel that runs the checks had to be restarted "
+                                   "too often, or too late, while grading this notebook.")
+            return
+        try:
+            run_sync(self.graded.restart)()
+        except Exception as error:  # noqa: BLE001 - as for a kernel that cannot start
+            self._graded_broken = (f"This check could not be run: the grader could not restart the kernel that runs "
+                                   f"the checks ({type(error).__name__}: {error}).")
 
     def _capped(self, index: int, outputs: list) -> list:
         """``outputs`` within the cell's output budget (the same one ``output`` applies to the kernel's)."""
@@ -289,7 +365,7 @@ class ResilientExecute(KernelRequests, Execute):
         """The forbidden built-ins the student's source of ``name`` uses (:mod:`autograder.engine.source_check`)."""
         key = (name, tuple(rules), exercise, self._index)
         if key not in self._forbidden:
-            sources = [c.source for c in self.nb.cells[: self._index] if c.cell_type == "code" and not is_test_cell(c)]
+            sources = [s.source for s in graded_cells.before(self._graded_sources, self._index)]
             self._forbidden[key] = source_check.forbidden_use(sources, name, rules, exercise)
         return self._forbidden[key]
 
@@ -303,8 +379,11 @@ class ResilientExecute(KernelRequests, Execute):
     def _remaining(self) -> float:
         return self.notebook_timeout - (monotonic() - self._started)
 
-    def _death_message(self, code: int | None, asked_exit: bool = False) -> str:
+    def _death_message(self, code: int | None, asked_exit: bool = False, graded: bool = False) -> str:
         how = "it called exit() or quit(), which ends the kernel" if asked_exit else describe_exit(code)
+        if graded:
+            return (f"The kernel that runs the checks (the notebook's imports and your answer cells) stopped while "
+                    f"this check ran your code: {how}. The grader started a new one and went on with the next cell.")
         return (
             f"The kernel (the Python process running this notebook) stopped while this cell ran: {how}. "
             "Everything the notebook had defined was lost, so the grader started a new kernel, ran the cells "
@@ -329,10 +408,28 @@ class ResilientExecute(KernelRequests, Execute):
         if seal is not None:
             seal()
 
+    async def _notebook_started(self, **_) -> None:
+        """nbclient's hook once the kernel is ready: seal it, and start the graded kernel beside it."""
+        self._seal()
+        if not self.checks_in_grader or self.graded is not None:
+            return
+        manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
+        manager.zygote_address = getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
+        graded = GradedKernel(manager, self.startup_timeout)
+        try:
+            path = self.resources.get("metadata", {}).get("path") or None
+            await graded.launch(extra_arguments=self.extra_arguments, **({"cwd": path} if path else {}))
+        except Exception as error:  # noqa: BLE001 - the test cells say so
+            self._graded_broken = (f"This check could not be run: the grader could not start the kernel that runs "
+                                   f"the checks ({type(error).__name__}: {error}).")
+            await graded.shutdown()
+            return
+        self.graded = graded
+
     # -- recovery ---------------------------------------------------------------------------
 
-    def _exit_code(self) -> int | None:
-        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+    def _exit_code(self, km=None) -> int | None:
+        process = getattr(getattr(km or self.km, "provisioner", None), "process", None)
         if process is None:
             return None
         try:
@@ -381,37 +478,11 @@ class ResilientExecute(KernelRequests, Execute):
         return None
 
     async def _async_restart(self) -> None:
-        if self.kc is not None:
-            try:
-                await ensure_async(self.kc.stop_channels())
-            except Exception:  # noqa: BLE001 - the old channels may already be gone
-                pass
-        await ensure_async(self.km.restart_kernel(now=True))
-        self.kc = self.km.client()
-        await ensure_async(self.kc.start_channels())
-        await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
-        self.kc.allow_stdin = False
-        self._seal()
+        self.kc = await graded_kernel.restart(self.km, self.kc, self.startup_timeout)
 
     async def _async_responsive(self, wait: float) -> bool:
         """Whether the kernel answers an empty request within ``wait`` seconds (it is idle again)."""
-        try:
-            if not await ensure_async(self.km.is_alive()):
-                return False
-            msg_id = self.kc.execute("", silent=True, store_history=False)
-            deadline = monotonic() + wait
-            while (left := deadline - monotonic()) > 0:
-                try:
-                    msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.2)))
-                except Empty:
-                    if not await ensure_async(self.km.is_alive()):
-                        return False
-                    continue
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    return True
-        except RuntimeError:
-            return False
-        return False
+        return await graded_kernel.responsive(self.km, self.kc, wait)
 
     # -- nbclient hooks ---------------------------------------------------------------------
 

@@ -1,14 +1,19 @@
 """The checks' requests to the student's kernel, for :class:`~autograder.engine.execute.ResilientExecute`.
 
 A test cell runs in nbgrader's process (:mod:`autograder.engine.judge`); each call of a student's
-function is one request (:class:`autograder.remote.Channel`), sent as a silent execute request whose
+function is one request to the graded kernel (:mod:`autograder.engine.graded_kernel`: only the
+release's code, the imports and the answer cells are loaded there), or to the notebook's own kernel
+where there is none (:class:`autograder.remote.Channel`), sent as a silent execute request whose
 user expression runs :func:`autograder.serve.serve` in the kernel. What the student's code prints
 meanwhile goes into the test cell's streams. A kernel that dies, calls ``exit()`` or runs past the
 cell's deadline raises :class:`autograder.remote.KernelDied` or :class:`autograder.remote.CallTimedOut`.
 
-A request can also be measured (:meth:`KernelRequests.measured_request`): the peak of the kernel's
-memory during it, read from the kernel's control group (:class:`autograder.engine.cgroup.PeakMeter`)
-by this process, outside the sandbox, so that nothing the student's code does can change it.
+A request can also be measured (:meth:`KernelRequests.measured_request`): the peak of the graded
+kernel's memory during it, read from its control group (:class:`autograder.engine.cgroup.PeakMeter`)
+by this process, outside the sandbox, so that nothing the student's code does can change it, and
+judged as a total: above the kernel's memory right after the release's own code was loaded, before
+any answer cell, so that memory an answer cell holds, or frees during the call and takes again,
+counts against the call.
 
 What this does NOT protect: the answer is plain data the kernel made; it is judged in the grader,
 never trusted as a verdict.
@@ -24,6 +29,7 @@ from jupyter_core.utils import ensure_async, run_sync
 
 from .. import remote
 from . import cgroup
+from .graded_kernel import GradedKernel
 
 
 class KernelRequests:
@@ -34,6 +40,11 @@ class KernelRequests:
     _streams_size: int  # characters in _streams: reset with it
     _asked_exit: bool
     max_output_bytes: int
+    graded: GradedKernel | None = None  # where the checks' requests go (None: the notebook's kernel)
+
+    def _kernel(self) -> tuple:
+        """The client and manager of the kernel the requests go to."""
+        return (self.graded.kc, self.graded.km) if self.graded is not None else (self.kc, self.km)
 
     def request(self, message: bytes) -> bytes:
         """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
@@ -41,32 +52,36 @@ class KernelRequests:
 
     def measures_memory(self) -> bool:
         """Whether the kernel has a control group whose memory peak :meth:`measured_request` can reset and read."""
-        meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
+        meter = cgroup.PeakMeter.of(getattr(self._kernel()[1], "group", None))
         if meter is None:
             return False
         meter.close()
         return True
 
     def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
-        """One request, and how many bytes the kernel's memory rose above its start while it ran.
+        """One request, and how many bytes the kernel's memory rose, at its highest while it ran, above its base.
 
-        The rise is read from the kernel's control group (None where there is none, or its peak
-        cannot be reset): everything the kernel's processes held counts, whatever they are.
+        Read from the kernel's control group (None where there is none, or its peak cannot be reset):
+        everything the kernel's processes held counts, whatever they are. The base is the graded
+        kernel's memory before any answer cell was loaded (:attr:`GradedKernel.base_memory`), else
+        the memory at the start of the request.
         """
-        meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
+        meter = cgroup.PeakMeter.of(getattr(self._kernel()[1], "group", None))
         try:
             reply = self.request(message)
         except BaseException:
             if meter is not None:
                 meter.close()
             raise
-        return reply, meter.stop() if meter is not None else None
+        base = None
+        return reply, meter.stop(base) if meter is not None else None
 
     async def _async_request(self, message: bytes) -> bytes:
         payload = base64.b64encode(message).decode("ascii")
         expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
-        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
-                                 allow_stdin=False)
+        kc, _ = self._kernel()
+        msg_id = kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
+                            allow_stdin=False)
         reply = await self._async_reply_to(msg_id)
         await self._async_collect_streams(msg_id)
         if self._asks_exit(reply):
@@ -90,15 +105,16 @@ class KernelRequests:
 
     async def _async_reply_to(self, msg_id: str) -> dict:
         """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
+        kc, km = self._kernel()
         while True:
             left = self._deadline - monotonic()
             if left <= 0:
-                await ensure_async(self.km.interrupt_kernel())
+                await ensure_async(km.interrupt_kernel())
                 raise remote.CallTimedOut()
             try:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(left, 0.5)))
+                msg = await ensure_async(kc.shell_channel.get_msg(timeout=min(left, 0.5)))
             except Empty:
-                if not await ensure_async(self.km.is_alive()):
+                if not await ensure_async(km.is_alive()):
                     raise remote.KernelDied() from None
                 continue
             if msg.get("parent_header", {}).get("msg_id") == msg_id:
@@ -106,10 +122,11 @@ class KernelRequests:
 
     async def _async_collect_streams(self, msg_id: str) -> None:
         """What the student's code printed while answering ``msg_id``, into the cell's streams."""
+        kc, _ = self._kernel()
         deadline = monotonic() + 5
         while monotonic() < deadline:
             try:
-                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=max(0.01, deadline - monotonic())))
+                msg = await ensure_async(kc.iopub_channel.get_msg(timeout=max(0.01, deadline - monotonic())))
             except Empty:
                 return
             if msg.get("parent_header", {}).get("msg_id") != msg_id:

@@ -13,7 +13,9 @@ and the choice of how the process is made:
   (until then empty) input folder, and it is told to become the kernel;
 - **forked**: after a restart, where the first kernel came from the fork server's zygote
   (:mod:`autograder.engine.zygote`), a new one is forked from it into a new sandbox made as the
-  first one was (same folder, same control group, the submission's files copied in again);
+  first one was (same folder, same control group, the submission's files copied in again); so is
+  the graded kernel (:mod:`autograder.engine.graded_kernel`), whose manager is given the zygote's
+  address (``zygote_address``);
 - **cold**: the kernel command, wrapped in the sandbox, is started as jupyter_client's local
   provisioner starts any kernel.
 
@@ -65,9 +67,10 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]  # jupyter_cli
             if pooled.fits(cmd, manager.limits):
                 return self.adopt(pooled, cmd, workdir)
             pooled.stop()  # started for other settings: this kernel starts cold, in the same folder
-        elif self.zygote_address is not None and kernel_pool.python_kernel(cmd):
+        elif (address := self.zygote_address or getattr(manager, "zygote_address", None)) is not None \
+                and kernel_pool.python_kernel(cmd):
             try:
-                return self.adopt(self.prestart_forked(self.zygote_address), cmd, workdir)
+                return self.adopt(self.prestart_forked(address), cmd, workdir)
             except zygote.ZygoteError as error:
                 self.log.warning("Restarting the kernel the usual way: %s", error)
         sandboxed = self.sandboxed(cmd, workdir, workdir, kwargs)

@@ -11,11 +11,13 @@ import importlib
 import json
 import math
 
+import nbformat
 import pytest
 import torch
 
 from autograder import wire
 from autograder.course.repository import assignments, module_name
+from autograder.engine.graded_cells import before, graded_sources
 from autograder.engine.source_check import forbidden_use
 from autograder.errors import CheckFailed
 from autograder.guard import ATTENTION_BUILTINS
@@ -24,8 +26,8 @@ from autograder.remote import Remote, lookup
 from autograder.serve import LocalChannel
 from autograder.student import attempt, call_student, expect_error, probe
 
-from ..course_copy import reference_answers
-from ..notebook_code import answer_cells, hidden_test_arguments, nbgrader_meta, solution_namespace, source_notebook
+from ..course_copy import fill, reference_answers
+from ..notebook_code import ROOT, answer_cells, hidden_test_arguments, nbgrader_meta, solution_namespace, source_notebook
 
 
 def proxy(name: str, value) -> Remote:
@@ -260,7 +262,8 @@ def hidden_module(assignment):
 
 
 class SourceChannel(LocalChannel):
-    """A channel whose source reading sees the notebook's own cells (as grading's does), and records what it was asked."""
+    """A channel whose source reading sees what the graded kernel loads (as grading's does), and records what it was
+    asked."""
 
     def __init__(self, namespace: dict, sources: list[str]) -> None:
         super().__init__(namespace)
@@ -277,14 +280,14 @@ def test_every_hidden_check_passes_the_reference_through_the_proxies(assignment)
     reference's source is read for forbidden built-ins as grading reads it: nothing is flagged.
     (Every catalogued mistake through the proxies: test_catalogue.py.)"""
     module = hidden_module(assignment)
-    notebook = source_notebook(assignment)
-    answers = reference_answers(assignment)
-    sources = [answers.get(nbgrader_meta(c).get("grade_id"), c.source) for c in notebook.cells
-               if c.cell_type == "code" and not (nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution"))]
+    notebook = fill(source_notebook(assignment), reference_answers(assignment))
+    loaded = graded_sources(notebook, nbformat.read(ROOT / "notebooks" / f"{assignment}.ipynb", as_version=4))
+    test_cell = {nbgrader_meta(c).get("grade_id"): i for i, c in enumerate(notebook.cells)}
     reference = vars(solution_namespace(assignment))
     arguments = hidden_test_arguments(assignment)
     asked = []
     for exercise in answer_cells(assignment):
+        sources = [s.source for s in before(loaded, test_cell[f"test_{exercise}_hidden"])]  # what grading loads
         channel = SourceChannel(reference, sources)
         getattr(module, f"check_{exercise}")(*(lookup(channel, name)[1] for name in arguments[exercise]))
         asked += channel.asked

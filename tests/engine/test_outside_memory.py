@@ -148,11 +148,17 @@ def graded_cell(source: str, grade_id: str):
     return new_code_cell(source, metadata={"nbgrader": meta})
 
 
+def answer_cell(source: str, grade_id: str):
+    """An answer cell: what the graded kernel loads (:mod:`autograder.engine.graded_cells`)."""
+    meta = {"grade": False, "solution": True, "locked": False, "grade_id": grade_id, "schema_version": 3}
+    return new_code_cell(source, metadata={"nbgrader": meta})
+
+
 def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sandboxed: bool) -> tuple[list, float]:
     """The hidden check of ``exercise`` run as grading runs it, on a notebook of ``answers``: its outputs, seconds."""
     check = (f"from autograder.hidden.{module} import check_{exercise} as hidden_check\n"
              f"hidden_check({exercise})")
-    cells = [new_code_cell("import math\nimport torch"), *(new_code_cell(a) for a in answers),
+    cells = [new_code_cell("import math\nimport torch"), *(answer_cell(a, f"answer_{i}") for i, a in enumerate(answers)),
              graded_cell(check, f"test_{exercise}_hidden")]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

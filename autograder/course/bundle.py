@@ -5,9 +5,14 @@ The bundle holds the released notebooks and the public part of the ``autograder`
 (near-solutions) and the instructor pipeline stay out. Beside them:
 
 - ``README.md``: what the course is, and how to set up, open, check, validate and submit;
-- ``requirements.txt``: the pinned packages a student needs, nbgrader included (Validate);
+- the notebooks, each with a set-up cell and, where the course publishes them, an Open-in-Colab
+  line at its top (:mod:`autograder.course.notebook_setup`), so that one opened alone finds the checks;
+- ``requirements.txt``: PyTorch, NumPy and Matplotlib in the ranges the student's side runs with
+  (:mod:`autograder.course.student_versions`), JupyterLab and nbgrader (Validate) pinned as the grader's;
 - ``course.py``: ``python course.py`` makes ``.venv`` and installs the requirements on its first
-  run, then opens JupyterLab on the notebooks, with ``jupyter/`` as its configuration folder;
+  run (``--cpu``: PyTorch's CPU build on Linux), then opens JupyterLab on the notebooks, with
+  ``jupyter/`` as its configuration folder; ``--python`` uses another environment, and says what
+  it lacks or has outside the ranges;
 - ``jupyter/``: JupyterLab without nbgrader's instructor tools (Formgrader, Create Assignment,
   Course List, disabled both in the page and on the server), with long lines wrapped in the
   Validate dialog;
@@ -21,14 +26,20 @@ import json
 import zipfile
 from pathlib import Path
 
+import nbformat
+
 from .. import INSTRUCTOR_ONLY
+from .notebook_setup import StudentBundle, notebook_link, with_setup
 from .repository import ROOT, assignments
 from .repository import pins as course_pins
 from .settings import course_config
+from .student_versions import PACKAGES, requirement
 
 TOP = "attention-course"
-#: What students need from the pinned dependencies (the rest are the instructor's tools).
-STUDENT_PACKAGES = ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")
+#: The instructor's tools a student uses too, pinned as the grader's: JupyterLab, and nbgrader for Validate.
+TOOLS = ("jupyterlab", "nbgrader")
+#: What each way of installing downloads (measured from PyPI's and the local indexes' file sizes: docs/students.md).
+DOWNLOADS = {"linux_pypi": "3.1 GB", "linux_cpu": "0.3 GB", "mac_windows": "0.3 GB", "tools": "0.12 GB"}
 #: nbgrader's JupyterLab plugins and server extensions that are for instructors only.
 INSTRUCTOR_PLUGINS = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
                       "@jupyter/nbgrader:course-list")
@@ -79,22 +90,41 @@ and the section that explains it.
 
 Notebooks: {notebooks}.
 
-## Set up and open (one command)
+The notebooks run with Python 3.11 to 3.14 and {ranges}: the PyTorch you already have will
+do if it is in that range. The first cell of each notebook makes the checks (the `autograder`
+folder) importable where the notebook was opened alone; beside this folder it does nothing.
 
-You need Python 3.11, 3.12, 3.13 or 3.14 (`python3 --version`), on Linux, macOS or Windows.
-In this folder:
+## Where to work
+
+**On Colab.** Open the notebook in Colab ({colab}), run its first cell: it finds the checks
+(upload `attention-course.zip` to Colab's Files pane first{fetched}). Colab's own PyTorch is used:
+nothing to install. Colab forgets its files when the session ends: *File > Download > .ipynb*
+to keep and submit your work.
+
+**On Kaggle.** *File > Import notebook* (the `.ipynb`), and add `attention-course.zip` as a
+dataset (*Add Input > Upload*): Kaggle unzips it under `/kaggle/input/`, where the first cell
+finds the checks. Kaggle's own PyTorch is used. *File > Download notebook* to submit.
+
+**On a JupyterHub or in your own Jupyter** with PyTorch: unzip this folder there and open the
+notebooks from it. `python course.py --python "$(which python)" setup` says whether that
+environment is in the ranges above. Validate needs nbgrader (`pip install {nbgrader}`);
+without it, *Kernel > Restart Kernel and Run All Cells* runs the same checks.
+
+**On your laptop** (Python 3.11 to 3.14, `python3 --version`; Linux, macOS or Windows), in this folder:
 
 ```bash
 python3 course.py
 ```
 
 The first run makes a virtual environment in `.venv/` and installs `requirements.txt` into it
-(PyTorch, JupyterLab, nbgrader: a few minutes and about 1 GB); every run then opens JupyterLab
-on this folder in your browser. Already have an environment with these packages (conda, say)?
-`python course.py --python "$(which python)"` uses it instead; it must have the exact versions of
-`requirements.txt` (PyTorch {torch} above all): the checks are tested with those versions only, and
-`course.py` says so when the environment has others.
+(PyTorch, JupyterLab, nbgrader: a few minutes); every run then opens JupyterLab on this folder in
+your browser. What it downloads: on Linux about {linux_pypi}, because PyPI's PyTorch for Linux
+is the CUDA build with its NVIDIA libraries; `python3 course.py --cpu` installs PyTorch's CPU
+build instead ({cpu_index}), about {linux_cpu} in all, which is what you want without an NVIDIA
+GPU. On macOS and Windows, PyPI's PyTorch is the CPU build: about {mac_windows}.
 On Windows, type `py course.py` (or `py -3.13 course.py` to choose the version).
+Already have an environment (conda, say)? `python course.py --python "$(which python)"` uses it
+instead, and says what it lacks or has outside the ranges.
 
 ## Work through a notebook
 
@@ -114,7 +144,7 @@ On Windows, type `py course.py` (or `py -3.13 course.py` to choose the version).
 5. **Submit** the `.ipynb` file as your instructor asks (upload it to your learning platform,
    or *Nbgrader > Assignment List* when your instructor uses an nbgrader exchange). Do not
    rename it and do not edit the test cells: they are replaced by the originals at grading
-   time, and tampering is detected.
+   time, and tampering is detected. Your work is graded with PyTorch {torch}, whatever yours.
 
 ## What is in this folder
 
@@ -129,6 +159,7 @@ COURSE_SCRIPT = r'''#!/usr/bin/env python3
 """Set up and open the attention course.
 
     python3 course.py                     # first run: make .venv and install requirements.txt; then open JupyterLab
+    python3 course.py --cpu               # the same, with PyTorch's CPU build on Linux (about 0.2 GB, not 3 GB)
     python3 course.py validate NB.ipynb   # what the Validate button does, in a terminal
     python3 course.py --python PATH ...   # use an environment you already have instead of .venv
 """
@@ -145,22 +176,75 @@ if sys.version_info < OLDEST:
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
+#: PyTorch's own index of CPU-only wheels (PyPI's Linux wheel is the CUDA build, with its NVIDIA libraries).
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+#: What `lab` and `validate` need beyond the notebooks' own packages.
+TOOLS = {"lab": "jupyterlab", "validate": "nbgrader"}
 
 
 def venv_python() -> Path:
     return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def setup() -> Path:
+def requirements() -> dict[str, str]:
+    """package -> its versions in requirements.txt (">=2.5,<2.16", "==0.9.6")."""
+    found = {}
+    for line in (HERE / "requirements.txt").read_text().splitlines():
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*([<>=!~].*)?$", line.split("#")[0])
+        if match:
+            found[match.group(1).lower()] = (match.group(2) or "").replace(" ", "")
+    return found
+
+
+def numbers(version: str) -> tuple:
+    return tuple(int(n) for n in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
+
+
+def satisfies(version: str, spec: str) -> bool:
+    """Whether ``version`` is inside ``spec`` (">=2.5,<2.16"); the release's numbers only, as pip compares them."""
+    have = numbers(version)
+    for clause in filter(None, spec.split(",")):
+        op, wanted = re.match(r"(==|>=|<=|<|>)(.+)", clause).groups()
+        want = numbers(wanted)
+        size = max(len(have), len(want))
+        a, b = have + (0,) * (size - len(have)), want + (0,) * (size - len(want))
+        if not {"==": a == b, ">=": a >= b, "<=": a <= b, "<": a < b, ">": a > b}[op]:
+            return False
+    return True
+
+
+def versions(python: str, packages) -> dict:
+    """package -> its version in the environment of ``python`` (None: not installed)."""
+    probe = ("import json, sys; from importlib.metadata import version, PackageNotFoundError\n"
+             "def v(n):\n    try: return version(n)\n    except PackageNotFoundError: return None\n"
+             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    done = subprocess.run([python, "-c", probe, *packages], check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+def outside_ranges(python: str) -> list:
+    """The notebooks' packages (those of requirements.txt with a range) that ``python`` lacks or has outside it."""
+    ranges = {name: spec for name, spec in requirements().items() if not spec.startswith("==")}
+    found = versions(python, ranges)
+    return [f"{name} {found[name] or 'missing'} (the course runs with {name}{spec})"
+            for name, spec in ranges.items() if not found[name] or not satisfies(found[name], spec)]
+
+
+def pip(python: Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], check=True)
+
+
+def setup(cpu: bool = False) -> Path:
     """Make .venv and install requirements.txt into it, unless that was done for these requirements."""
     python = venv_python()
     stamp = VENV / ".installed"
-    wanted = (HERE / "requirements.txt").read_text()
+    wanted = (HERE / "requirements.txt").read_text() + ("--cpu\n" if cpu else "")
     if python.exists() and stamp.is_file() and stamp.read_text() == wanted:
         return python
     if sys.version_info[:2] > NEWEST:
@@ -168,25 +252,23 @@ def setup() -> Path:
     if not python.exists():
         print("making .venv ...")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip(python, "--upgrade", "pip")
+    if cpu and sys.platform.startswith("linux"):
+        print(f"installing PyTorch's CPU build from {CPU_INDEX} ...")
+        try:
+            pip(python, "--index-url", CPU_INDEX, "torch" + requirements()["torch"])
+        except subprocess.CalledProcessError:
+            sys.exit(f"could not install PyTorch from {CPU_INDEX} (pip's message is above); without --cpu, "
+                     "course.py installs PyPI's build instead")
+    elif cpu:
+        print("note: PyPI's PyTorch for macOS and Windows is the CPU build already: --cpu changes nothing here")
     print("installing requirements.txt into .venv (a few minutes the first time) ...")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(HERE / "requirements.txt")], check=True)
+    pip(python, "-r", str(HERE / "requirements.txt"))
     stamp.write_text(wanted)
     return python
 
 
-def pinned_versions_differ(python: str) -> list[str]:
-    """The packages of requirements.txt that the environment of ``python`` has in another version."""
-    pins = dict(line.strip().split("==") for line in (HERE / "requirements.txt").read_text().splitlines() if "==" in line)
-    probe = ("import json, sys; from importlib.metadata import version, PackageNotFoundError\n"
-             "def v(n):\n    try: return version(n)\n    except PackageNotFoundError: return None\n"
-             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
-    found = json.loads(subprocess.run([python, "-c", probe, *pins], check=True, capture_output=True, text=True).stdout)
-    return [f"{name} {found[name] or 'missing'} (wanted {wanted})" for name, wanted in pins.items()
-            if (found[name] or "").split("+")[0] != wanted]
-
-
-def environment() -> dict[str, str]:
+def environment() -> dict:
     """JupyterLab's settings come from jupyter/ (the student's extensions only, wrapped dialogs)."""
     env = dict(os.environ)
     env["JUPYTER_CONFIG_DIR"] = str(HERE / "jupyter")
@@ -194,21 +276,27 @@ def environment() -> dict[str, str]:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", help="the Python of an environment that has requirements.txt (default: .venv)")
+    parser.add_argument("--cpu", action="store_true",
+                        help=f"on Linux, install PyTorch's CPU build from {CPU_INDEX} into .venv (no CUDA libraries)")
     parser.add_argument("command", nargs="?", default="lab", choices=["lab", "setup", "validate"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="lab: options for jupyter lab; validate: notebooks")
     args = parser.parse_args(argv)
-    python = args.python or str(setup())
+    python = args.python or str(setup(args.cpu))
     if args.python:
-        differ = pinned_versions_differ(python)
-        if differ:
-            print(f"note: {python} has {', '.join(differ)}: the checks are tested with requirements.txt's versions only "
-                  f"(pip install -r requirements.txt, or run without --python)")
+        outside = outside_ranges(python)
+        if outside:
+            print(f"note: {python} has {', '.join(outside)}: pip install -r requirements.txt, or run without --python")
     if args.command == "setup":
         print(f"ready: python3 course.py opens JupyterLab with {python}")
         return 0
+    tool = TOOLS[args.command]
+    if not versions(python, [tool])[tool]:
+        print(f"{args.command} needs {tool}, which {python} does not have: "
+              f"{python} -m pip install {tool}{requirements()[tool]} (or run course.py without --python: its .venv has it)")
+        return 1
     if args.command == "validate":
         return subprocess.call([python, "-m", "nbgrader", "validate", *args.rest], cwd=HERE, env=environment())
     command = [python, "-m", "jupyterlab", f"--notebook-dir={HERE}"]
@@ -223,9 +311,9 @@ if __name__ == "__main__":
 
 
 def requirements(root: Path = ROOT) -> str:
-    """The pinned packages a student needs (read from pyproject.toml), nbgrader included."""
+    """What a student installs: the notebooks' packages in their ranges, then JupyterLab and nbgrader as pinned."""
     pins = course_pins(root)
-    return "".join(f"{pins[name]}\n" for name in STUDENT_PACKAGES)
+    return "".join(f"{requirement(name)}\n" for name in PACKAGES) + "".join(f"{pins[name]}\n" for name in TOOLS)
 
 
 def _instructor_value(root: Path, name: str, default: int) -> int:
@@ -235,6 +323,20 @@ def _instructor_value(root: Path, name: str, default: int) -> int:
     return int(value)
 
 
+def readme(root: Path = ROOT) -> str:
+    """The bundle's README: the notebooks (with their links where the course publishes them), where to work."""
+    published = StudentBundle(config=course_config(root))
+    names = [name for name in assignments(root) if (root / "notebooks" / f"{name}.ipynb").is_file()]
+    url = published.notebooks_url.rstrip("/")
+    notebooks = ", ".join(f"[`{n}`]({notebook_link(url, n + '.ipynb')})" if url else f"`{n}`" for n in names)
+    fetched = ", unless your instructor publishes it: then the cell downloads it" if published.package_url or url else ""
+    return README.format(
+        notebooks=notebooks, ranges=", ".join(f"`{requirement(p)}`" for p in PACKAGES),
+        colab="each notebook's link above" if url else "*File > Upload notebook*", fetched=fetched,
+        nbgrader=course_pins(root)["nbgrader"], torch=course_pins(root)["torch"].split("==")[1],
+        cpu_index="`https://download.pytorch.org/whl/cpu`", **DOWNLOADS)
+
+
 def generated_files(root: Path = ROOT) -> dict[str, str]:
     """Archive name -> text, for every file of the bundle made here rather than copied."""
     page_config = {"disabledExtensions": {plugin: True for plugin in INSTRUCTOR_PLUGINS}}
@@ -242,9 +344,8 @@ def generated_files(root: Path = ROOT) -> dict[str, str]:
                      "LabApp": {"custom_css": True}}
     config = STUDENT_CONFIG.format(timeout=_instructor_value(root, "Execute.timeout", 60),
                                    width=_instructor_value(root, "Validator.width", 640))
-    notebooks = ", ".join(f"`{name}`" for name in assignments(root) if (root / "notebooks" / f"{name}.ipynb").is_file())
     return {
-        f"{TOP}/README.md": README.format(notebooks=notebooks, torch=course_pins(root)["torch"]),
+        f"{TOP}/README.md": readme(root),
         f"{TOP}/requirements.txt": requirements(root),
         f"{TOP}/course.py": COURSE_SCRIPT,
         f"{TOP}/nbgrader_config.py": config,
@@ -272,11 +373,21 @@ def write_bundle(output: str | Path, root: Path = ROOT) -> Path:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as archive:
+        config = course_config(root)
         for name, path in bundle_files(root).items():
-            archive.write(path, name)
+            if name.count("/") == 1 and name.endswith(".ipynb"):  # a notebook: with its set-up cell on top
+                notebook = with_setup(nbformat.read(path, as_version=4), path.name, config)
+                archive.writestr(_entry(name), nbformat.writes(notebook) + "\n")
+            else:
+                archive.write(path, name)
         for name, text in generated_files(root).items():
-            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
-            info.external_attr = (0o755 if name.endswith(".py") else 0o644) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, text)
+            archive.writestr(_entry(name), text)
     return output
+
+
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A file made here: a fixed date, executable when it is a script."""
+    info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+    info.external_attr = (0o755 if name.endswith(".py") else 0o644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info

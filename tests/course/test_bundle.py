@@ -14,6 +14,7 @@ import pytest
 import autograder
 from autograder.course.bundle import write_bundle
 from autograder.course.repository import assignments, module_name
+from autograder.course.student_versions import inside
 
 from ..notebook_code import ROOT, answer_cells
 
@@ -90,9 +91,42 @@ def test_bundle_sets_itself_up(bundle):
         assert step in readme, step
     requirements = bundle["attention-course/requirements.txt"].split()
     pins = {d.split("==")[0]: d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
-    assert requirements == [pins[name] for name in ("torch", "numpy", "matplotlib", "jupyterlab", "nbgrader")]
+    # The notebooks' packages in their ranges (the grader's pins inside them), the tools pinned as the grader's.
+    assert requirements == ["torch>=2.5,<2.16", "numpy>=1.26,<2.5", "matplotlib>=3.8,<3.12",
+                            pins["jupyterlab"], pins["nbgrader"]]
+    for package in ("torch", "numpy", "matplotlib"):
+        assert inside(package, pins[package].split("==")[1]), f"the grader's {pins[package]} is outside the range"
     compile(bundle["attention-course/course.py"], "course.py", "exec")
     compile(bundle["attention-course/nbgrader_config.py"], "nbgrader_config.py", "exec")
+
+
+def test_every_notebook_starts_with_the_setup_cell(bundle):
+    """The set-up cell first, then the notebook as released: nothing else changed."""
+    for assignment in assignments():
+        bundled = json.loads(bundle[f"attention-course/{assignment}.ipynb"])["cells"]
+        released = json.loads((ROOT / "notebooks" / f"{assignment}.ipynb").read_text())["cells"]
+        assert bundled[0]["cell_type"] == "code" and "".join(bundled[0]["source"]).startswith("# Set-up:")
+        assert [c["source"] for c in bundled[1:]] == [c["source"] for c in released]
+
+
+def test_a_published_course_links_each_notebook_to_colab(tmp_path):
+    """With StudentBundle.notebooks_url set: an Open-in-Colab line on top, the set-up cell fetching the archive."""
+    import shutil
+
+    for name in ("nbgrader_config.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "source" / "01_soft_lookup", tmp_path / "source" / "01_soft_lookup")
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "01_soft_lookup.ipynb", tmp_path / "notebooks")
+    with open(tmp_path / "nbgrader_config.py", "a") as config:
+        config.write('\nc.StudentBundle.notebooks_url = "https://github.com/someone/attention/blob/v1/course"\n')
+    with zipfile.ZipFile(write_bundle(tmp_path / "course.zip", root=tmp_path)) as archive:
+        cells = json.loads(archive.read("attention-course/01_soft_lookup.ipynb"))["cells"]
+        readme = archive.read("attention-course/README.md").decode()
+    colab = "https://colab.research.google.com/github/someone/attention/blob/v1/course/01_soft_lookup.ipynb"
+    assert cells[0]["cell_type"] == "markdown" and f"[Open in Colab]({colab})" in "".join(cells[0]["source"])
+    assert "url='https://github.com/someone/attention/archive/v1.zip'" in "".join(cells[1]["source"])
+    assert f"[`01_soft_lookup`]({colab})" in readme
 
 
 def test_student_lab_has_no_instructor_tools(bundle):

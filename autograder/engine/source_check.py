@@ -128,6 +128,8 @@ MAX_DEPTH = 100
 MAX_CHARS = 2_000_000
 #: Python's built-ins an answer may name (the others are in :data:`DYNAMIC_CALLS`; :data:`BY_NAME` is read apart).
 PLAIN_BUILTINS = frozenset(dir(builtins)) - set(DYNAMIC_CALLS)
+#: ``nn.Module``'s methods that return the module itself: an instance of the student's class stays one through them.
+RETURN_THE_MODULE = frozenset({"to", "float", "double", "half", "cpu", "train", "eval", "requires_grad_"})
 #: IPython's magics whose argument or body is Python that runs in the notebook's namespace: it is read instead.
 PYTHON_MAGICS = frozenset({"time", "capture"})
 
@@ -577,11 +579,33 @@ class _Reader:
                 own -= set(node.names)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node is not function:
                 own -= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}  # shadowed in a nested one
-        for param in params:  # a default value is evaluated once, by whoever defines the function
-            if param in own and any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store)
-                                    for n in ast.walk(function)):
-                own.discard(param)
-        return frozenset(own)
+        factories = set(self.classes) | ({params[0]} if method and params and "classmethod" in decorators else set())
+        return frozenset(own | self._instances(function, factories))
+
+    def _instances(self, function: ast.AST, factories: set[str]) -> set[str]:
+        """The names that ``function`` only ever binds to a new instance of a class of the student's:
+        ``module = cls(d_model, h).to(dtype)``, ``block = Block()``."""
+        if any(isinstance(s, ast.FunctionDef) and s.name == "__new__" or any(k.arg == "metaclass" for k in c.keywords)
+               for c in self.classes.values() for s in [*c.body, c]):
+            return set()  # a class whose instances are made another way: nothing is known of what it returns
+        stored: dict[str, int] = {}
+        made: dict[str, int] = {}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                stored[node.id] = stored.get(node.id, 0) + 1
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                  and self._makes_instance(node.value, factories)):
+                made[node.targets[0].id] = made.get(node.targets[0].id, 0) + 1
+        return {name for name, count in made.items() if stored.get(name) == count}
+
+    def _makes_instance(self, value: ast.AST, factories: set[str]) -> bool:
+        """Whether ``value`` is ``C(...)`` for a class ``C`` of the student's, maybe followed by ``.to(...)``-like
+        calls of ``nn.Module`` that return the module itself (and that no class of the student's redefines)."""
+        defined = {s.name for c in self.classes.values() for s in c.body if isinstance(s, ast.FunctionDef)}
+        while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+               and value.func.attr in RETURN_THE_MODULE and value.func.attr not in defined):
+            value = value.func.value
+        return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in factories
 
     def _check(self, node: ast.AST, own: frozenset[str]) -> None:
         parents = self._parents

@@ -147,6 +147,11 @@ HOSTILE: dict[str, list[list[str]]] = {
          answer(f"return Box.get(torch.nn.functional, {COMPUTED})(Q, K, V)")],
         [answer(f"gen = (x for x in [])\nreturn getattr(gen, 'gi_' + {COMPUTED})")],
         [answer(f"def inner(o, n):\n    return getattr(o, n)\nreturn inner(Q, {COMPUTED})")],
+        ["class Box:\n    def __new__(cls):\n        return (x for x in [])",
+         answer(f"box = Box()\nreturn getattr(box, 'gi_' + {COMPUTED})")],
+        ["class Box:\n    pass", answer(f"box = Box()\nbox = (x for x in [])\nreturn getattr(box, 'gi_' + {COMPUTED})")],
+        ["class Box:\n    def to(self):\n        return (x for x in [])",
+         answer(f"box = Box().to()\nreturn getattr(box, 'gi_' + {COMPUTED})")],
     ],
 }
 
@@ -241,6 +246,15 @@ HABITS = {
     "getattr and setattr with computed names on self": ("MultiHeadAttention", [IMPORTS, MHA]),
     "getattr with a computed name on the exercise's argument": ("forward_of", [IMPORTS, MHA,
         "def forward_of(mha, x):\n    return sum(getattr(mha, f'w_{n}')(x) for n in 'qkv')"]),
+    "getattr with a computed name on an instance made in a classmethod": ("MultiHeadAttention", [IMPORTS, MHA + """
+    @classmethod
+    def from_torch(cls, mha):
+        module = cls(mha.embed_dim, mha.num_heads).to(dtype=mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            for name, w in zip("qkv", mha.in_proj_weight.chunk(3)):
+                getattr(module, f"w_{name}").weight.copy_(w)
+        return module
+"""]),
     "a helper and a dataclass in the answer cells": ("sdpa", [
         IMPORTS, "from dataclasses import dataclass\n\n@dataclass\nclass Shapes:\n    n: int\n    m: int",
         "def scores(Q, K):\n    return Q @ K.mT / math.sqrt(Q.shape[-1])",

@@ -440,7 +440,7 @@ def _forbidden_words(closure: Sequence[ast.stmt], rules: Sequence[Forbidden], ex
                 found = imported[node.id]
             elif isinstance(node, ast.Name) and node.id in EVASIONS:
                 found = node.id
-            elif not isinstance(parents.get(id(node)), ast.Expr):  # a docstring or bare string does nothing
+            elif _names_an_attribute(node, parents):  # elsewhere a string is a label or a message: it calls nothing
                 text = _constant_text(node)
                 if text is not None and text.rsplit(".", 1)[-1] in words:
                     found = text.rsplit(".", 1)[-1]
@@ -456,6 +456,13 @@ def _forbidden_words(closure: Sequence[ast.stmt], rules: Sequence[Forbidden], ex
                     "yourself. Outside your function PyTorch's built-in is the referee your answer is compared "
                     "with; inside it, build the result from basic operations (matmul, exp, sum, max, ...).")
     return None
+
+
+def _names_an_attribute(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``node`` is the name ``getattr``, ``setattr``, ``delattr`` or ``hasattr`` is given."""
+    call = parents.get(id(node))
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in {*BY_NAME, "hasattr"}
+            and len(call.args) >= 2 and call.args[1] is node)
 
 
 class _Reader:

@@ -242,6 +242,9 @@ HABITS = {
     "a profiler label around the work": ("sdpa", [IMPORTS, answer(
         "with torch.profiler.record_function('attention scores'):\n    s = Q @ K.mT / math.sqrt(Q.shape[-1])\n"
         "return torch.softmax(s, dim=-1) @ V")]),
+    "a profiler label named after the built-in": ("sdpa", [IMPORTS, answer(
+        "with torch.profiler.record_function('scaled_dot_product_attention'):\n"
+        "    return torch.softmax(Q @ K.mT, dim=-1) @ V")]),
     "%%time on an exercise cell": ("sdpa", [IMPORTS, "%%time\n" + HONEST]),
     "getattr and setattr with computed names on self": ("MultiHeadAttention", [IMPORTS, MHA]),
     "getattr with a computed name on the exercise's argument": ("forward_of", [IMPORTS, MHA,

@@ -176,10 +176,16 @@ def submit(course: Path, assignment: str, student: str, notebook: nbformat.Noteb
     return path
 
 
+#: The time limits the tests grade under: ten and six times the course's (60 s a cell, 600 s a notebook), so that no
+#: verdict depends on how busy the machine is. A test about a time limit sets its own; the course's own limits are
+#: measured by `make bench-grading`, not judged here.
+UNHURRIED = {"Execute.timeout": 600, "ResilientExecute.notebook_timeout": 3600}
+
+
 def grading_settings(root: Path, flags: dict | None = None) -> Settings:
     """How the tests grade their own (trusted) submissions in the course at ``root``: in the sandbox where there is
-    one, else without; ``flags`` as a command line's ("Class.trait": value).
+    one, else without, under :data:`UNHURRIED` limits; ``flags`` as a command line's ("Class.trait": value).
 
     The hostile submissions are never graded without the sandbox: their test skips instead.
     """
-    return Settings.load(root, {"Grading.sandbox": sandbox.mode() != "limits only", **(flags or {})})
+    return Settings.load(root, {"Grading.sandbox": sandbox.mode() != "limits only", **UNHURRIED, **(flags or {})})

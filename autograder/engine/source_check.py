@@ -26,9 +26,9 @@ message says what to write instead, never "allowed". In an exercise that forbids
 code the answer reaches may reach functions only by names the reader resolves to their
 definitions: every free name is defined in what is loaded or is one of Python's plain built-ins;
 a module is used only through its attributes (``F.relu(x)``; never passed, stored or listed, so
-``getattr`` never reaches one); ``getattr``/``setattr`` with a computed name only on ``self`` or
-on a parameter of the exercise's own function (the student's objects and the grader's
-arguments, one step deep); no dunder beyond a few plain ones (``__init__``, ``__name__``, ...);
+``getattr`` never reaches one); ``getattr``/``setattr`` with a computed name only on ``self``, on
+a parameter of the exercise's own function or on an instance of the student's class made in the
+function (the student's objects and the grader's arguments, one step deep); no dunder beyond a few plain ones (``__init__``, ``__name__``, ...);
 no ``exec``, ``eval``, ``globals()``, ``vars``, ``__builtins__``, ``get_ipython()``, magics
 (``%time``'s and ``%%time``'s Python is read in their place), ``operator.attrgetter``/
 ``methodcaller``, star imports, TorchScript or compiled code (``torch.jit``, ``torch.compile``,

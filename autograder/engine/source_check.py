@@ -22,23 +22,23 @@ in it:
   ``isinstance`` or an annotation is fine.
 
 It fails closed: what it cannot resolve statically is "cannot verify", a failing verdict whose
-message says what to write instead, never "allowed". In an exercise that forbids built-ins, the
-code the answer reaches may reach functions only by names the reader resolves to their
-definitions: every free name is defined in what is loaded or is one of Python's plain built-ins;
-a module is used only through its attributes (``F.relu(x)``; never passed, stored or listed, so
-``getattr`` never reaches one); ``getattr``/``setattr`` with a computed name only on ``self``, on
-a parameter of the exercise's own function or on an instance of the student's class made in the
-function (the student's objects and the grader's arguments, one step deep); no dunder beyond a few plain ones (``__init__``, ``__name__``, ...);
-no ``exec``, ``eval``, ``globals()``, ``vars``, ``__builtins__``, ``get_ipython()``, magics
-(``%time``'s and ``%%time``'s Python is read in their place), ``operator.attrgetter``/
-``methodcaller``, star imports, TorchScript or compiled code (``torch.jit``, ``torch.compile``,
-``torch.load``), PyTorch's private names, or a module outside :data:`IMPORTABLE`. Anywhere in
-what is loaded, nothing may write the notebook's namespace (``globals()[...] = ``, ``__builtins__``,
-``import builtins``) or change what an imported module holds (``torch.softmax = f``, a probe of
-the public checks replaced). A source that does not parse, an expression nested deeper than
-:data:`MAX_DEPTH`, more than :data:`MAX_CHARS` of source, and any error of the reader's own are
-"cannot verify" too. A function that behaves differently when it is graded gains nothing: its
-source is what is read.
+message says what to write instead, never "allowed". In an exercise that forbids built-ins, the code
+the answer reaches may reach functions only by names the reader resolves to their definitions: every
+free name is defined in what is loaded or is one of Python's plain built-ins; a module is used only
+through its attributes (``F.relu(x)``; never passed, stored or listed, so ``getattr`` never reaches
+one); ``getattr``/``setattr`` with a computed name only on ``self``, on a parameter of the
+exercise's own function or on an instance of the student's class made in the function (the student's
+objects and the grader's arguments, one step deep); no dunder beyond a few plain ones (``__init__``,
+``__name__``, ...); no ``exec``, ``eval``, ``globals()``, ``vars``, ``__builtins__``,
+``get_ipython()``, magics (``%time``'s and ``%%time``'s Python is read in their place),
+``operator.attrgetter``/ ``methodcaller``, star imports, TorchScript or compiled code
+(``torch.jit``, ``torch.compile``, ``torch.load``), PyTorch's private names, or a module outside
+:data:`IMPORTABLE`. Anywhere in what is loaded, nothing may write the notebook's namespace
+(``globals()[...] = ``, ``__builtins__``, ``import builtins``) or change what an imported module
+holds (``torch.softmax = f``, a probe of the public checks replaced). A source that does not parse,
+an expression nested deeper than :data:`MAX_DEPTH`, more than :data:`MAX_CHARS` of source, and any
+error of the reader's own are "cannot verify" too. A function that behaves differently when it is
+graded gains nothing: its source is what is read.
 
 What it does not see: cells the graded kernel does not load (scratch cells, set-up cells, the
 magics of the imports cell: they cannot change a verdict there), code that is not Python source
@@ -625,6 +625,8 @@ class _Reader:
                                        f"{', '.join(sorted(IMPORTABLE - {'__future__'}))})", node)
             for path in _imported([node]).values():
                 self._readable(path.split("."), node)
+                if path.rsplit(".", 1)[-1] in DYNAMIC_ATTRIBUTES:
+                    raise CannotVerify(f"imports {path}, which reaches attributes or code by computed names", node)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             parent = parents.get(id(node))
             if node.id in BY_NAME and not (isinstance(parent, ast.Call) and parent.func is node):

@@ -103,6 +103,10 @@ HOSTILE: dict[str, list[list[str]]] = {
         ["from operator import attrgetter as pick", answer(f"return pick({COMPUTED})(F)(Q, K, V)")],
         [answer(f"return operator.methodcaller({COMPUTED}, Q, K, V)(F)")],
         [answer(f"return operator.attrgetter('nn.functional.' + {COMPUTED})(torch)(Q, K, V)")],
+        ["from operator import attrgetter", answer("return attrgetter('__cl' + 'ass__.__init__')(Q)")],
+        ["from typing import get_type_hints as hints",
+         "def hinted(x: 'torch._C.DisableTorchFunction'):\n    pass",
+         answer("with hints(hinted)['x']():\n    return F.softmax(Q @ K.mT, -1) @ V")],
     ],
     "functools.reduce(getattr, ...)": [
         [answer(f"return functools.reduce(getattr, ['nn', 'functional', {COMPUTED}], torch)(Q, K, V)")],

@@ -18,7 +18,7 @@ from nbval.plugin import IPyNbCell
 
 from . import nbval_figures
 
-#: The longest tests, longest first (each grades a class through nbgrader).
+#: The longest tests, longest first (each grades a class through nbgrader; a parametrized one, each of its cases).
 LONGEST = (
     "test_grading_end_to_end.py::test_a_class_of_every_notebook",
     "test_hostile_submissions.py::test_a_hostile_class",
@@ -27,7 +27,7 @@ LONGEST = (
 
 def _rank(item: pytest.Item) -> tuple[int, int]:
     for rank, name in enumerate(LONGEST):
-        if item.nodeid.endswith(name):
+        if item.nodeid.split("[")[0].endswith(name):  # each of a parametrized test's cases
             return 0, rank
     return (1 if item.get_closest_marker("slow") or isinstance(item, IPyNbCell) else 2), 0
 

@@ -1,0 +1,113 @@
+"""Environments like a student's, made once and kept between runs, and a notebook run in one of them.
+
+Each is a virtual environment of its own Python with PyTorch, NumPy and Matplotlib of given versions,
+and what runs a notebook there (ipykernel, nbclient), as Colab and Kaggle have: no nbgrader, no
+JupyterLab, not the course's package. They are kept in ``$COURSE_STUDENT_ENVS`` (default
+``~/.cache/attention-course/student-envs``, outside the repository), so only the first run pays for
+the installation.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from autograder.course.student_versions import ENDS
+
+CACHE = Path(os.environ.get("COURSE_STUDENT_ENVS") or Path.home() / ".cache" / "attention-course" / "student-envs")
+#: Like Colab's: a Python environment other than the course's, with other releases than the course's pins installed
+#: first (torch 2.14.1 for Python 3.11 lies on this machine's disk: no download here; elsewhere about 3 GB from PyPI).
+COLAB = {"python": "3.11", "torch": "2.14.1", "numpy": "2.2.6", "matplotlib": "3.10.9"}
+ENVIRONMENTS = {"colab": COLAB, **ENDS}
+#: What runs a notebook in the environment, as on Colab and Kaggle.
+HARNESS = ("ipykernel", "nbclient")
+STAMP = ".course-env.json"
+
+
+class Unavailable(Exception):
+    """The environment cannot be made here (its Python is missing, or pip could not install its packages)."""
+
+
+def find_python(version: str) -> str | None:
+    """A Python ``version`` ("3.12") on PATH or among pyenv's, if this machine has one."""
+    found = [shutil.which(f"python{version}")]
+    found += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    return next(filter(None, found), None)
+
+
+def spec(name: str) -> dict[str, str]:
+    return {**ENVIRONMENTS[name], "harness": " ".join(HARNESS)}
+
+
+def environment(name: str) -> Path:
+    """The Python of environment ``name`` (:data:`ENVIRONMENTS`), made on first use; :class:`Unavailable` if it cannot be."""
+    wanted = spec(name)
+    folder = CACHE / name
+    python = folder / "bin" / "python"
+    stamp = folder / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted and python.exists():
+        return python
+    base = find_python(wanted["python"])
+    if base is None:
+        raise Unavailable(f"no Python {wanted['python']} on this machine for the {name} environment")
+    shutil.rmtree(folder, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([base, "-m", "venv", str(folder)], check=True, capture_output=True)
+    packages = [f"{p}=={wanted[p]}" for p in ("torch", "numpy", "matplotlib")] + list(HARNESS)
+    log = CACHE / f"{name}.log"
+    with log.open("w") as out:
+        done = subprocess.run([str(python), "-m", "pip", "install", "--progress-bar", "off", *packages],
+                              stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode:
+        tail = log.read_text().strip().splitlines()[-3:]
+        raise Unavailable(f"pip could not install {' '.join(packages)} for Python {wanted['python']} "
+                          f"(no network to PyPI?): {' / '.join(tail)}")
+    stamp.write_text(json.dumps(wanted))
+    return python
+
+
+#: Run in the environment: execute the notebook in its folder, print one JSON line (the error, if a cell
+#: raised, and the last cell's output).
+RUNNER = r"""
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+path = sys.argv[1]
+notebook = nbformat.read(path, as_version=4)
+client = NotebookClient(notebook, timeout=int(sys.argv[2]), kernel_name="python3",
+                        resources={"metadata": {"path": sys.argv[3]}})
+result = {"error": None}
+try:
+    client.execute()
+except CellExecutionError as error:
+    result["error"] = {"ename": error.ename, "evalue": error.evalue}
+    for index, cell in enumerate(notebook.cells):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            result["error"]["cell"] = index
+last = notebook.cells[-1]
+result["last"] = "".join(o.get("text", "") for o in last.get("outputs", []) if o.get("output_type") == "stream")
+print(json.dumps(result))
+"""
+
+
+def run_notebook(python: Path, path: Path, timeout: int = 900) -> dict:
+    """Execute the notebook at ``path`` in its own folder with the environment of ``python``.
+
+    Returns ``{"error": None or {"ename", "evalue", "cell"}, "last": the last cell's printed text}``.
+    Nothing of the course's environment leaks in: no PYTHONPATH, no Jupyter paths, the environment's
+    ``bin`` first on PATH (its kernel is its own Python).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["JUPYTER_DATA_DIR"] = str(path.parent / ".jupyter-data")
+    done = subprocess.run([str(python), "-c", RUNNER, str(path), str(timeout), str(path.parent)], cwd=path.parent,
+                          env=env, capture_output=True, text=True, timeout=timeout + 120)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        raise RuntimeError(f"the runner failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(lines[-1])

@@ -104,6 +104,10 @@ similarity: setup ## report/similarity/index.html: similar answers per exercise,
 student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, README, one-command setup
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 
+.PHONY: test-versions
+test-versions: setup ## every released notebook with the references, at both ends of the students' ranges (ENDS="oldest newest"; each end's environment downloads PyPI's PyTorch once, about 3 GB)
+	COURSE_TEST_VERSIONS="$(or $(ENDS),oldest newest)" $(BIN)/python -m pytest tests/course/test_students_anywhere.py -k both_ends
+
 .PHONY: hub
 HUB_EXCHANGE ?= /srv/nbgrader/exchange
 hub/node_modules/.installed: hub/package.json hub/package-lock.json

@@ -3,8 +3,9 @@
 ``make test`` runs ``pytest -n 2 --dist loadgroup --no-loadscope-reorder tests``:
 xdist gives each worker the next test (or group, ``xdist_group``) in collection order as it frees
 up. A test that grades a whole class takes minutes; started last it would run alone at the end. So
-the tests that grade through nbgrader start first, the two longest (measured with ``--durations``)
-on different workers, and everything else fills the time beside them. Only the order and the
+the tests that grade through nbgrader start first, the longest (measured with ``--durations``) on one
+worker while the other takes the class of every notebook, one notebook at a time, and everything
+else fills the time beside them. Only the order and the
 placement change, never what runs. nbval's notebooks (``make test`` passes ``solutions`` with
 ``--nbval``) run in the same session, each as one group (:mod:`tests.nbval_figures`: a notebook's
 cells share one kernel and must run in order on one worker), started beside the slow tests.
@@ -20,8 +21,8 @@ from . import nbval_figures
 
 #: The longest tests, longest first (each grades a class through nbgrader; a parametrized one, each of its cases).
 LONGEST = (
-    "test_grading_end_to_end.py::test_a_class_of_every_notebook",
-    "test_hostile_submissions.py::test_a_hostile_class",
+    "test_hostile_submissions.py::test_a_hostile_class",  # one test: started first, the other worker takes the next
+    "test_grading_end_to_end.py::test_a_class_of_every_notebook",  # a test per notebook: both workers share them
 )
 
 

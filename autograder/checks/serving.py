@@ -28,20 +28,26 @@ from ..references.serving import (
     absorbed_problem,
     append_allocation_problem,
     append_allocations,
+    bytes_errors,
     check_paged_scripts,
-    decoder_of,
+    greedy_of,
     mla_reference,
     mla_shapes,
+    paged_append_errors,
+    paged_attention_errors,
     paged_attention_on,
     paged_attention_reference,
     paged_case,
+    proposals_all_accepted,
     run_mla,
     run_paged_attention,
     script,
+    speculative_errors,
     speculative_problem,
     speculative_run,
+    unknown_ids,
 )
-from ..references.tiny_decoder import greedy_reference, module_parameters
+from ..references.tiny_decoder import module_parameters
 from ..student import call_student, probe
 from ..verify import Case, verify, verify_number
 
@@ -61,6 +67,7 @@ def check_cache_bytes_per_token(cache_bytes_per_token) -> None:
     ]
     verify_number(cache_bytes_per_token, cases, exercise="cache_bytes_per_token", notebook=NOTEBOOK,
                   arg_names=("num_layers", "num_heads", "kv_heads", "d_head", "dtype"), integer=True)
+    bytes_errors(cache_bytes_per_token)
     print("cache_bytes_per_token passes the visible checks.")
 
 
@@ -80,6 +87,8 @@ def check_PagedKVCache(PagedKVCache) -> None:  # noqa: N802, N803 - named after 
     problem = append_allocation_problem(probe(append_allocations, PagedKVCache, what="64 appends of one token"))
     if problem:
         fail(problem)
+    unknown_ids(PagedKVCache)
+    paged_append_errors(PagedKVCache)
     print("PagedKVCache passes the visible checks.")
 
 
@@ -96,6 +105,7 @@ def check_paged_attention(paged_attention) -> None:
     verify(run_paged_attention(paged_attention, ATTENTION_BUILTINS), cases, paged_attention_reference,
            exercise="paged_attention", arg_names=PAGED_ARGS, outputs=None, forbid=ATTENTION_BUILTINS,
            mistakes=mistakes, rtol=1e-10, atol=1e-12)
+    paged_attention_errors(paged_attention, cases[0])
     print("paged_attention passes the visible checks.")
 
 
@@ -127,18 +137,23 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
 
 
 def check_speculative_generate(speculative_generate) -> None:
-    """The target's greedy tokens (float64) with a weaker draft and with draft = target; the calls counted."""
-    target = (1140, 16, 2, 32, 24, 2, None)
+    """The target's greedy tokens (float64) with a weaker draft and with draft = target; the calls counted; errors."""
+    target = (1140, 16, 2, 32, 24, 2, None, True)  # never repeating a token: proposing one k times is wrong
     for draft, prompt, steps, k, calls, label in [
-        ((1140, 16, 2, 32, 24, 2, 1), [13, 22, 16, 12], 12, 3, None, "a draft made of the target's first block"),
+        ((1140, 16, 2, 32, 24, 2, 1, True), [13, 22, 16, 12], 12, 3, None, "a draft made of the target's first block"),
         (target, [5, 0, 17, 9], 10, 2, math.ceil(10 / 3), "draft = target: every proposal accepted, ceil(steps / "
          "(k + 1)) calls"),
     ]:
         prompt = torch.tensor([prompt])
-        got = probe(speculative_run, speculative_generate, target, draft, prompt, steps, k,
-                    what=f"speculative_generate(target, draft, prompt (1, 4), {steps}, {k}) ({label})")
-        greedy = greedy_reference(decoder_of(target).weights, prompt, steps)
-        found = speculative_problem(got, target, draft, prompt, steps, k, greedy, calls)
+        what = f"speculative_generate(target, draft, prompt (1, 4), {steps}, {k}) ({label})"
+        got = probe(speculative_run, speculative_generate, target, draft, prompt, steps, k, what=what)
+        found = speculative_problem(got, target, draft, prompt, steps, k, greedy_of(target, prompt, steps), calls)
         if found is not None:
             fail(f"{found[1]}\n({label})")
+        if draft == target and got[3] != proposals_all_accepted(steps, k):
+            fail(f"{what} gave the right tokens and target calls, but called the draft {got[3]} times where the rounds "
+                 f"propose {proposals_all_accepted(steps, k)} tokens in all: each round proposes min(k, steps left - "
+                 "1) tokens, one call of the draft each, and no proposal is made that could only produce a token "
+                 "beyond steps.")
+    speculative_errors(speculative_generate, target)
     print("speculative_generate passes the visible checks.")

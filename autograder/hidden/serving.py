@@ -27,24 +27,27 @@ from ..references.serving import (
     absorbed_problem,
     append_allocation_problem,
     append_allocations,
+    bytes_errors,
     check_paged_scripts,
     decoder_of,
+    greedy_of,
     mla_reference,
     mla_shapes,
-    paged_attention_error,
+    paged_append_errors,
+    paged_attention_errors,
     paged_attention_on,
     paged_attention_reference,
     paged_case,
     run_mla,
     run_paged_attention,
     script,
-    speculative_error,
+    speculative_errors,
     speculative_problem,
     speculative_run,
-    unknown_id_errors,
+    unknown_ids,
 )
-from ..references.tiny_decoder import greedy_reference, module_parameters
-from ..student import call_student, expect_error, probe
+from ..references.tiny_decoder import module_parameters
+from ..student import call_student, probe
 from ..verify import Case, verify, verify_number
 from . import hidden
 
@@ -763,6 +766,23 @@ def speculative_draft_token_at_disagreement(target, draft, prompt, steps, k):
     return tokens[:, prompt.shape[1]:], calls
 
 
+def speculative_draft_blind_to_its_proposals(target, draft, prompt, steps, k):
+    tokens, calls = prompt, 0
+    with torch.no_grad():
+        while tokens.shape[1] - prompt.shape[1] < steps:
+            left = steps - (tokens.shape[1] - prompt.shape[1])
+            n = tokens.shape[1]
+            guesses = []
+            for _ in range(min(k, left - 1)):  # every proposal made from the accepted tokens alone
+                guesses.append(draft(tokens)[:, -1].argmax(dim=-1, keepdim=True))
+            proposed = torch.cat([tokens, *guesses], dim=1)
+            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
+            calls += 1
+            accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
+            tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
+    return tokens[:, prompt.shape[1]:], calls
+
+
 def speculative_counts_draft_calls(target, draft, prompt, steps, k):
     tokens, calls = prompt, 0
     with torch.no_grad():
@@ -863,6 +883,11 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("the draft's token kept at the first disagreement", "where the target disagrees, its own choice is "
                 "the next token, not the draft's.", SPECULATIVE, speculative_draft_token_at_disagreement,
                 id="serving/speculative_generate/the-draft-s-token-kept-at-the-disagreement"),
+        Mistake("the draft never sees its own proposals", "the draft proposes one token at a time, each after the "
+                "tokens before it, its own earlier proposals of the round included: y_2 is the draft's choice after "
+                "the sequence and y_1, not after the sequence again.", SPECULATIVE,
+                speculative_draft_blind_to_its_proposals,
+                id="serving/speculative_generate/the-draft-never-sees-its-own-proposals"),
         Mistake("calls of the draft counted as calls of the target", "target_calls counts the forward passes of the "
                 "target only: the draft's are the cheap ones.", SPECULATIVE, speculative_counts_draft_calls,
                 id="serving/speculative_generate/draft-calls-counted"),
@@ -890,14 +915,7 @@ def check_cache_bytes_per_token(cache_bytes_per_token) -> None:
     verify_number(cache_bytes_per_token, cases, exercise="cache_bytes_per_token",
                   arg_names=("num_layers", "num_heads", "kv_heads", "d_head", "dtype"), integer=True,
                   mistakes=MISTAKES["cache_bytes_per_token"])
-    for args, why in [((0, 8, 8, 64, torch.float16), "num_layers = 0: every size must be at least 1"),
-                      ((4, 8, 3, 64, torch.float16), "8 query heads cannot share 3 key/value heads equally"),
-                      ((4, 8, 0, 64, torch.float16), "kv_heads = 0: every size must be at least 1")]:
-        expect_error(cache_bytes_per_token, *args, error=ValueError, why=why,
-                     what=f"cache_bytes_per_token{args[:4] + ('torch.float16',)}".replace("'", ""))
-    expect_error(cache_bytes_per_token, 4, 8, 8, 64, torch.float16, d_latent=0, error=ValueError,
-                 why="d_latent = 0: every size must be at least 1",
-                 what="cache_bytes_per_token(4, 8, 8, 64, torch.float16, d_latent=0)")
+    bytes_errors(cache_bytes_per_token)
     print("cache_bytes_per_token passes the hidden checks.")
 
 
@@ -930,17 +948,8 @@ def check_PagedKVCache(PagedKVCache) -> None:  # noqa: N802, N803 - named after 
     problem = append_allocation_problem(probe(append_allocations, PagedKVCache, what="64 appends of one token"))
     if problem:
         raise MistakeFound(problem, [by_id(MISTAKES["PagedKVCache"], "serving/PagedKVCache/the-pool-copied-at-every-append")])
-    for what, error in probe(unknown_id_errors, PagedKVCache, what="a freed id and an id never made"):
-        if error != "ValueError":
-            fail(f"PagedKVCache: {what} should raise ValueError naming the id, but it "
-                 f"{'returned without an error' if error is None else 'raised ' + error}.")
-    cache = call_student(PagedKVCache, 4, 2, 2, 3, what="PagedKVCache(4, 2, 2, 3)")
-    seq = call_student(cache.new_sequence, what="cache.new_sequence()")
-    for shape_k, shape_v, why in [((3, 1, 3), (3, 1, 3), "the cache has 2 key/value heads, not 3"),
-                                  ((2, 1, 4), (2, 1, 4), "the cache has d_head = 3, not 4"),
-                                  ((2, 2, 3), (2, 1, 3), "k holds 2 tokens but v holds 1")]:
-        expect_error(cache.append, seq, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
-                     what=f"cache.append(seq, k {shape_k}, v {shape_v}) with a PagedKVCache(4, 2, 2, 3)")
+    unknown_ids(PagedKVCache)
+    paged_append_errors(PagedKVCache)
     print("PagedKVCache passes the hidden checks.")
 
 
@@ -968,12 +977,7 @@ def check_paged_attention(paged_attention) -> None:
     verify(run_paged_attention(paged_attention, ATTENTION_BUILTINS), float32, paged_attention_reference,
            exercise="paged_attention", arg_names=PAGED_ARGS, outputs=None, forbid=ATTENTION_BUILTINS,
            mistakes=mistakes, rtol=1e-4, atol=1e-5)
-    keys, values, sequences, q, _ = cases[0].args
-    what = "paged_attention(q (3, 3, 4), a cache with 2 key/value heads, seqs)"
-    error = probe(paged_attention_error, paged_attention, keys, values, sequences, q[:, :3], [5, 2, 9], what=what)
-    if error is None or error[0] != "ValueError":
-        fail(f"{what} should raise ValueError because 3 query heads cannot share 2 key/value heads equally, but it "
-             + ("returned without an error." if error is None else f"raised {error[0]}: {error[1]}"))
+    paged_attention_errors(paged_attention, cases[0])
     print("paged_attention passes the hidden checks.")
 
 
@@ -1040,9 +1044,9 @@ def _mistakes_named(student_value, case_args) -> list[Mistake]:
 @hidden
 def check_speculative_generate(speculative_generate) -> None:
     """Tokens against the target's greedy decoding (float64); target calls exactly; ceil(steps / (k + 1)) for draft = target."""
-    target = (11040, 16, 2, 32, 24, 2, None)
-    first_block = (11040, 16, 2, 32, 24, 2, 1)
-    random = (11042, 16, 2, 32, 24, 1, None)
+    target = (11040, 16, 2, 32, 24, 2, None, True)  # never repeating a token: proposing one k times is wrong
+    first_block = (11040, 16, 2, 32, 24, 2, 1, True)
+    random = (11042, 16, 2, 32, 24, 1, None, True)
     cases = [
         (target, first_block, [18, 19, 22, 18], 12, 3, "a draft made of the target's first block"),
         (target, random, 4, 12, 2, "a random draft"),
@@ -1058,7 +1062,7 @@ def check_speculative_generate(speculative_generate) -> None:
                     what=f"speculative_generate(target, draft, prompt (1, {prompt.shape[1]}), {steps}, {k}) ({label})")
         target_model, draft_model = decoder_of(spec), decoder_of(draft)
         _, calls = speculative_reference(target_model, draft_model, prompt, steps, k)
-        greedy = greedy_reference(target_model.weights, prompt, steps)
+        greedy = greedy_of(spec, prompt, steps)
         found = speculative_problem(got, spec, draft, prompt, steps, k, greedy, calls)
         if found is not None:
             raise MistakeFound(f"{found[1]}\n({label})", _mistakes_named(got, (spec, draft, prompt, steps, k)))
@@ -1067,13 +1071,6 @@ def check_speculative_generate(speculative_generate) -> None:
                  f"right tokens and target calls, but called the draft {got[3]} times where the rounds propose "
                  f"{draft_model.calls} tokens in all: each round proposes min(k, steps left - 1) tokens, one call of "
                  "the draft each, and no proposal is made that could only produce a token beyond steps.")
-    for args, why in [((torch.zeros(2, 3, dtype=torch.long), 4, 2), "the prompt must be a batch of one, (1, T)"),
-                      ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "k = 0: a round proposes at least one token"),
-                      ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "steps = 0: at least one token is asked for")]:
-        what = f"speculative_generate(target, draft, prompt {tuple(args[0].shape)}, steps={args[1]}, k={args[2]})"
-        error = probe(speculative_error, speculative_generate, target, *args, what=what)
-        if error is None or error[0] != "ValueError":
-            fail(f"{what} should raise ValueError because {why}, but it "
-                 + ("returned without an error." if error is None else f"raised {error[0]}: {error[1]}"))
+    speculative_errors(speculative_generate, target)
     print("speculative_generate passes the hidden checks.")
 

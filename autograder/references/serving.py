@@ -21,9 +21,10 @@ import torch.nn.functional as F
 
 from ..compare import describe
 from ..diagnosis import Mistake, MistakeFound, run
+from ..errors import fail
 from ..inputs import generator, math_sdpa, randn
 from ..references.tiny_decoder import Weights, decoder_reference
-from ..student import probe
+from ..student import call_student, expect_error, probe
 from ..verify import Case
 from ..watches import AllocationMeter, watch_allocations
 
@@ -293,6 +294,18 @@ def append_allocation_problem(allocated: int, steps: int = APPEND_STEPS) -> str 
             f"new tokens into their slots of the pool in place (at most {allowed:,} bytes are allowed here).")
 
 
+def bytes_errors(cache_bytes_per_token) -> None:
+    """Sizes below 1 and query heads that do not share the key/value heads equally: ValueError."""
+    for args, why in [((0, 8, 8, 64, torch.float16), "num_layers = 0: every size must be at least 1"),
+                      ((4, 8, 3, 64, torch.float16), "8 query heads cannot share 3 key/value heads equally"),
+                      ((4, 8, 0, 64, torch.float16), "kv_heads = 0: every size must be at least 1")]:
+        expect_error(cache_bytes_per_token, *args, error=ValueError, why=why,
+                     what=f"cache_bytes_per_token{args[:4] + ('torch.float16',)}".replace("'", ""))
+    expect_error(cache_bytes_per_token, 4, 8, 8, 64, torch.float16, d_latent=0, error=ValueError,
+                 why="d_latent = 0: every size must be at least 1",
+                 what="cache_bytes_per_token(4, 8, 8, 64, torch.float16, d_latent=0)")
+
+
 def unknown_id_errors(PagedKVCache) -> list:  # noqa: N803
     """Probe: what each method does with a freed id and with an id never made: ``[call, error type or None]`` pairs."""
     cache = PagedKVCache(4, 2, 1, 2)
@@ -315,6 +328,24 @@ def unknown_id_errors(PagedKVCache) -> list:  # noqa: N803
         except Exception as error:  # noqa: BLE001 - the check wants the type
             found.append([what, type(error).__name__])
     return found
+
+
+def unknown_ids(PagedKVCache) -> None:  # noqa: N803
+    """Every method given a freed id or an id never made raises a ValueError (the text's rule)."""
+    for what, error in probe(unknown_id_errors, PagedKVCache, what="a freed id and an id never made"):
+        expect_raised(None if error is None else [error, ""], ValueError, f"PagedKVCache: {what}",
+                      "the id is unknown to the cache")
+
+
+def paged_append_errors(PagedKVCache) -> None:  # noqa: N803
+    """``append`` with ``k`` or ``v`` of the wrong shape raises a ValueError."""
+    cache = call_student(PagedKVCache, 4, 2, 2, 3, what="PagedKVCache(4, 2, 2, 3)")
+    seq = call_student(cache.new_sequence, what="cache.new_sequence()")
+    for shape_k, shape_v, why in [((3, 1, 3), (3, 1, 3), "the cache has 2 key/value heads, not 3"),
+                                  ((2, 1, 4), (2, 1, 4), "the cache has d_head = 3, not 4"),
+                                  ((2, 2, 3), (2, 1, 3), "k holds 2 tokens but v holds 1")]:
+        expect_error(cache.append, seq, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
+                     what=f"cache.append(seq, k {shape_k}, v {shape_v}) with a PagedKVCache(4, 2, 2, 3)")
 
 
 def chunk(gen: torch.Generator, kv_heads: int, t: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,8 +372,9 @@ def script(gen: torch.Generator, kv_heads: int, d_head: int, steps: Sequence) ->
 class PoolView:
     """A paged cache whose pool and block tables are given: how the checks hand a cache to ``paged_attention``.
 
-    It has what the notebook's ``PagedKVCache`` promises a reader: ``keys``, ``values``, ``block_size``,
-    ``kv_heads``, ``block_table(seq)``, ``length(seq)`` and ``gather(seq)``.
+    It has what ``paged_attention`` may read: ``keys``, ``values``, ``block_size``, ``kv_heads``,
+    ``block_table(seq)`` and ``length(seq)``. Its ``gather`` refuses: reading the pool through the block
+    table is the exercise.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, sequences: Sequence) -> None:
@@ -361,10 +393,16 @@ class PoolView:
     def length(self, seq) -> int:
         return self._known(seq)[1]
 
-    def gather(self, seq) -> tuple[torch.Tensor, torch.Tensor]:
-        table, length = self._known(seq)
-        return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :length],
-                self.values[table].transpose(0, 1).flatten(1, 2)[:, :length])
+    def gather(self, seq):
+        raise RuntimeError("paged_attention may not call cache.gather: read the pool (cache.keys, cache.values) "
+                           "through cache.block_table(seq) and cache.length(seq) yourself (section 4)")
+
+
+def gathered(view: PoolView, seq) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of ``seq`` in order, read through its table: ``(kv_heads, length, d_head)`` each."""
+    table, length = view._known(seq)
+    return (view.keys[table].transpose(0, 1).flatten(1, 2)[:, :length],
+            view.values[table].transpose(0, 1).flatten(1, 2)[:, :length])
 
 
 def paged_attention_on(paged_attention, keys, values, sequences, q, seqs):
@@ -386,7 +424,7 @@ def paged_attention_reference(keys, values, sequences, q, seqs) -> torch.Tensor:
     view = PoolView(keys, values, sequences)
     outputs = []
     for i, seq in enumerate(seqs):
-        k, v = view.gather(seq)
+        k, v = gathered(view, seq)
         if k.shape[1] == 0:
             outputs.append(q.new_zeros(q.shape[1], values.shape[-1]))
             continue
@@ -396,6 +434,16 @@ def paged_attention_reference(keys, values, sequences, q, seqs) -> torch.Tensor:
 
 
 PAGED_ARGS = ("keys", "values", "sequences", "q", "seqs")
+
+
+def paged_attention_errors(paged_attention, case: Case) -> None:
+    """Query heads that do not share the key/value heads equally, and seqs of another length than q: ValueError."""
+    keys, values, sequences, q, seqs = case.args
+    for args, why in [((q[:, :3], seqs), f"3 query heads cannot share {keys.shape[1]} key/value heads equally"),
+                      ((q, seqs[:-1]), f"q holds {q.shape[0]} queries but seqs names {len(seqs) - 1} sequences")]:
+        what = f"paged_attention(q {tuple(args[0].shape)}, a cache with {keys.shape[1]} key/value heads, seqs={args[1]})"
+        expect_raised(probe(paged_attention_error, paged_attention, keys, values, sequences, *args, what=what),
+                      ValueError, what, why)
 
 
 def paged_case(gen, num_blocks, block_size, kv_heads, h, d_head, sequences, seqs, label, dtype=torch.float64):
@@ -534,33 +582,51 @@ class CountedDecoder:
     """Notebook 09's TinyDecoder computed from PyTorch functions (``model(tokens)`` -> logits), counting its calls.
 
     ``layers`` keeps only the first blocks of ``weights`` (a weaker model sharing the target's embedding).
+    ``no_repeat`` bans, at every position, the token just read (its logit is -inf): a random model's
+    greedy output soon repeats one token, where a wrong speculative decoder that proposes the same
+    token k times would be right; banned, no greedy output holds the same token twice in a row.
     """
 
-    def __init__(self, weights: Weights, layers: int | None = None) -> None:
+    def __init__(self, weights: Weights, layers: int | None = None, no_repeat: bool = False) -> None:
         self.weights = weights
         if layers is not None:
             self.weights = copy.copy(weights)
             self.weights.num_layers = layers
+        self.no_repeat = no_repeat
         self.calls = 0
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if not (isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()):
             raise TypeError(f"the model takes tokens, a (batch, T) tensor of ints, not {describe(tokens)}")
         self.calls += 1
-        return decoder_reference(self.weights, tokens)
+        logits = decoder_reference(self.weights, tokens)
+        if self.no_repeat:
+            logits = logits.scatter(-1, tokens[..., None], float("-inf"))
+        return logits
 
     def __repr__(self) -> str:
-        return repr(self.weights) + ("" if self.weights.num_layers is None else f" ({self.weights.num_layers} layer(s))")
+        return (repr(self.weights) + ("" if self.weights.num_layers is None else f" ({self.weights.num_layers} layer(s))")
+                + (", never repeating the token just read" if self.no_repeat else ""))
 
 
-#: A model as plain data: (seed, d_model, num_heads, d_ff, vocab, num_layers, layers used).
+#: A model as plain data: (seed, d_model, num_heads, d_ff, vocab, num_layers, layers used[, no_repeat]).
 Spec = tuple
 
 
 def decoder_of(spec: Spec) -> CountedDecoder:
     """The model a spec names."""
-    seed, d_model, num_heads, d_ff, vocab, num_layers, used = spec
-    return CountedDecoder(Weights(seed, d_model, num_heads, d_ff, vocab=vocab, num_layers=num_layers), used)
+    seed, d_model, num_heads, d_ff, vocab, num_layers, used, *no_repeat = spec
+    return CountedDecoder(Weights(seed, d_model, num_heads, d_ff, vocab=vocab, num_layers=num_layers), used,
+                          no_repeat=bool(no_repeat and no_repeat[0]))
+
+
+def greedy_of(spec: Spec, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """The greedy continuation of the model ``spec`` names, by full recomputation (notebook 09's): ``(1, steps)``."""
+    model, tokens = decoder_of(spec), prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return tokens[:, prompt.shape[1]:]
 
 
 def speculative_run(speculative_generate, target: Spec, draft: Spec, prompt, steps, k):
@@ -590,11 +656,43 @@ def speculative_error(speculative_generate, target: Spec, prompt, steps, k):
 SPECULATIVE_ARGS = ("target", "draft", "prompt", "steps", "k")
 
 
+def proposals_all_accepted(steps: int, k: int) -> int:
+    """The draft's proposals (one call each) when every one is accepted: min(k, steps left - 1) per round."""
+    proposals, left = 0, steps
+    while left > 0:
+        proposed = min(k, left - 1)
+        proposals, left = proposals + proposed, left - proposed - 1
+    return proposals
+
+
+def expect_raised(raised, error: type[BaseException], what: str, why: str) -> None:
+    """Fail unless ``raised``, what an error probe returned (``[type name, message]`` or None), is ``error``.
+
+    The probes of this notebook call the student's code where it runs and return the error it raised;
+    this is :func:`autograder.student.expect_error` for them.
+    """
+    if raised is None:
+        fail(f"{what} should raise {error.__name__} because {why}, but it returned without an error.")
+    if raised[0] != error.__name__:
+        fail(f"{what} should raise {error.__name__} because {why}, but it raised {raised[0]}: {raised[1]}")
+
+
+def speculative_errors(speculative_generate, target: Spec) -> None:
+    """The prompt, steps and k the text refuses: each must raise a ValueError."""
+    for args, why in [((torch.zeros(2, 3, dtype=torch.long), 4, 2), "the prompt must be a batch of one, (1, T)"),
+                      ((torch.zeros(1, 0, dtype=torch.long), 4, 2), "the prompt must hold at least one token"),
+                      ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "k = 0: a round proposes at least one token"),
+                      ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "steps = 0: at least one token is asked for")]:
+        what = f"speculative_generate(target, draft, prompt {tuple(args[0].shape)}, steps={args[1]}, k={args[2]})"
+        expect_raised(probe(speculative_error, speculative_generate, target, *args, what=what), ValueError, what, why)
+
+
 def spec_words(spec: Spec) -> str:
     """A model spec in words."""
-    seed, d_model, num_heads, d_ff, vocab, num_layers, used = spec
+    seed, d_model, num_heads, d_ff, vocab, num_layers, used, *no_repeat = spec
     kept = "" if used is None else f", its first {used} block(s) only"
-    return f"TinyDecoder({vocab}, {d_model}, {num_heads}, {d_ff}, {num_layers}) seed {seed}{kept}"
+    banned = ", never repeating the token just read" if no_repeat and no_repeat[0] else ""
+    return f"TinyDecoder({vocab}, {d_model}, {num_heads}, {d_ff}, {num_layers}) seed {seed}{kept}{banned}"
 
 
 def speculative_problem(got, target: Spec, draft: Spec, prompt, steps, k, greedy: torch.Tensor,

@@ -20,12 +20,13 @@ from autograder.inputs import generator
 from autograder.references.serving import (
     CountedDecoder,
     decoder_of,
+    greedy_of,
     judge_paged,
     paged_expected,
     paged_scenario,
     script,
 )
-from autograder.references.tiny_decoder import greedy_reference
+from autograder.references.tiny_decoder import decoder_reference, greedy_reference
 
 from ..notebook_code import solution_namespace
 
@@ -223,6 +224,53 @@ def test_a_speculative_answer_without_its_error_cases_fails(solution):
         hidden.check_speculative_generate(unchecked)
 
 
+def paged_attention_by_gather(q, cache, seqs):
+    """Right values, but read through cache.gather: the block table left to the cache."""
+    rows = []
+    for i, seq in enumerate(seqs):
+        keys, values = cache.gather(seq)
+        keys, values = (t.repeat_interleave(q.shape[1] // t.shape[0], dim=0).to(q.dtype) for t in (keys, values))
+        weights = torch.softmax(keys @ q[i, :, :, None] / q.shape[-1] ** 0.5, dim=1)
+        rows.append((weights.transpose(1, 2) @ values)[:, 0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("checks", [visible, hidden])
+def test_paged_attention_may_not_call_gather(checks):
+    """The exercise is attention through the block table: the checks' cache refuses gather, and says why."""
+    with pytest.raises(CheckFailed, match="paged_attention may not call cache.gather: read the pool"):
+        checks.check_paged_attention(paged_attention_by_gather)
+
+
+#: The models and prompts of the speculative checks: (target spec, prompt, steps).
+SPECULATIVE_FIXTURES = [((1140, 16, 2, 32, 24, 2, None, True), [13, 22, 16, 12], 12),
+                        ((1140, 16, 2, 32, 24, 2, None, True), [5, 0, 17, 9], 10),
+                        ((11040, 16, 2, 32, 24, 2, None, True), [18, 19, 22, 18], 12)]
+
+
+@pytest.mark.parametrize(("spec", "prompt", "steps"), SPECULATIVE_FIXTURES)
+def test_the_speculative_checks_models_never_repeat_a_token(spec, prompt, steps):
+    """A draft that proposes one token k times is right wherever the target's greedy output repeats it: the checks'
+    targets ban the token just read, so no greedy continuation holds a token twice in a row (without the ban, these
+    random models soon repeat one token for ever)."""
+    prompt = torch.tensor([prompt])
+    tokens = greedy_of(spec, prompt, steps)[0].tolist()
+    assert all(a != b for a, b in zip(tokens, tokens[1:])), tokens
+    unbanned = greedy_of(spec[:7], prompt, steps)[0].tolist()
+    assert any(a == b for a, b in zip(unbanned, unbanned[1:])), unbanned
+    assert torch.equal(greedy_of(spec, prompt, steps), greedy_reference_banned(spec, prompt, steps))
+
+
+def greedy_reference_banned(spec, prompt, steps):
+    """The same continuation from notebook 09's decoder reference, the ban applied by hand."""
+    weights, tokens = decoder_of(spec).weights, prompt
+    for _ in range(steps):
+        logits = decoder_reference(weights, tokens)[:, -1].clone()
+        logits[0, tokens[0, -1]] = float("-inf")
+        tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return tokens[:, prompt.shape[1]:]
+
+
 def test_counted_decoder_refuses_float_tokens():
     model = CountedDecoder(decoder_of((1140, 16, 2, 32, 24, 2, None)).weights)
     with pytest.raises(TypeError):
@@ -259,15 +307,18 @@ def bytes_from_itemsize(num_layers, num_heads, kv_heads, d_head, dtype, d_latent
     return num_layers * (d_latent if d_latent is not None else 2 * kv_heads * d_head) * dtype.itemsize
 
 
-def paged_attention_by_gather(q, cache, seqs):
-    """Through cache.gather, heads grouped by a view, einsum."""
+def paged_attention_by_slots(q, cache, seqs):
+    """Token by token through the table (block, slot) with index_select, heads grouped by a view, einsum."""
     S, h, d = q.shape
     g = cache.kv_heads
     if h % g or len(seqs) != S:
         raise ValueError("shapes")
     rows = []
     for i, seq in enumerate(seqs):
-        keys, values = cache.gather(seq)
+        table, n = cache.block_table(seq), cache.length(seq)
+        blocks = torch.tensor([table[p // cache.block_size] for p in range(n)], dtype=torch.long)
+        slots = torch.tensor([p % cache.block_size for p in range(n)], dtype=torch.long)
+        keys, values = cache.keys[blocks, :, slots].transpose(0, 1), cache.values[blocks, :, slots].transpose(0, 1)
         grouped = q[i].view(g, h // g, d)
         scores = torch.einsum("grd,gnd->grn", grouped, keys.to(q.dtype)) * d**-0.5
         weights = (scores - scores.amax(-1, keepdim=True)).exp() if keys.shape[1] else scores
@@ -336,7 +387,7 @@ def speculative_with_a_loop(target, draft, prompt, steps, k):
 
 @pytest.mark.parametrize(("exercise", "answer"), [
     ("cache_bytes_per_token", bytes_from_itemsize), ("PagedKVCache", HighestFirst),
-    ("paged_attention", paged_attention_by_gather), ("MultiHeadLatentAttention", LatentFoldedOutput),
+    ("paged_attention", paged_attention_by_slots), ("MultiHeadLatentAttention", LatentFoldedOutput),
     ("speculative_generate", speculative_with_a_loop)])
 def test_right_answers_in_other_styles_pass(exercise, answer):
     getattr(visible, f"check_{exercise}")(answer)
@@ -417,22 +468,26 @@ def test_an_mla_with_a_buffer_of_its_own_passes(solution):
     hidden.check_MultiHeadLatentAttention(WithBuffer)
 
 
-def test_proposals_beyond_the_steps_are_refused(solution):
-    def always_k(target, draft, prompt, steps, k):
-        """Proposes k tokens in every round and cuts the output to steps: right tokens and calls, wasted proposals."""
-        tokens, calls = prompt, 0
-        while tokens.shape[1] - prompt.shape[1] < steps:
-            n, proposed = tokens.shape[1], tokens
-            for _ in range(k):
-                proposed = torch.cat([proposed, draft(proposed)[:, -1:].argmax(dim=-1)], dim=1)
-            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-            calls += 1
-            accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
-            tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
-        return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
+def always_k(target, draft, prompt, steps, k):
+    """Proposes k tokens in every round and cuts the output to steps: right tokens and calls, wasted proposals."""
+    tokens, calls = prompt, 0
+    while tokens.shape[1] - prompt.shape[1] < steps:
+        n, proposed = tokens.shape[1], tokens
+        for _ in range(k):
+            proposed = torch.cat([proposed, draft(proposed)[:, -1:].argmax(dim=-1)], dim=1)
+        choices = target(proposed)[:, n - 1:].argmax(dim=-1)
+        calls += 1
+        accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
+        tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
+    return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
 
+
+def test_proposals_beyond_the_steps_are_refused():
+    """By the hidden check, and by the visible one (draft = target, where the proposals are known)."""
     with pytest.raises(CheckFailed, match="called the draft"):
         hidden.check_speculative_generate(always_k)
+    with pytest.raises(CheckFailed, match="called the draft 8 times where the rounds propose 6 tokens"):
+        visible.check_speculative_generate(always_k)
 
 
 class PoolAsProperties(HighestFirst):

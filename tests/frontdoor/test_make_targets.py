@@ -40,6 +40,7 @@ FRONT_DOORS = {
     "lab": f"{HERE}::test_make_lab_serves_the_course",
     "test": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
     "test-fast": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
+    "test-versions": f"{HERE}::test_make_test_runs_the_suite_it_is_part_of",
     "lint": f"{HERE}::test_make_lint_passes",
     "release": f"{HERE}::test_make_release_regenerates_what_is_committed",
     "new-notebook": f"{HERE}::test_make_new_notebook_writes_and_releases_it",
@@ -153,10 +154,12 @@ def test_make_lab_serves_the_course(own_clone):
 
 
 def test_make_test_runs_the_suite_it_is_part_of(course):
-    """`make test` and `make test-fast` are this suite: run inside it they would run themselves. Here
-    `make -n` shows what each runs, in the clone's environment; CI (.ci/run) types them whole."""
+    """`make test` and `make test-fast` are this suite: run inside it they would run themselves; `make test-versions`
+    runs a test of this suite with environments of their own (PyPI's PyTorch, GBs each). Here `make -n` shows what
+    each runs, in the clone's environment; CI (.ci/run) types `make test` whole."""
     for target, expected in (("test", ["ruff check autograder tests bench", "pytest -n 2", "tests solutions"]),
-                             ("test-fast", ['-m "not slow" tests'])):
+                             ("test-fast", ['-m "not slow" tests']),
+                             ("test-versions", ['COURSE_TEST_VERSIONS="oldest newest"', "pytest tests/course/"])):
         done = user.make(course, "-n", target)
         assert done.returncode == 0, user.said(done)
         assert "pip install" not in done.stdout, f"make {target} would install again: {done.stdout}"

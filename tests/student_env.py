@@ -43,14 +43,17 @@ def spec(name: str) -> dict[str, str]:
     return {**ENVIRONMENTS[name], "harness": " ".join(HARNESS)}
 
 
-def environment(name: str) -> Path:
-    """The Python of environment ``name`` (:data:`ENVIRONMENTS`), made on first use; :class:`Unavailable` if it cannot be."""
+def environment(name: str, build: bool = True) -> Path:
+    """The Python of environment ``name`` (:data:`ENVIRONMENTS`), made on first use unless not ``build``;
+    :class:`Unavailable` if it cannot be (or is not made yet, and not ``build``)."""
     wanted = spec(name)
     folder = CACHE / name
     python = folder / "bin" / "python"
     stamp = folder / STAMP
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted and python.exists():
         return python
+    if not build:
+        raise Unavailable(f"the {name} environment is not made yet (make test-versions ENDS={name} makes it)")
     base = find_python(wanted["python"])
     if base is None:
         raise Unavailable(f"no Python {wanted['python']} on this machine for the {name} environment")

@@ -25,6 +25,8 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make setup: '$(PYTHON)' is not Python 3.11 or newer ($$($(PYTHON) --version 2>&1)); install one and say which: make setup PYTHON=python3.13"; exit 2; }
+	@# 3.11.0-3.11.4 mishandle possessive quantifiers (CPython gh-106052), which soupsieve, under nbconvert, uses.
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11, 5))' || { echo "make setup: '$(PYTHON)' is $$($(PYTHON) --version 2>&1), whose regular expressions break nbconvert's pages (soupsieve's possessive quantifiers): use 3.11.5 or newer (Debian 12: docs/jupyterhub.md, step 1)"; exit 2; }
 	@test -x $(BIN)/python || { echo "make setup: a new environment $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"; $(PYTHON) -m venv $(VENV); }
 	@test "$$($(BIN)/python -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" \
 	  || { echo "make setup: $(VENV) was made with $$($(BIN)/python --version), not $(PYTHON)'s $$($(PYTHON) --version): remove it (make clean) or choose another folder (VENV=.venv-3.13)"; exit 2; }

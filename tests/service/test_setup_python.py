@@ -1,4 +1,5 @@
-"""``make setup PYTHON=...`` for an environment made with another Python of the same version says so.
+"""``make setup PYTHON=...`` for an environment made with another Python of the same version says so; a Python whose
+regular expressions break nbconvert's pages is refused.
 
 The hub's guide makes the course's environment with a Python every user can run (``/usr/bin/python3``);
 an environment already made from another 3.11 (pyenv's, under ``/root``) was kept, silently.
@@ -45,3 +46,25 @@ def test_make_setup_with_another_python_than_the_environments_refuses_and_says_w
     assert f"rm -rf {venv}" in refused.stdout
     kept = setup(sys.executable)  # the environment's own Python: nothing to say
     assert kept.returncode == 0 and f"in {venv}" in kept.stdout, kept.stdout + kept.stderr
+
+
+def _broken_regular_expressions() -> Path | None:
+    """A Python 3.11.0-3.11.4 on this machine (Debian 12's is 3.11.2), if there is one."""
+    for candidate in (SYSTEM, Path("/usr/bin/python3")):
+        done = subprocess.run([str(candidate), "-c", "import sys; print((3, 11) <= sys.version_info[:3] < (3, 11, 5))"],
+                              capture_output=True, text=True) if candidate.exists() else None
+        if done is not None and done.stdout.strip() == "True":
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(_broken_regular_expressions() is None or not shutil.which("make"),
+                    reason="needs make and a Python 3.11.0-3.11.4 (Debian 12's python3) to see it refused")
+def test_make_setup_refuses_a_python_whose_regular_expressions_break_nbconvert(tmp_path):
+    python = _broken_regular_expressions()
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    done = subprocess.run(["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "use 3.11.5 or newer" in done.stdout, done.stdout + done.stderr
+    assert not venv.exists()  # refused before anything is made

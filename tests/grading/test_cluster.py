@@ -181,7 +181,7 @@ def test_a_worker_switches_course_only_between_tasks(tmp_path, monkeypatch):
         waiting.start()
         time.sleep(0.5)
         order.append(("first", os.environ["PYTHONPATH"].split(os.pathsep)[0]))
-    waiting.join(10)
+    waiting.join(600)  # a busy machine may be slow to wake it; the order is the verdict, not the time
     assert order == [("first", str(first)), ("second", str(second))]
 
 

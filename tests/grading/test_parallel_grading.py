@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import shutil
 import threading
-import time
 import zipfile
 from concurrent.futures import ProcessPoolExecutor
 
@@ -113,13 +112,15 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
         (tmp_path / "submitted" / student / A).mkdir(parents=True)
     (tmp_path / "source" / A).mkdir(parents=True)
     (tmp_path / "source" / A / f"{A}.ipynb").write_text("{}")
-    running, peak, lock = [0], [0], threading.Lock()
+    running, peak, lock, both = [0], [0], threading.Lock(), threading.Event()
 
     def fake_grade_one(assignment, student, settings, server):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(0.2)
+            if running[0] == 2:
+                both.set()
+        both.wait(600)  # until two run at once, however slowly the second starts (one worker: never, and peak is 1)
         with lock:
             running[0] -= 1
         return grade.SubmissionResult(assignment, student, error="it broke" if student == "c" else None)

@@ -36,11 +36,20 @@ def find_python(version: str) -> str | None:
     """A Python ``version`` ("3.12") on PATH or among pyenv's, if this machine has one."""
     found = [shutil.which(f"python{version}")]
     found += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
-    return next(filter(None, found), None)
+    for python in filter(None, found):  # a pyenv shim of a version not selected is on PATH, and does not run
+        probe = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return python
+    return None
 
 
 def spec(name: str) -> dict[str, str]:
     return {**ENVIRONMENTS[name], "harness": " ".join(HARNESS)}
+
+
+#: Why an environment could not be made in this process: tried once, not once per test.
+_FAILED: dict[str, Unavailable] = {}
 
 
 def environment(name: str, build: bool = True) -> Path:
@@ -54,21 +63,35 @@ def environment(name: str, build: bool = True) -> Path:
         return python
     if not build:
         raise Unavailable(f"the {name} environment is not made yet (make test-versions ENDS={name} makes it)")
+    if name in _FAILED:
+        raise _FAILED[name]
+    try:
+        return _make(name, wanted, folder)
+    except Unavailable as why:
+        _FAILED[name] = why
+        raise
+
+
+def _make(name: str, wanted: dict[str, str], folder: Path) -> Path:
+    python, stamp = folder / "bin" / "python", folder / STAMP
     base = find_python(wanted["python"])
     if base is None:
         raise Unavailable(f"no Python {wanted['python']} on this machine for the {name} environment")
     shutil.rmtree(folder, ignore_errors=True)
     CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run([base, "-m", "venv", str(folder)], check=True, capture_output=True)
+    made = subprocess.run([base, "-m", "venv", str(folder)], capture_output=True, text=True)
+    if made.returncode:
+        raise Unavailable(f"{base} could not make a virtual environment: {made.stderr.strip()[-300:]}")
     packages = [f"{p}=={wanted[p]}" for p in ("torch", "numpy", "matplotlib")] + list(HARNESS)
     log = CACHE / f"{name}.log"
     with log.open("w") as out:
         done = subprocess.run([str(python), "-m", "pip", "install", "--progress-bar", "off", *packages],
                               stdout=out, stderr=subprocess.STDOUT)
     if done.returncode:
-        tail = log.read_text().strip().splitlines()[-3:]
-        raise Unavailable(f"pip could not install {' '.join(packages)} for Python {wanted['python']} "
-                          f"(no network to PyPI?): {' / '.join(tail)}")
+        lines = log.read_text().strip().splitlines()
+        said = [line for line in lines if line.startswith("ERROR")][:2] or lines[-3:]
+        raise Unavailable(f"pip could not install {' '.join(packages)} for Python {wanted['python']}: "
+                          f"{' / '.join(said)} (all of pip's output: {log})")
     stamp.write_text(json.dumps(wanted))
     return python
 

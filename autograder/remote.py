@@ -18,7 +18,8 @@ forbidden built-ins, the watches of probes and the thread check below all run th
 be fooled by code written to fool them; the grader adds a reading of the student's source
 for forbidden built-ins (:mod:`autograder.engine.source_check`) that the kernel cannot change, and
 measures a call's memory from outside the kernel where the channel can
-(:meth:`Remote.measured_attempt`: the rise of the kernel's control group during the call).
+(:meth:`Remote.measured_attempt`: the call made in a fresh kernel loaded as the graded one, its
+control group's peak during the call above what it held before the answer cells were loaded).
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ class Channel(Protocol):
         """What of ``rules`` the student's source of ``name`` uses, as a message (None: nothing)."""
 
 
-def _measured_request(channel: Channel) -> Callable[[bytes], tuple[bytes, int | None]] | None:
-    """The channel's way to make a request and measure the kernel's memory during it, where it has one.
+def _measured_request(channel: Channel) -> Callable[[dict, str], tuple[bytes, int | None]] | None:
+    """The channel's way to make a call and measure the kernel's memory during it, where it has one.
 
     A channel to a kernel in a control group (:class:`~autograder.engine.execute.ResilientExecute`)
-    has one: ``measures_memory()`` and ``measured_request(message) -> (reply, bytes or None)``; other
-    channels (a namespace in this process, a kernel without a group) have none.
+    has one: ``measures_memory()`` and ``measured_request(request, name) -> (reply, bytes or None)``,
+    which makes the call ``request`` (not yet encoded) on the object the notebook names ``name``, in a
+    kernel of its own; other channels (a namespace in this process, a kernel without a group) have none.
     """
     measures = getattr(channel, "measures_memory", None)
     if measures is None or not measures():
@@ -94,8 +96,10 @@ def _student_error(info: Any) -> Exception:
 class Remote(wire.Proxy):
     """A student's object in the kernel: call it, read a public attribute, take its ``len``."""
 
-    def __init__(self, channel: Channel, number: int, kind: str, is_callable: bool, root: str) -> None:
+    def __init__(self, channel: Channel, number: int, kind: str, is_callable: bool, root: str,
+                 named: bool = False) -> None:
         self._channel, self._number, self._kind, self._callable, self._root = channel, number, kind, is_callable, root
+        self._named = named  # the object the notebook names ``root`` itself (not one reached from it)
 
     @property
     def description(self) -> str:
@@ -110,13 +114,15 @@ class Remote(wire.Proxy):
         return wire.Handle(self._number)
 
     def _ask(self, request: dict, measured: list[int | None] | None = None) -> dict:
+        resolve = self._resolver()
         if measured is None:
             reply = self._channel.request(wire.encode(request))
-        else:  # the caller made sure the channel measures
-            reply, peak = self._channel.measured_request(wire.encode(request))
+        else:  # the caller made sure the channel measures; the call ran in a kernel of its own, gone now
+            reply, peak = self._channel.measured_request(request, self._root)
             measured.append(peak)
+            resolve = _gone
         try:
-            decoded = wire.decode(reply, resolve=self._resolver(), limit=wire.MAX_REPLY_BYTES)
+            decoded = wire.decode(reply, resolve=resolve, limit=wire.MAX_REPLY_BYTES)
         except wire.WireError as error:
             fail(f"What your code sent back could not be read: {error}.")
         if not isinstance(decoded, dict):
@@ -171,17 +177,21 @@ class Remote(wire.Proxy):
         return Outcome(value=reply.get("value"), mutated=mutated), None
 
     def measures_memory(self) -> bool:
-        """Whether :meth:`measured_attempt` can measure the kernel's memory from outside it."""
-        return _measured_request(self._channel) is not None
+        """Whether :meth:`measured_attempt` can measure the kernel's memory from outside it (a named object's)."""
+        return self._named and _measured_request(self._channel) is not None
 
     def measured_attempt(self, args: Sequence[Any], kwargs: dict, *, exercise: str, forbid: Sequence[Forbidden] = ()
                          ) -> tuple[Any, BaseException | None, int | None]:
-        """:meth:`attempt`, and the bytes the kernel's memory rose during the call, read from its control group.
+        """:meth:`attempt`, and the memory the call took, read from the control group of the kernel it ran in.
 
-        The rise covers the whole request in the kernel (reading the arguments, the call, writing the
-        answer). None, and no call made, where the channel cannot measure (:meth:`measures_memory`).
+        The call runs in a fresh kernel that holds what the graded kernel holds; the figure is the
+        highest that kernel's memory reached during the whole request (reading the arguments, the
+        call, writing the answer) above what it held before the answer cells were loaded, so memory
+        an answer cell holds counts. None, and no call made, where the channel cannot measure
+        (:meth:`measures_memory`) or an argument is an object of the student's (it lives in the
+        graded kernel only).
         """
-        if not self.measures_memory():
+        if not self.measures_memory() or any(isinstance(a, wire.Proxy) for a in (*args, *kwargs.values())):
             return None, None, None
         measured: list[int | None] = []
         reply = self._call({"op": "call"}, args, kwargs, exercise, forbid, measured)
@@ -224,12 +234,16 @@ class Remote(wire.Proxy):
         return value
 
 
+def _gone(number: int, kind: str, is_callable: bool) -> Any:
+    raise wire.WireError(f"a {kind} that is not plain data (return tensors, numbers or tuples of them)")
+
+
 def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
     """``(True, value)`` for a name the student's notebook defines (a :class:`Remote` or plain data), else ``(False, None)``.
 
     Raises :class:`~autograder.errors.CheckFailed` when the kernel's answer cannot be read.
     """
-    resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name)  # noqa: E731
+    resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name, True)  # noqa: E731
     try:
         reply = wire.decode(channel.request(wire.encode({"op": "name", "name": name})), resolve=resolver,
                             limit=wire.MAX_REPLY_BYTES)

@@ -7,10 +7,11 @@ in the grader's process, can judge it. A student's code can fool a watch in its 
 (as it can fool the guard); the checks judge the values it returns in any case.
 
 What the student's process cannot fool is measured outside it: :func:`measured_memory_call` calls
-the function once with no watch in the kernel while the grader reads the kernel's memory from its
-control group (:meth:`autograder.remote.Remote.measured_attempt`); where there is none (the checks
-run in the student's own kernel, a grader without a control group), it says so and the watches
-are all there is.
+the function once, with no watch, in a fresh kernel that holds only what the graded kernel holds,
+while the grader reads that kernel's memory from its control group, as a total above what it held
+before the answer cells were loaded (:meth:`autograder.remote.Remote.measured_attempt`); where there
+is none (the checks run in the student's own kernel, a grader without a control group), it says so
+and the watches are all there is.
 """
 
 from __future__ import annotations
@@ -153,12 +154,14 @@ def watched_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise:
 
 def measured_memory_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: str,
                          forbid: Sequence[Forbidden] = ()) -> tuple[Any, int] | None:
-    """The student's ``fn`` called once in its kernel, and the bytes the kernel's memory rose meanwhile.
+    """The student's ``fn`` called once, and the bytes the memory of the kernel it ran in reached above its base.
 
-    The rise is read by the grader from the kernel's control group, outside the kernel: no watch runs
-    in the kernel during the call, and nothing the student's code does changes the figure (memory it
-    held before the call is not a rise). Returns None, without calling ``fn``, where that cannot be
-    measured: ``fn`` is not in a kernel with a control group. An error ``fn`` raises fails the check.
+    The call is made in a fresh kernel loaded as the graded one; the grader reads its control group's
+    peak during the call, outside the kernel, above what the kernel held before the answer cells were
+    loaded (:meth:`autograder.remote.Remote.measured_attempt`): no watch runs in the kernel during the
+    call, and memory an answer cell holds, or frees during the call and takes again, counts. Returns
+    None, without calling ``fn``, where that cannot be measured: ``fn`` is not in a kernel with a
+    control group. An error ``fn`` raises fails the check.
     """
     measure = getattr(type(fn), "measured_attempt", None)  # a Remote's (autograder.remote): the grader's side
     if measure is None or not fn.measures_memory():
@@ -174,9 +177,10 @@ def measured_memory_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, e
 #: The case whose memory notebooks 07 and 08 measure (their exercises' text states it): n = m = 4096 queries
 #: and keys of d = 8 in float32, blocks of 256. One 4096 x 4096 float32 matrix is 64 MiB.
 MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE = 4096, 8, 256, torch.float32
-#: How far the memory may rise during that call: half of one n x n float32 matrix, far above what a tiled
-#: pass needs (its tiles, its outputs, the wire's buffers: about 1 MiB measured) and far below the scores and
-#: their softmax (128 MiB measured), or the scores kept as Python floats (over 100 MiB).
+#: How far the memory may reach during that call above the kernel's before the answer cells were loaded: half of
+#: one n x n float32 matrix, above what a tiled pass needs in a fresh kernel (its tiles, its outputs, the wire's
+#: buffers, PyTorch's first use of its operations: 8 MiB measured for 07's, 14 MiB for 08's) and far below the
+#: scores and their softmax (128 MiB measured), or the scores kept as Python floats (over 100 MiB).
 MEMORY_RISE_BOUND = 32 * 2**20
 
 
@@ -209,8 +213,9 @@ def memory_message(rise: MemoryRise, exercise: str, case: str, bound: int) -> st
     """Why ``rise`` is too much, saying how it was measured (outside the kernel, or by the watch inside it)."""
     mib = rise.bytes / 2**20
     if rise.outside:
-        how = (f"the memory of your kernel's process, measured by the grader from outside it, rose by {mib:.0f} MiB "
-               f"while {exercise} ran")
+        how = (f"the memory of your kernel's process, measured by the grader from outside it, reached {mib:.0f} MiB "
+               f"above what it held before your answer cells were loaded (memory they hold counts) while {exercise} "
+               "ran")
     else:
         how = f"{exercise} had {mib:.0f} MiB of tensors alive at once"
     return (f"With {case}: {how}, more than the {bound // 2**20} MiB allowed. One n x m matrix of scores is "

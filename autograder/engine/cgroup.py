@@ -17,10 +17,12 @@ there is. A sandbox's command is prefixed by :func:`join_command`, which moves t
 into the group before it becomes the sandbox, so everything the code starts is counted;
 :func:`remove` kills what is left in the group and deletes it.
 
-The memory controller also measures: :class:`PeakMeter` reads how far a group's memory rose during
-a stretch of time (one call of a student's function), from its counters, which nothing in the group
-can change: cgroup v1's ``memory.max_usage_in_bytes`` (reset by writing 0), or v2's ``memory.peak``
-(reset for one open descriptor, Linux 6.12 and later). Where neither can be reset there is no meter.
+The memory controller also measures: :class:`PeakMeter` reads the highest a group's memory reached
+during a stretch of time (one call of a student's function), from its counters, which nothing in the
+group can change: cgroup v1's ``memory.max_usage_in_bytes`` (reset by writing 0), or v2's ``memory.peak``
+(reset for one open descriptor, Linux 6.12 and later). Where it cannot be reset, the peak of a group
+made for the stretch (a kernel started for one measured call) is read from the group's whole life;
+where there is no peak at all (cgroup v2 before Linux 5.19) there is no meter.
 """
 
 from __future__ import annotations
@@ -236,29 +238,41 @@ def usage(folder: Path, version: int) -> int | None:
 
 
 class PeakMeter:
-    """How far a group's memory rose above its usage at :meth:`start`, until :meth:`stop`.
+    """The highest a group's memory reached from :meth:`start` to :meth:`stop`, above a base.
 
     The group's own counters count every page its processes touch (their heap, PyTorch's buffers,
     Python's objects, a child process, files written to a tmpfs), whatever the code in it believes
-    it is doing. Memory that a process already held at the start (a buffer made before) is not a rise.
+    it is doing. Where the peak cannot be reset (cgroup v2 before Linux 6.12), a meter of a group
+    made for the stretch measured (``whole_life``) reads the peak of the group's whole life instead:
+    never less than the peak of the stretch, so code in the group cannot lower it.
     """
 
     def __init__(self, folder: Path, version: int) -> None:
         self.folder, self.version = folder, version
         self._peak: IO[str] | None = None
         self._start = 0
+        self.reset = True  # False: the peak is the group's whole life's (it could not be reset)
 
     @classmethod
-    def of(cls, group: Group | None) -> PeakMeter | None:
-        """A meter of ``group``'s memory, or None where it has none whose peak can be reset."""
+    def of(cls, group: Group | None, whole_life: bool = False) -> PeakMeter | None:
+        """A meter of ``group``'s memory, or None where it has none whose peak can be reset (or, with
+        ``whole_life``, read)."""
         found = memory_folder(group)
         if found is None:
             return None
         meter = cls(*found)
         try:
             meter.start()
+            return meter
         except (OSError, ValueError):
             meter.close()
+        if not whole_life:
+            return None
+        meter.reset = False
+        try:
+            meter._start = meter._read(USAGE_FILES[meter.version][0])
+            meter._read(USAGE_FILES[meter.version][1])
+        except (OSError, ValueError, IndexError):
             return None
         return meter
 
@@ -284,12 +298,14 @@ class PeakMeter:
             if self._peak is not None:
                 self._peak.seek(0)
                 peak = int(self._peak.read().split()[0])
-            else:
-                peak = self._read(USAGE_FILES[1][1])
+            else:  # v1 (reset by writing 0), or a peak never reset
+                peak = self._read(USAGE_FILES[self.version][1])
         except (OSError, ValueError, IndexError):
             return None
         finally:
             self.close()
+        if base is None and not self.reset:
+            return None  # a whole life's peak says nothing about a rise from the start
         return max(0, peak - (self._start if base is None else base))
 
     def close(self) -> None:

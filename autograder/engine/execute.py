@@ -413,18 +413,30 @@ class ResilientExecute(KernelRequests, Execute):
         self._seal()
         if not self.checks_in_grader or self.graded is not None:
             return
-        manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
-        manager.zygote_address = getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
-        graded = GradedKernel(manager, self.startup_timeout)
         try:
-            path = self.resources.get("metadata", {}).get("path") or None
-            await graded.launch(extra_arguments=self.extra_arguments, **({"cwd": path} if path else {}))
+            self.graded = await self.start_kernel_for_checks()
         except Exception as error:  # noqa: BLE001 - the test cells say so
             self._graded_broken = (f"This check could not be run: the grader could not start the kernel that runs "
                                    f"the checks ({type(error).__name__}: {error}).")
-            await graded.shutdown()
-            return
-        self.graded = graded
+
+    async def start_kernel_for_checks(self) -> GradedKernel:
+        """A kernel made as the notebook's was (forked from its zygote where it was), launched: the graded kernel,
+        or one for a measured call."""
+        manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
+        manager.zygote_address = getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
+        kernel = GradedKernel(manager, self.startup_timeout)
+        try:
+            path = self.resources.get("metadata", {}).get("path") or None
+            await kernel.launch(extra_arguments=self.extra_arguments, **({"cwd": path} if path else {}))
+        except BaseException:
+            await kernel.shutdown()
+            raise
+        return kernel
+
+    def graded_sources_now(self) -> list[graded_cells.GradedSource]:
+        """What the graded kernel holds for the test cell being run, without what was left out of it."""
+        left_out = self.graded.left_out if self.graded is not None else set()
+        return [s for s in graded_cells.before(self._graded_sources, self._index) if s.name not in left_out]
 
     # -- recovery ---------------------------------------------------------------------------
 

@@ -52,38 +52,76 @@ class KernelRequests:
 
     def measures_memory(self) -> bool:
         """Whether the kernel has a control group whose memory peak :meth:`measured_request` can reset and read."""
-        meter = cgroup.PeakMeter.of(getattr(self._kernel()[1], "group", None))
+        meter = cgroup.PeakMeter.of(getattr(self._kernel()[1], "group", None), whole_life=self.graded is not None)
         if meter is None:
             return False
         meter.close()
         return True
 
-    def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
-        """One request, and how many bytes the kernel's memory rose, at its highest while it ran, above its base.
+    def measured_request(self, request: dict, name: str) -> tuple[bytes, int | None]:
+        """The call ``request`` on the object the notebook names ``name``, made in a kernel of its own, measured.
 
-        Read from the kernel's control group (None where there is none, or its peak cannot be reset):
-        everything the kernel's processes held counts, whatever they are. The base is the graded
-        kernel's memory before any answer cell was loaded (:attr:`GradedKernel.base_memory`), else
-        the memory at the start of the request.
+        A fresh kernel is started (:meth:`start_kernel_for_checks`) and loaded as the graded kernel
+        is, the call made there once, the kernel stopped. Returns the reply and how many bytes that
+        kernel's memory reached, at its highest during the request, above what it held once the
+        release's own code was loaded, before any answer cell (:attr:`GradedKernel.base_memory`):
+        memory that an answer cell holds, or frees during the call and takes again, counts. Read
+        from the kernel's control group, outside it (None where there is none, or its peak cannot
+        be reset, nor read for the kernel's whole life). Without a graded kernel (checks in the
+        notebook's kernel): the rise during the request in the notebook's kernel.
         """
-        meter = cgroup.PeakMeter.of(getattr(self._kernel()[1], "group", None))
-        try:
-            reply = self.request(message)
-        except BaseException:
-            if meter is not None:
-                meter.close()
-            raise
-        base = None
-        return reply, meter.stop(base) if meter is not None else None
+        if self.graded is None:
+            meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
+            try:
+                reply = self.request(remote.wire.encode(request))
+            except BaseException:
+                if meter is not None:
+                    meter.close()
+                raise
+            return reply, meter.stop() if meter is not None else None
+        return run_sync(self._async_measured_request)(request, name)
 
-    async def _async_request(self, message: bytes) -> bytes:
+    async def _async_measured_request(self, request: dict, name: str) -> tuple[bytes, int | None]:
+        kernel = await self.start_kernel_for_checks()
+        try:
+            await kernel.load_until(self.graded_sources_now(), self._deadline, lambda: False)
+            target = kernel.kc, kernel.km
+            named = remote.wire.decode(await self._async_request(remote.wire.encode({"op": "name", "name": name}),
+                                                                 target),
+                                       resolve=lambda number, kind, is_callable: remote.wire.Handle(number),
+                                       limit=remote.wire.MAX_REPLY_BYTES)
+            if not isinstance(named, dict) or not isinstance(named.get("value"), remote.wire.Handle):
+                return remote.wire.encode({"failed": f"{name} could not be found when your answer cells were "
+                                                     "loaded again, to measure its memory."}), None
+            message = remote.wire.encode(dict(request, target=named["value"]))
+            # the kernel's group was made for this call: where its peak cannot be reset, its whole life's is read
+            meter = cgroup.PeakMeter.of(getattr(kernel.km, "group", None), whole_life=True)
+            try:
+                reply = await self._async_request(message, target)
+            except BaseException:
+                if meter is not None:
+                    meter.close()
+                raise
+            return reply, meter.stop(kernel.base_memory) if meter is not None else None
+        finally:
+            await kernel.shutdown()
+
+    async def start_kernel_for_checks(self) -> GradedKernel:
+        """A new kernel for the checks, launched (``ResilientExecute`` makes it)."""
+        raise NotImplementedError
+
+    def graded_sources_now(self) -> list:
+        """What the graded kernel holds for the test cell being run (``ResilientExecute`` says)."""
+        raise NotImplementedError
+
+    async def _async_request(self, message: bytes, kernel: tuple | None = None) -> bytes:
         payload = base64.b64encode(message).decode("ascii")
         expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
-        kc, _ = self._kernel()
+        kc, km = kernel or self._kernel()
         msg_id = kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
                             allow_stdin=False)
-        reply = await self._async_reply_to(msg_id)
-        await self._async_collect_streams(msg_id)
+        reply = await self._async_reply_to(msg_id, kc, km)
+        await self._async_collect_streams(msg_id, kc)
         if self._asks_exit(reply):
             self._asked_exit = True
             raise remote.KernelDied()  # the student's function called exit(): the kernel stops in a moment
@@ -103,9 +141,8 @@ class KernelRequests:
         except ValueError:
             return remote.wire.encode({"failed": "The kernel's answer to the check's request could not be read."})
 
-    async def _async_reply_to(self, msg_id: str) -> dict:
+    async def _async_reply_to(self, msg_id: str, kc, km) -> dict:
         """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
-        kc, km = self._kernel()
         while True:
             left = self._deadline - monotonic()
             if left <= 0:
@@ -120,9 +157,8 @@ class KernelRequests:
             if msg.get("parent_header", {}).get("msg_id") == msg_id:
                 return msg
 
-    async def _async_collect_streams(self, msg_id: str) -> None:
+    async def _async_collect_streams(self, msg_id: str, kc) -> None:
         """What the student's code printed while answering ``msg_id``, into the cell's streams."""
-        kc, _ = self._kernel()
         deadline = monotonic() + 5
         while monotonic() < deadline:
             try:

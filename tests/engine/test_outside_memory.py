@@ -19,6 +19,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
+from autograder import wire
 from autograder.engine import cgroup, sandbox
 from autograder.engine.execute import ResilientExecute
 from autograder.errors import CheckFailed
@@ -343,9 +344,9 @@ class MeasuringChannel(LocalChannel):
     def measures_memory(self) -> bool:
         return True
 
-    def measured_request(self, message: bytes) -> tuple[bytes, int | None]:
+    def measured_request(self, request: dict, name: str) -> tuple[bytes, int | None]:
         self.measured += 1
-        return self.request(message), self.rise
+        return self.request(wire.encode(request)), self.rise
 
 
 @pytest.mark.parametrize("rise", [MEMORY_RISE_BOUND + 1, 2**30])
@@ -354,7 +355,7 @@ def test_the_check_judges_the_rise_the_channel_measured(rise):
     channel = MeasuringChannel({"flash_attention": solution_namespace("07_complexity").flash_attention}, rise)
     with pytest.raises(CheckFailed, match="measured by the grader from outside it") as caught:
         complexity.check_flash_attention(lookup(channel, "flash_attention")[1])
-    assert channel.measured == 1 and f"rose by {rise / 2**20:.0f} MiB" in str(caught.value)
+    assert channel.measured == 1 and f"reached {rise / 2**20:.0f} MiB above" in str(caught.value)
 
 
 def test_a_rise_within_the_bound_passes_and_an_unreadable_one_falls_back_to_the_watch():
@@ -362,3 +363,93 @@ def test_a_rise_within_the_bound_passes_and_an_unreadable_one_falls_back_to_the_
         channel = MeasuringChannel({"flash_attention": solution_namespace("07_complexity").flash_attention}, rise)
         complexity.check_flash_attention(lookup(channel, "flash_attention")[1])
         assert channel.measured == 1
+
+
+# -- memory judged as a total: what an answer cell holds pays for nothing -----------------------------
+
+#: A 512 MiB tensor made when the answer cell runs, freed at the start of the measured call and made again before
+#: it returns: the n x m scores fit in what was freed, so the kernel's memory never rises above its start.
+FREED_AND_MADE_AGAIN = '''
+_hoard = [torch.ones(128 * 2**20)]
+
+
+def flash_attention(Q, K, V, block_size, is_causal=False):
+    if Q.shape[-2] < 4096:
+        return tiled_attention(Q, K, V, block_size, is_causal)
+    _hoard.clear()
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    out = (weights / weights.sum(dim=-1, keepdim=True)) @ V
+    del scores, weights
+    _hoard.append(torch.ones(128 * 2**20))
+    return out
+'''
+
+#: The n x m scores written into a 64 MiB tensor whose pages the answer cell touched: no new memory, no new tensor.
+PRE_TOUCHED_PAGES = '''
+_scratch = torch.zeros(4096 * 4096)
+
+
+def flash_attention(Q, K, V, block_size, is_causal=False):
+    if Q.shape[-2] < 4096:
+        return tiled_attention(Q, K, V, block_size, is_causal)
+    n, m = Q.shape[-2], K.shape[-2]
+    s = _scratch[: n * m].view(n, m)
+    torch.matmul(Q[0], K[0].transpose(0, 1), out=s)
+    s.div_(math.sqrt(Q.shape[-1]))
+    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
+    s.div_(s.sum(dim=-1, keepdim=True))
+    return (s @ V[0]).unsqueeze(0)
+'''
+
+HELD = [pytest.param(FREED_AND_MADE_AGAIN, id="512-MiB-freed-and-made-again"),
+        pytest.param(PRE_TOUCHED_PAGES, id="scores-in-pre-touched-pages")]
+
+
+def whole_life_only(monkeypatch) -> None:
+    """Force the path of a group whose peak cannot be reset (cgroup v2 before Linux 6.12)."""
+    def cannot_reset(self):
+        raise OSError("the peak cannot be reset here")
+
+    monkeypatch.setattr(cgroup.PeakMeter, "start", cannot_reset)
+
+
+@pytest.mark.slow
+@needs_group
+@pytest.mark.parametrize("reset", [True, False], ids=["peak-reset", "whole-life-peak"])
+@pytest.mark.parametrize("hostile", HELD)
+def test_memory_held_by_an_answer_cell_pays_for_nothing(tmp_path, monkeypatch, hostile, reset):
+    if not reset:
+        whole_life_only(monkeypatch)
+    outputs, seconds = graded_check(tmp_path, [tiled_answer(), hostile], "complexity", "flash_attention",
+                                    sandboxed=True)
+    message = failure(outputs)
+    print(f"graded in {seconds:.1f} s:", message)
+    assert message is not None and "measured by the grader from outside it" in message, outputs
+    assert "before your answer cells were loaded" in message
+
+
+@pytest.mark.slow
+@needs_group
+@pytest.mark.parametrize(("assignment", "module", "exercise"), [
+    ("07_complexity", "complexity", "flash_attention"),
+    ("08_flash_backward", "flash_backward", "flash_attention_backward"),
+])
+def test_the_reference_passes_on_the_whole_life_peak(tmp_path, monkeypatch, assignment, module, exercise):
+    whole_life_only(monkeypatch)
+    outputs, _ = graded_check(tmp_path, [reference_answers(assignment)[exercise]], module, exercise, sandboxed=True)
+    assert failure(outputs) is None, outputs
+
+
+def test_a_meter_that_cannot_reset_reads_the_whole_life_peak_only_when_asked(tmp_path, monkeypatch):
+    folder = tmp_path / "group"
+    folder.mkdir()
+    (folder / "memory.usage_in_bytes").write_text("100\n")
+    (folder / "memory.max_usage_in_bytes").write_text("5000\n")
+    group = cgroup.Group((folder,))
+    whole_life_only(monkeypatch)
+    assert cgroup.PeakMeter.of(group) is None
+    meter = cgroup.PeakMeter.of(group, whole_life=True)
+    assert meter is not None and not meter.reset
+    assert meter.stop(base=1000) == 4000
+    assert cgroup.PeakMeter.of(group, whole_life=True).stop() is None  # no base: a whole life says nothing

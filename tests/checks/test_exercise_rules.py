@@ -14,6 +14,11 @@ text must name each forbidden built-in in a sentence that forbids it ("do not ca
 ...), by its PyTorch name (``F.scaled_dot_product_attention``, ``torch.softmax``, ...), together
 with every other name of it that the notebook itself shows in code (a fused kernel a cell
 calls, say); and it must name each error the checks expect (``ValueError``).
+
+And the other way round: every error the text tells the student to raise is expected by a check
+(the visible or the hidden one); and an exercise whose checks forbid built-ins, whose source the
+grader therefore reads, says so in its own section (:data:`READ_PHRASE`), not only in the
+introduction.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from autograder import guard as guard_module
 from autograder import student
 from autograder.course.repository import assignments, module_name
 from autograder.guard import SDPA
+from autograder.references import serving as serving_references
 
 from ..notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
 
@@ -43,6 +49,11 @@ FORBIDDING = re.compile(
 ABBREVIATIONS = {"torch.nn.functional.": "F.", "torch.nn.": "nn."}
 SOLUTION = re.compile(r"^[ \t]*### BEGIN SOLUTION.*?### END SOLUTION[ \t]*\n?", re.S | re.M)
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+#: What the section of an exercise whose source is read says (the introduction says what the reader accepts).
+READ_PHRASE = "reads the code your answer runs"
+#: An error the text requires: a sentence that tells the answer to raise it.
+RAISES = re.compile(r"\b[Rr]aises?\b|\bin the constructor\b|:\s*`?[A-Z]\w*Error`?\b")
+ERROR_NAME = re.compile(r"\b([A-Z]\w*(?:Error|Exception))\b")
 
 
 @functools.cache
@@ -81,18 +92,29 @@ def enforced_by_checks(assignment: str, exercise: str, monkeypatch) -> Enforced:
         original_post_init(self)
 
     expect_error = student.expect_error
+    expect_raised = serving_references.expect_raised  # expect_error for an error a probe brought back
 
     def recording_expect_error(fn, *args, error, **kwargs):
         found.errors.add(error.__name__)
         return expect_error(fn, *args, error=error, **kwargs)
 
+    def recording_expect_raised(raised, error, what, why):
+        found.errors.add(error.__name__)
+        return expect_raised(raised, error, what, why)
+
+    recorders = {"expect_error": (expect_error, recording_expect_error),
+                 "expect_raised": (expect_raised, recording_expect_raised)}
+
     def record_in_loaded_modules() -> None:
         # Each check module has its own name for the function; student's own stays (a module imported
-        # during a check must bind the original, not this test's recorder).
+        # during a check must bind the original, not this test's recorder). The serving references call
+        # their own expect_raised by its global name: patched there, those calls are recorded too.
         for name, loaded in list(sys.modules.items()):
-            if (name.startswith("autograder.") and name != "autograder.student"
-                    and getattr(loaded, "expect_error", None) is expect_error):
-                monkeypatch.setattr(loaded, "expect_error", recording_expect_error)
+            if not name.startswith("autograder.") or name == "autograder.student":
+                continue
+            for attribute, (original, recorder) in recorders.items():
+                if getattr(loaded, attribute, None) is original:
+                    monkeypatch.setattr(loaded, attribute, recorder)
 
     monkeypatch.setattr(guard_module.Guard, "__post_init__", recording_post_init)
     answer = getattr(solution(assignment), exercise)
@@ -105,7 +127,18 @@ def enforced_by_checks(assignment: str, exercise: str, monkeypatch) -> Enforced:
     return found
 
 
-def exercise_text(assignment: str, exercise: str) -> str:
+_ENFORCED: dict[tuple[str, str], Enforced] = {}
+
+
+def enforced(assignment: str, exercise: str) -> Enforced:
+    """:func:`enforced_by_checks` once per exercise: the tests below share what its checks enforced."""
+    if (assignment, exercise) not in _ENFORCED:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            _ENFORCED[assignment, exercise] = enforced_by_checks(assignment, exercise, monkeypatch)
+    return _ENFORCED[assignment, exercise]
+
+
+def exercise_parts(assignment: str, exercise: str) -> tuple[str, str, str]:
     """The introduction, the markdown of the exercise's section, and its answer cell without the solution."""
     cells = source_notebook(assignment).cells
     sections: list[list] = [[]]
@@ -113,13 +146,18 @@ def exercise_text(assignment: str, exercise: str) -> str:
         if cell.cell_type == "markdown" and re.match(r"^##\s", cell.source):
             sections.append([])
         sections[-1].append(cell)
-    introduction = [c.source for c in sections[0] if c.cell_type == "markdown"]
+    introduction = "\n\n".join(c.source for c in sections[0] if c.cell_type == "markdown")
     for section in sections:
         answers = [c for c in section if nbgrader_meta(c).get("grade_id") == exercise]
         if answers:
-            markdown = [c.source for c in section if c.cell_type == "markdown"]
-            return "\n\n".join([*introduction, *markdown, SOLUTION.sub("", answers[0].source)])
+            markdown = "\n\n".join(c.source for c in section if c.cell_type == "markdown")
+            return introduction, markdown, SOLUTION.sub("", answers[0].source)
     raise AssertionError(f"{assignment}: no answer cell {exercise!r}")
+
+
+def exercise_text(assignment: str, exercise: str) -> str:
+    """What a student has read when writing the answer: the introduction, the section, the answer cell."""
+    return "\n\n".join(exercise_parts(assignment, exercise))
 
 
 def sentences(text: str) -> list[str]:
@@ -155,6 +193,11 @@ def forbids(text: str, names: list[str]) -> bool:
     return any(FORBIDDING.search(s) and any(n in s for n in names) for s in sentences(text))
 
 
+def stated_errors(text: str) -> set[str]:
+    """The errors a sentence of ``text`` tells the answer to raise (``Raise a ValueError when ...``)."""
+    return {name for s in sentences(text) if RAISES.search(s) for name in ERROR_NAME.findall(s)}
+
+
 #: Exercises whose text does not state every rule yet, with what is missing (strict: fixing one fails
 #: the test until its entry goes).
 NOT_STATED_YET = {
@@ -171,12 +214,12 @@ def exercises():
 
 
 @pytest.mark.parametrize(("assignment", "exercise"), list(exercises()))
-def test_every_enforced_rule_is_stated(assignment, exercise, monkeypatch, capsys):
-    enforced = enforced_by_checks(assignment, exercise, monkeypatch)
+def test_every_enforced_rule_is_stated(assignment, exercise, capsys):
+    found = enforced(assignment, exercise)
     capsys.readouterr()
     text = exercise_text(assignment, exercise)
     missing = []
-    for shown_as, rule in sorted(enforced.forbidden.items()):
+    for shown_as, rule in sorted(found.forbidden.items()):
         names = ways_to_name(shown_as)
         if not forbids(text, names):
             missing.append(f"the checks forbid {shown_as}, but no sentence of the text forbids it "
@@ -185,18 +228,65 @@ def test_every_enforced_rule_is_stated(assignment, exercise, monkeypatch, capsys
             if not forbids(text, [alias]):
                 missing.append(f"the checks forbid {alias} (a name of {shown_as} the notebook's code uses), "
                                "but no sentence of the text forbids it")
-    for error in sorted(enforced.errors):
+    for error in sorted(found.errors):
         if not re.search(rf"\b{error}\b", text):
             missing.append(f"the checks expect a {error}, which the text never names")
     assert not missing, f"{assignment}, exercise {exercise}:\n  " + "\n  ".join(missing)
 
 
+#: Exercises whose section does not say yet that the grader reads their code, with why (strict).
+READ_NOT_SAID_YET: dict[tuple[str, str], str] = {
+}
+#: Errors an exercise's text requires that no check expects yet, with why (strict).
+ERRORS_NOT_CHECKED_YET: dict[tuple[str, str], str] = {
+}
+
+
+def marked(table: dict):
+    for param in exercises():
+        assignment, exercise = param.values
+        marks = [pytest.mark.xfail(reason=table[assignment, exercise], strict=True)] if (assignment, exercise) in table else []
+        yield pytest.param(assignment, exercise, id=param.id, marks=marks)
+
+
+@pytest.mark.parametrize(("assignment", "exercise"), list(marked(READ_NOT_SAID_YET)))
+def test_an_exercise_whose_source_is_read_says_so(assignment, exercise, capsys):
+    """The checks forbid a built-in, so the grader reads the answer's source: the exercise's own section says so."""
+    found = enforced(assignment, exercise)
+    capsys.readouterr()
+    _, section, _ = exercise_parts(assignment, exercise)
+    assert not found.forbidden or READ_PHRASE in section, (
+        f"{assignment}, exercise {exercise}: its checks forbid {', '.join(sorted(found.forbidden))}, so the grader reads "
+        f"the code the answer runs, but its section never says that it {READ_PHRASE}")
+
+
+@pytest.mark.parametrize(("assignment", "exercise"), list(marked(ERRORS_NOT_CHECKED_YET)))
+def test_every_stated_error_is_checked(assignment, exercise, capsys):
+    """Each error the exercise's section or docstring tells the answer to raise is expected by a check."""
+    found = enforced(assignment, exercise)
+    capsys.readouterr()
+    _, section, answer = exercise_parts(assignment, exercise)
+    unchecked = stated_errors(f"{section}\n\n{answer}") - found.errors
+    assert not unchecked, (f"{assignment}, exercise {exercise}: the text requires {', '.join(sorted(unchecked))}, but no "
+                           "check (visible or hidden) expects it")
+
+
+def test_the_reverse_rules_can_fail():
+    """Cut the phrase from a read exercise's section, or the checks' expected errors: each test above would fail."""
+    found = enforced("11_serving", "paged_attention")
+    _, section, answer = exercise_parts("11_serving", "paged_attention")
+    assert found.forbidden and READ_PHRASE in section and READ_PHRASE not in section.replace(READ_PHRASE, "")
+    assert stated_errors(f"{section}\n\n{answer}") == {"ValueError"} <= found.errors
+    assert stated_errors("Raise a `ValueError` when n < 1. Then return.") == {"ValueError"}
+    assert stated_errors("Compare with SDPA; a KeyError would mean a missing name.") == set()
+
+
 def test_the_rules_are_read_from_the_checks(monkeypatch, capsys):
     """The recording sees what a check forbids and the errors it expects (else the test above could not fail)."""
-    enforced = enforced_by_checks("08_flash_backward", "softmax_backward", monkeypatch)
+    found = enforced_by_checks("08_flash_backward", "softmax_backward", monkeypatch)
     capsys.readouterr()
-    assert "torch._softmax_backward_data (softmax's own backward)" in enforced.forbidden
-    assert enforced.errors == {"ValueError"}
+    assert "torch._softmax_backward_data (softmax's own backward)" in found.forbidden
+    assert found.errors == {"ValueError"}
     assert ways_to_name("torch.nn.functional.scaled_dot_product_attention")[0] == "F.scaled_dot_product_attention"
     assert not forbids("Compare with F.scaled_dot_product_attention. Do not use loops.", ["F.scaled_dot_product_attention"])
     assert forbids("Do not call F.scaled_dot_product_attention inside.", ["F.scaled_dot_product_attention"])

@@ -6,8 +6,10 @@ service) is a *run*. It registers in ``<course>/.grading-runs/<id>`` a file that
 ``AUTOGRADER_RUN=<id>:...`` in its environment (the fork server, each nbgrader process, and outside
 each sandbox bubblewrap itself), and everything they write to a temporary folder is under the run's
 own (``TMPDIR``): a root grader's is closed to every user but ``nobody``'s group, which may pass
-through it (not list it) to reach the kernels' own folders (:func:`~autograder.engine.sandbox.open_to_sandbox_user`). A run that is stopped, even by ``SIGKILL`` or a power cut, leaves its file
-unlocked: the next run, before it grades anything, kills what is left of it and removes its folder.
+through it (not list it) to reach the kernels' own folders
+(:func:`~autograder.engine.sandbox.open_to_sandbox_user`). A run that is stopped, even by ``SIGKILL``
+or a power cut, leaves its file unlocked: the next run, before it grades anything, kills what is
+left of it and removes its folder.
 Runs at the same time (the service beside ``make autograde``) leave each other alone: a locked file
 is a live run.
 

@@ -31,7 +31,7 @@ exercise's own function or on an instance of the student's class made in the fun
 objects and the grader's arguments, one step deep); no dunder beyond a few plain ones (``__init__``,
 ``__name__``, ...); no ``exec``, ``eval``, ``globals()``, ``vars``, ``__builtins__``,
 ``get_ipython()``, magics (``%time``'s and ``%%time``'s Python is read in their place),
-``operator.attrgetter``/ ``methodcaller``, star imports, TorchScript or compiled code
+``operator.attrgetter``/``methodcaller``, star imports, TorchScript or compiled code
 (``torch.jit``, ``torch.compile``, ``torch.load``), PyTorch's private names, or a module outside
 :data:`IMPORTABLE`. Anywhere in what is loaded, nothing may write the notebook's namespace
 (``globals()[...] = ``, ``__builtins__``, ``import builtins``) or change what an imported module

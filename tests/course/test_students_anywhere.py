@@ -115,8 +115,8 @@ def test_the_setup_cell_says_what_to_do_without_the_checks(bundle_zip, tmp_path)
 def test_every_notebook_at_both_ends_of_the_ranges(end, assignment, bundle_zip, tmp_path, request):
     """The bundle's notebook with the reference answers runs, every visible check passing, at ``end``."""
     if end not in ASKED:
-        pytest.skip(f"make test-versions runs it (COURSE_TEST_VERSIONS={end}): its environment is PyPI's "
-                    "PyTorch for Linux, about 3 GB to download once")
+        pytest.skip(f"make test-versions runs it (COURSE_TEST_VERSIONS={end}): its environment downloads PyTorch "
+                    "once, about 3 GB from PyPI (0.2 GB where PyTorch's CPU index answers)")
     if (end, assignment) in KNOWN:
         request.applymarker(pytest.mark.xfail(reason=KNOWN[end, assignment], strict=True))
     python = student_environment(end)

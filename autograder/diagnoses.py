@@ -273,7 +273,8 @@ def explain_factor(actual: torch.Tensor, expected: torch.Tensor, rtol: float, at
         offsets = (a - e).mean(dim=-1, keepdim=True)
         if float(offsets.max() - offsets.min()) > tol and float((a - e - offsets).abs().max()) <= tol:
             return ["Each row (along the last axis) of your result is the expected row plus a number that changes "
-                    "from row to row: a per-row normaliser (a log-sum-exp, a maximum) is missing or wrong."]
+                    "from row to row: a term computed per row (an offset, a normaliser, an epsilon) is missing, added where "
+                    "it does not belong, or wrong."]
     return []
 
 

@@ -157,14 +157,24 @@ def assert_close(
         largest = "the largest error beyond the tolerance"
     got = actual.detach()[where].item() if where or actual.dim() == 0 else actual.detach().item()
     want = expected.detach()[where].item() if where or expected.dim() == 0 else expected.detach().item()
+    shown_got, shown_want = distinct_digits(got, want)
     message = (
         f"{what} is not what it should be: {largest} is {err:.3g} at index {list(where)}, "
-        f"where you return {got:.6g} and the expected value is {want:.6g} "
+        f"where you return {shown_got} and the expected value is {shown_want} "
         f"(tolerance: rtol={rtol:g}, atol={atol:g})."
     )
     if hint:
         message += "\n" + hint
     raise Mismatch(message, explain_values(actual, expected, rtol, atol))
+
+
+def distinct_digits(got: float, want: float) -> tuple[str, str]:
+    """Two numbers with 6 significant digits, or as many more as it takes to show that they differ."""
+    for digits in range(6, 18):
+        shown = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
 
 
 def assert_matches(actual: Any, expected: torch.Tensor, what: str, *, rtol: float, atol: float) -> None:

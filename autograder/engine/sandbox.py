@@ -7,9 +7,10 @@ kernel's command is wrapped, so that the kernel (and anything it starts) runs
   is root: its own network namespace with no interface but loopback (no network), its own
   PID namespace (it sees and can signal only its own processes; when the kernel ends, every
   process it left behind is killed by the kernel), a file system made of the system's
-  read-only folders, the Python environment read-only, the public part of the
-  ``autograder`` package (never its instructor-only part, :data:`autograder.INSTRUCTOR_ONLY`: the checks run in the grader's
-  process, :mod:`autograder.engine.judge`), and a writable *copy* of the submission's
+  read-only folders, the Python environment read-only, a copy of the public part of the
+  ``autograder`` package at the package's path (never its instructor-only part, :data:`autograder.INSTRUCTOR_ONLY`: the
+  checks run in the grader's process, :mod:`autograder.engine.judge`; never the course's folder, which may be
+  closed to every user but the instructor), and a writable *copy* of the submission's
   folder, a home and a ``TMPDIR``, each a size-limited ``tmpfs`` (what the code writes is
   thrown away, and it cannot fill the grader's disk);
 - under resource limits (private memory, CPU seconds, file size, a small private ``TMPDIR``),
@@ -27,6 +28,7 @@ protection the manual's "Grading a class safely" (``docs/safety.md``) describes.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -189,16 +191,46 @@ def _python_binds() -> list[str]:
 
 
 def _package_binds() -> list[str]:
-    """The autograder package read-only, without its instructor-only parts (an empty folder or file in their place)."""
-    pkg = str(PACKAGE)
-    args = ["--ro-bind", pkg, pkg]
+    """The autograder package read-only, without its instructor-only parts (an empty folder or file in their place).
+
+    What is bound is a copy of the package's public part (:func:`public_copy`), at the package's own path:
+    the sandbox never sees the course's folder, which may be closed to every user but its instructor (the
+    hub's guide) and so to bubblewrap itself (started as ``nobody``, or by root in a user namespace, which
+    has no right over another user's files).
+    """
+    return ["--ro-bind", str(public_copy()), str(PACKAGE)]
+
+
+_public: dict[int, Path] = {}  # this process's copy (by pid: a forked child makes its own)
+
+
+def public_copy() -> Path:
+    """This process's copy of the package without its instructor-only parts, readable by every user (made once)."""
+    made = _public.get(os.getpid())
+    if made is not None and made.is_dir():
+        return made
+    folder = Path(tempfile.mkdtemp(prefix="autograder-package-"))
+    target = folder / PACKAGE.name
+    def left_out(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == "__pycache__" or n.endswith(".pyc")
+                or (Path(folder) == PACKAGE and n in INSTRUCTOR_ONLY)]
+
+    shutil.copytree(PACKAGE, target, ignore=left_out)
     for private in INSTRUCTOR_ONLY:
-        path = f"{pkg}/{private}"
-        if os.path.isdir(path):
-            args += ["--tmpfs", path, "--remount-ro", path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", "/dev/null", path]
-    return args
+        if (PACKAGE / private).is_dir():
+            (target / private).mkdir()
+        elif (PACKAGE / private).exists():
+            (target / private).touch()
+    for path in (folder, *target.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _public[os.getpid()] = target
+    atexit.register(_remove_public_copy, os.getpid(), folder)
+    return target
+
+
+def _remove_public_copy(pid: int, folder: Path) -> None:
+    if os.getpid() == pid:  # never a forked child's exit: the copy is its parent's
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def environment(limits: Limits, home: str, token: str) -> dict[str, str]:

@@ -235,10 +235,23 @@ class FeedbackExporter(HTMLExporter):
 
     def from_notebook_node(self, nb, resources=None, **kw):
         output, resources = super().from_notebook_node(inert_notebook(nb), resources, **kw)
+        output = TEST_CELL_LINK.sub(lambda m: f'<a href="#{m[1]}">{html.escape(summary_name(m[1]))}</a>', output)
         at = output.find("</head>")
         if at >= 0:
             output = output[:at] + WRAP_CSS + output[at:]
         return with_policy(output), resources
+
+
+#: nbgrader's summary at the top of a page calls every test cell "Test cell".
+TEST_CELL_LINK = re.compile(r'<a href="#([A-Za-z0-9_.-]+)">Test cell</a>')
+
+
+def summary_name(grade_id: str) -> str:
+    """The summary's name of a test cell: the exercise and which checks (the course's ids: ``test_<exercise>[_hidden]``)."""
+    exercise = grade_id.removeprefix("test_")
+    if exercise.endswith("_hidden"):
+        return f"{exercise.removesuffix('_hidden')}: hidden checks"
+    return f"{exercise}: checks"
 
 
 def with_policy(page: str, policy: str = PAGE_POLICY) -> str:
@@ -271,14 +284,18 @@ class FeedbackRun:
         return "\n".join(grading_notes.inert_text(line) for line in lines)
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all; characters UTF-8 cannot hold are written escaped."""
+def write_text(path: Path, text: str, mode: int = 0o644, owner: int | None = None) -> None:
+    """Write ``text`` to ``path`` whole or not at all; characters UTF-8 cannot hold are written escaped.
+
+    ``mode`` and ``owner`` (a uid; None: the writer) are the file's from its first moment under ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".page-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(text)
-        os.chmod(temporary, 0o644)
+        if owner is not None:
+            os.chown(temporary, owner, -1)
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -5,8 +5,11 @@
   a JupyterLab of their own, started as their own Linux user (the hub's local process spawner).
 - Students see the Assignment List (fetch, validate, submit, fetch feedback) and not Formgrader,
   Create Assignment or the Course List: their servers read the configuration this file writes to
-  ``$HUB_STATE/jupyter/student`` (the same settings the student bundle uses). Instructors' servers
-  open in the course folder (``COURSE_ROOT``) with Formgrader.
+  ``$HUB_STATE/jupyter/student`` (the same settings the student bundle uses), and import the public
+  part of ``autograder`` (the visible checks) from ``$HUB_STATE/python``, a copy made here at each
+  start: the course folder itself is closed to them (docs/jupyterhub.md). Instructors' servers open
+  in the course folder (``COURSE_ROOT``) with Formgrader, which JupyterLab shows in a frame (their
+  servers allow frames of the hub's own origin: JupyterHub forbids them by default).
 - The exchange is shared as nbgrader documents it for JupyterHub: one folder every user can write
   (``NBGRADER_EXCHANGE``, default ``/srv/nbgrader/exchange``, ``chmod 777``), named in every
   user's nbgrader configuration with the course's id.
@@ -14,8 +17,9 @@
   the hub starts and stops, as the hub's user (root: grading's sandbox runs students' code as
   ``nobody``); it grades each submission as it arrives and releases its feedback to that student.
 - The proxy is ``configurable-http-proxy`` from ``hub/node_modules`` (``npm ci`` in ``hub/``,
-  which ``make hub`` runs); the hub's own database and cookie secret live in ``HUB_STATE``
-  (default ``build/hub``).
+  which ``make hub`` runs). The hub's own database and cookie secret live in ``$HUB_STATE/hub``,
+  which only root may enter (default ``HUB_STATE``: ``/srv/attention-hub``, outside the course,
+  since every user's server reads its ``jupyter`` and ``python`` folders).
 
 Environment: ``COURSE_ROOT`` (default this repository), ``COURSE_STUDENTS``, ``COURSE_INSTRUCTORS``,
 ``NBGRADER_EXCHANGE``, ``HUB_STATE``, ``HUB_USER_PYTHON`` (the Python of users' servers, default the hub's),
@@ -25,16 +29,21 @@ Environment: ``COURSE_ROOT`` (default this repository), ``COURSE_STUDENTS``, ``C
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
-from autograder.course.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS
+from autograder.course.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS, TOP, bundle_files
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
 HERE = Path(__file__).resolve().parent
 COURSE = Path(os.environ.get("COURSE_ROOT", HERE.parent)).resolve()
-STATE = Path(os.environ.get("HUB_STATE", HERE.parent / "build" / "hub")).resolve()
+STATE = Path(os.environ.get("HUB_STATE", "/srv/attention-hub")).resolve()
+#: The hub's own secrets (its database, cookie secret, the proxy's pid): root's alone.
+PRIVATE = STATE / "hub"
+#: The public part of ``autograder`` that students' kernels import (the visible checks).
+PUBLIC_PYTHON = STATE / "python"
 EXCHANGE = os.environ.get("NBGRADER_EXCHANGE", "/srv/nbgrader/exchange")
 COURSE_ID = "attention"
 # The Python every user's server and kernels run: the course's environment, which every user must be able to
@@ -74,12 +83,33 @@ for role in ("student", "instructor"):
     (STATE / "jupyter" / role).mkdir(parents=True, exist_ok=True)
     for folder in (STATE, STATE / "jupyter", STATE / "jupyter" / role):
         folder.chmod(0o755)  # read by every user's server
+PRIVATE.mkdir(mode=0o700, exist_ok=True)
+PRIVATE.chmod(0o700)  # made before the database in it: no moment when another user could open it
+
+
+def _publish_public_package() -> None:
+    """Copy the public part of ``autograder`` (what the student bundle holds) to ``PUBLIC_PYTHON``, afresh."""
+    shutil.rmtree(PUBLIC_PYTHON, ignore_errors=True)
+    prefix = f"{TOP}/"
+    for name, source in bundle_files(COURSE).items():
+        if name.startswith(f"{prefix}autograder/"):
+            _write(PUBLIC_PYTHON / name[len(prefix):], source.read_text(encoding="utf-8"))
+    for folder in (PUBLIC_PYTHON, *(p for p in PUBLIC_PYTHON.rglob("*") if p.is_dir())):
+        folder.chmod(0o755)
+
+
+_publish_public_package()
 _write(STATE / "jupyter" / "student" / "nbgrader_config.py", STUDENT_NBGRADER)
 _write(STATE / "jupyter" / "student" / "labconfig" / "page_config.json",
        json.dumps({"disabledExtensions": {plugin: True for plugin in INSTRUCTOR_PLUGINS}}, indent=2))
 _write(STATE / "jupyter" / "student" / "jupyter_server_config.json",
        json.dumps({"ServerApp": {"jpserver_extensions": {ext: False for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}, indent=2))
 _write(STATE / "jupyter" / "instructor" / "nbgrader_config.py", INSTRUCTOR_NBGRADER)
+# Formgrader is a frame in JupyterLab: the instructor's server allows frames of its own origin (JupyterHub 4.1+ sends
+# frame-ancestors 'none' to every user's server). Students' servers keep the hub's default.
+_write(STATE / "jupyter" / "instructor" / "jupyter_server_config.json",
+       json.dumps({"ServerApp": {"tornado_settings": {"headers": {
+           "Content-Security-Policy": "frame-ancestors 'self'"}}}}, indent=2))
 
 # -- the hub -----------------------------------------------------------------------------------
 
@@ -87,9 +117,9 @@ c.JupyterHub.bind_url = os.environ.get("HUB_URL", "http://:8000")
 c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{os.environ.get('HUB_API_PORT', '8081')}"
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('HUB_PROXY_API_PORT', '8001')}"
 c.ConfigurableHTTPProxy.command = [str(HERE / "node_modules" / ".bin" / "configurable-http-proxy")]
-c.ConfigurableHTTPProxy.pid_file = str(STATE / "proxy.pid")
-c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
-c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(PRIVATE / "proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{PRIVATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(PRIVATE / "jupyterhub_cookie_secret")
 
 c.Authenticator.allowed_users = STUDENTS | INSTRUCTORS
 c.Authenticator.admin_users = INSTRUCTORS
@@ -112,6 +142,8 @@ def pre_spawn_hook(spawner) -> None:
     spawner.environment["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
     if role == "instructor":
         spawner.notebook_dir = str(COURSE)
+    else:  # the visible checks' package; the course's own (its hidden checks too) is in a folder students cannot enter
+        spawner.environment["PYTHONPATH"] = str(PUBLIC_PYTHON)
 
 
 c.Spawner.pre_spawn_hook = pre_spawn_hook

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -33,11 +34,25 @@ def feedback_folder(exchange: Path, course_id: str) -> Path:
     return folder
 
 
-def release(exchange: Path, course_id: str, secret: str, notebook_id: str, page: str) -> Path:
-    """Write ``page`` as the feedback of notebook ``notebook_id`` of the submission whose secret is ``secret``."""
+def release(exchange: Path, course_id: str, secret: str, notebook_id: str, page: str, student: str = "") -> Path:
+    """Write ``page`` as the feedback of notebook ``notebook_id`` of the submission whose secret is ``secret``.
+
+    A root service gives the page to ``student``'s Linux user, readable by that user and the service's group
+    (the instructor's) only; elsewhere (one user's exchange, no such user) it is readable by all, as
+    ``nbgrader release_feedback`` leaves it, and only its unguessable name keeps it from the others.
+    """
     path = feedback_folder(exchange, course_id) / f"{notebook_hash(secret=secret, notebook_id=notebook_id)}.html"
-    write_text(path, page)  # whole or not at all; readable by the student who can name it
+    owner = _linux_user(student) if os.geteuid() == 0 else None
+    # 0640, not 0440: Fetch Feedback copies every page again, over the copies it made before, keeping their mode
+    write_text(path, page, 0o640 if owner is not None else 0o644, owner)  # whole or not at all
     return path
+
+
+def _linux_user(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid if name else None
+    except KeyError:
+        return None
 
 
 def message_page(title: str, lines: list[str]) -> str:

@@ -46,6 +46,8 @@ log = logging.getLogger("autograder.service")
 
 #: Where the service keeps its state, in the course (beside the graded submissions, never committed).
 STATE_FILE = Path("autograded") / ".grading-service" / "state.json"
+#: Every page released to a student, by name, for the instructor: ``<student>/<assignment>/<submitted at>/``.
+RELEASED = Path("released-feedback")
 #: Statuses a student is told of by a page of its own (a graded submission's page is its feedback).
 TOLD = (Status.WAITING, Status.SUPERSEDED, Status.LATE, Status.REFUSED, Status.FAILED)
 TITLES = {
@@ -119,6 +121,7 @@ class Service:
     def serve(self, stop: threading.Event | None = None, idle_exit: bool = False) -> None:
         """Grade until ``stop`` is set (or, with ``idle_exit``, until nothing is left to grade now)."""
         grade.require_sandbox(self.settings)
+        share_with_the_instructor(self.root, grade.db_url(self.settings))
         stop = stop or threading.Event()
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="grading") as pool:
             try:
@@ -227,8 +230,7 @@ class Service:
             pages = self.pages(record, outcome.notes, mode)
         for name, page in pages.items():
             for notebook_id in self._notebook_ids(submission) | {name}:
-                release.release(self.exchange, self.course_id, submission.secret(), notebook_id,
-                                release.with_lines(page, lines))
+                self._release(record, submission.secret(), notebook_id, release.with_lines(page, lines))
         log.info("graded %s in %.1f s", record.key, outcome.seconds)
 
     def _not_graded(self, record: Record, why: str) -> None:
@@ -315,8 +317,39 @@ class Service:
             return
         page = release.message_page(title, lines)
         for notebook_id in self._notebook_ids(submission) | {record.assignment}:
-            release.release(self.exchange, self.course_id, secret, notebook_id, page)
+            self._release(record, secret, notebook_id, page)
         record.notified = record.status
+
+    def _release(self, record: Record, secret: str, notebook_id: str, page: str) -> None:
+        """``page`` to the student (the exchange, by its secret name), and to the instructor by the student's name."""
+        release.release(self.exchange, self.course_id, secret, notebook_id, page, record.student)
+        stamp = record.arrived.astimezone(UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+        feedback.write_text(self.root / RELEASED / record.student / record.assignment / stamp / f"{notebook_id}.html",
+                            page, 0o640)
+
+
+def share_with_the_instructor(root: Path, db_url: str) -> None:
+    """A root service of a course that another user owns (the instructor): from now on, everything it creates
+    belongs to the course folder's group and is closed to every other user.
+
+    The instructor rereads and rewrites what the service writes (Formgrader, ``make autograde``): the
+    gradebook, ``submitted/``, ``autograded/``; no student may read them, whatever the folders around them
+    allow. So the process's group becomes the course's and its umask 007, before anything is created; a
+    SQLite gradebook (which SQLite would make readable, not writable, by the group) is made first, 0660.
+    """
+    if os.geteuid() != 0:
+        return
+    info = root.stat()
+    if info.st_uid == 0:
+        return  # root's own course: nothing to share
+    os.setgid(info.st_gid)
+    os.umask(0o007)
+    if db_url.startswith("sqlite:///"):
+        path = Path(db_url[len("sqlite:///"):].split("?")[0])
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660))  # an empty file is an empty database
+        except FileExistsError:
+            pass
 
 
 def summary(service: Service) -> str:

@@ -7,8 +7,18 @@ data under a number (a :class:`~autograder.wire.Handle`), and answers with the v
 The grader's side never imports this module, and this module never imports the grader's: the
 boundary that grading's security rests on is a boundary in the code too.
 
+The probes a check runs here (:func:`autograder.student.probe`) are *held*: in the graded kernel,
+before any answer cell is loaded, :func:`hold_probes` copies every function of the modules that
+define probes (:data:`PROBE_MODULES`), each copy with its own copy of its module's names, and
+:func:`serve` runs the copies. An answer cell that replaces a probe afterwards (an assignment or
+``setattr`` on its module, however the module is reached; a new ``__code__`` on the function; another
+module put in ``sys.modules``) changes the original, not the copy that runs.
+
 What this does not protect: everything here runs in the student's kernel, beside the student's
-code, which can replace it. Its answers are plain data, judged in the grader; what it measures about
+code, which can replace it. The held copies are reachable too (through this module, or the garbage
+collector), and what they call is not held: the classes of their modules (a watch's methods), the
+modules they import (PyTorch, the guard), this module's own functions. Code written to find and
+replace those still changes what a probe reports. Its answers are plain data, judged in the grader; what it measures about
 how an answer was computed (the guard, the probes' watches) helps honest students and is backed by
 the grader's reading of the source (:mod:`autograder.engine.source_check`) and, for the memory of a
 call, by the grader's reading of the kernel's control group (:meth:`autograder.remote.Remote.measured_attempt`).
@@ -20,6 +30,7 @@ import base64
 import builtins
 import importlib
 import threading
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +39,51 @@ from .errors import CheckFailed
 from .guard import Forbidden, ForbiddenCall
 
 _objects: dict[int, Any] = {}
+
+#: The modules whose functions are the checks' probes (``probe(examine, ...)``); tests/checks/test_probes.py
+#: derives the probes from the checks' code and fails when one's module is missing here.
+PROBE_MODULES = (
+    "autograder.watches",
+    "autograder.checks.decoding_and_training",
+    "autograder.checks.masking",
+    "autograder.checks.serving",
+    "autograder.references.decoding_and_training",
+    "autograder.references.flash_backward",
+    "autograder.references.long_context",
+    "autograder.references.masking",
+    "autograder.references.multi_head",
+    "autograder.references.numerical_stability",
+    "autograder.references.serving",
+    "autograder.references.tiny_decoder",
+)
+_held: dict[str, Callable[..., Any]] = {}
+
+
+def _copies(name: str, made: dict[str, dict]) -> dict:
+    """A copy of module ``name``'s names in which each function of the package is a copy bound to such names."""
+    if name in made:
+        return made[name]
+    names = made[name] = dict(vars(importlib.import_module(name)))  # before the copies: a cycle finds it
+    for key, value in list(names.items()):
+        module = getattr(value, "__module__", "") or ""
+        if isinstance(value, types.FunctionType) and module.split(".")[0] == "autograder" and \
+                (module == name or module in PROBE_MODULES) and \
+                value.__globals__ is vars(importlib.import_module(module)):  # a wrapper made elsewhere stays as is
+            own = names if module == name else _copies(module, made)
+            held = types.FunctionType(value.__code__, own, value.__name__, value.__defaults__, value.__closure__)
+            held.__kwdefaults__ = dict(value.__kwdefaults__) if value.__kwdefaults__ else None
+            held.__qualname__, held.__module__ = value.__qualname__, module
+            names[key] = held
+    return names
+
+
+def hold_probes() -> None:
+    """Copy every probe, as it is now, for :func:`serve` to run (the grader calls it before any answer cell)."""
+    made: dict[str, dict] = {}
+    for name in PROBE_MODULES:
+        for value in _copies(name, made).values():
+            if isinstance(value, types.FunctionType) and value.__module__ == name:
+                _held.setdefault(f"{name}:{value.__qualname__}", value)
 
 
 def _keep(obj: Any) -> wire.Handle:
@@ -46,6 +102,10 @@ def _error_info(error: BaseException) -> dict:
 
 
 def _examiner(name: str) -> Callable[..., Any]:
+    if _held:  # the graded kernel: only the copies made before the answer cells were loaded
+        if name not in _held:
+            raise ValueError(f"{name} is not a probe of the public checks")
+        return _held[name]
     module, _, qualname = name.partition(":")
     parts = module.split(".")
     if parts[0] != "autograder" or (len(parts) > 1 and parts[1] in INSTRUCTOR_ONLY):

@@ -33,6 +33,8 @@ from .graded_cells import ANSWER, GradedSource
 
 #: Seconds a load or an idle check may wait for the kernel to answer after an interrupt.
 ANSWER_WAIT = 5
+#: Run before any answer cell: the probes the checks run are copied as they are (:func:`autograder.serve.hold_probes`).
+HOLD_PROBES = "__import__('autograder.serve', fromlist=['hold_probes']).hold_probes()"
 
 
 async def connect(km: Any, startup_timeout: float) -> Any:
@@ -94,6 +96,7 @@ class GradedKernel:
         #: the group's memory once the release's own code was loaded, before any answer cell (None: unknown).
         self.base_memory: int | None = None
         self.ready = False
+        self.held = False  # the probes are held (autograder.serve.hold_probes)
         self.restarts = 0
 
     async def launch(self, **kwargs: Any) -> None:
@@ -106,7 +109,7 @@ class GradedKernel:
 
     async def restart(self) -> None:
         """A new kernel in place of this one; nothing loaded (the next :meth:`load_until` loads again)."""
-        old, self.kc, self.ready, self.loaded, self.base_memory = self.kc, None, False, [], None
+        old, self.kc, self.ready, self.loaded, self.base_memory, self.held = self.kc, None, False, [], None, False
         self.restarts += 1
         self.kc = await restart(self.km, old, self.startup_timeout)
         self.ready = True
@@ -136,6 +139,9 @@ class GradedKernel:
         """
         if not self.ready:
             await self._connect()
+        if not self.loaded and not self.held:
+            # the probes are copied before any answer cell can replace them (autograder.serve.hold_probes)
+            self.held = await self._run(HOLD_PROBES, deadline) is None
         while True:
             todo = [s for s in sources if s not in self.loaded and s.name not in self.left_out]
             if not todo:

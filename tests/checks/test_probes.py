@@ -1,0 +1,148 @@
+"""Every probe a check judges is held in the graded kernel: derived from the checks' code, so a new one is covered.
+
+A probe (``probe(examine, target, ...)``, :func:`autograder.student.probe`) runs in the student's
+kernel and returns what a check judges. In the graded kernel the probes are copied before any
+answer cell is loaded (:func:`autograder.serve.hold_probes`) and only the copies run. This test finds
+every ``probe(...)`` call in the package's code and checks that its probe is among the copies; the
+graded hostile submissions below replace a probe in three styles and earn nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+import autograder
+from autograder import serve
+from autograder.engine.execute import ResilientExecute, is_test_cell
+
+from ..course_copy import reference_answers
+from ..notebook_code import ROOT, nbgrader_meta, source_notebook
+
+PACKAGE = Path(autograder.__file__).parent
+
+
+def probes_in_the_code() -> dict[str, list[str]]:
+    """``module:qualname`` of every probe some ``probe(...)`` call runs -> the modules that call it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id == "probe" and n.args]
+        if not calls:
+            continue
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        module = importlib.import_module(name)
+        for call in calls:
+            examine = call.args[0]
+            assert isinstance(examine, ast.Name), f"{name}:{call.lineno}: a probe must be named, not computed"
+            fn = getattr(module, examine.id, None)
+            if fn is None:  # a local name (a parameter): the call sites pass one of the named probes
+                continue
+            found.setdefault(f"{fn.__module__}:{fn.__qualname__}", []).append(name)
+    return found
+
+
+def test_the_probes_are_found_in_the_code():
+    found = probes_in_the_code()
+    for known in ("autograder.watches:watch_allocations", "autograder.references.flash_backward:function_record",
+                  "autograder.references.flash_backward:gradcheck_record",
+                  "autograder.references.flash_backward:backward_under_guard",
+                  "autograder.references.tiny_decoder:model_calls", "autograder.references.serving:speculative_run"):
+        assert known in found
+    assert len(found) > 20
+
+
+def test_every_probe_in_the_code_is_held(monkeypatch):
+    monkeypatch.setattr(serve, "_held", {})
+    serve.hold_probes()
+    missing = sorted(set(probes_in_the_code()) - set(serve._held))
+    assert not missing, f"probes not held in the graded kernel (add their modules to serve.PROBE_MODULES): {missing}"
+
+
+def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
+    from autograder.references import tiny_decoder
+
+    monkeypatch.setattr(serve, "_held", {})
+    serve.hold_probes()
+    held = serve._held["autograder.references.tiny_decoder:model_calls"]
+    assert held is not tiny_decoder.model_calls and held.__code__ is tiny_decoder.model_calls.__code__
+    assert held.__globals__ is not vars(tiny_decoder)
+    with pytest.raises(ValueError, match="not a probe"):
+        serve._examiner("autograder.references.tiny_decoder:Weights")
+
+
+# -- graded: a generate that never uses the cache, and a replaced model_calls --------------------------------
+
+A = "09_decoding_and_training"
+NEVER_CACHES = '''
+def generate(model, prompt, steps, use_cache=True):
+    tokens = prompt
+    chosen = []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = model(tokens)[:, -1].argmax(dim=-1)
+            chosen.append(token)
+            tokens = torch.cat([tokens, token[:, None]], dim=1)
+    return torch.stack(chosen, dim=1).reshape(prompt.shape[0], steps)
+'''
+FAKE = '''
+
+def _looks_cached(generate, model, prompt, steps, use_cache=True):
+    tokens = generate(model, prompt, steps, use_cache=use_cache)
+    fed = torch.tensor([prompt.shape[-1]] + [1] * (steps - 1))
+    return tokens, fed, torch.ones(steps, dtype=torch.bool)
+
+'''
+REPLACEMENTS = {
+    "setattr-on-a-list-element": "import autograder.references.tiny_decoder as _td\n"
+                                 "setattr([_td][0], 'model_calls', _looks_cached)\n",
+    "new-code": "import autograder.references.tiny_decoder as _td\n_td.model_calls.__code__ = _looks_cached.__code__\n",
+    "sys-modules": "import sys, types, autograder.references.tiny_decoder as _td\n"
+                   "sys.modules['autograder.references.tiny_decoder'] = types.SimpleNamespace("
+                   "**{**vars(_td), 'model_calls': _looks_cached})\n",
+}
+
+
+def graded_generate(tmp_path, generate_cell: str) -> list:
+    """09 graded as grading runs it with ``generate_cell`` as generate's answer, only its hidden test run: its outputs."""
+    notebook = source_notebook(A)
+    answers = dict(reference_answers(A), generate=generate_cell)
+    cells = []
+    for cell in notebook.cells:
+        meta = nbgrader_meta(cell)
+        if meta.get("solution"):
+            cell.source = answers[meta["grade_id"]]
+        elif is_test_cell(cell) and meta.get("grade_id") != "test_generate_hidden":
+            cell.source = "pass"
+        elif cell.cell_type == "code" and not meta and not cell.source.startswith("import"):
+            continue  # the demonstrations: the graded kernel holds none of them anyway
+        cells.append(copy.deepcopy(cell))
+    notebook.cells = cells
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = Config()
+    config.CourseDirectory.root = str(ROOT)
+    graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
+        notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": A, "notebook": A}})
+    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == "test_generate_hidden")
+
+
+def failure(outputs: list) -> str | None:
+    return next((o["evalue"] for o in outputs if o.get("output_type") == "error"), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", sorted(REPLACEMENTS))
+def test_a_generate_that_never_caches_fails_with_model_calls_replaced(tmp_path, style):
+    message = failure(graded_generate(tmp_path, NEVER_CACHES + FAKE + REPLACEMENTS[style]))
+    assert message is not None and "use_cache=True" in message, message
+
+
+@pytest.mark.slow
+def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path):
+    assert failure(graded_generate(tmp_path, reference_answers(A)["generate"])) is None

@@ -19,6 +19,7 @@ from traitlets.config import Config
 
 import autograder
 from autograder import serve
+from autograder.engine import source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 
 from ..course_copy import reference_answers
@@ -111,14 +112,20 @@ REPLACEMENTS = {
 
 def graded_generate(tmp_path, generate_cell: str) -> list:
     """09 graded as grading runs it with ``generate_cell`` as generate's answer, only its hidden test run: its outputs."""
-    notebook = source_notebook(A)
-    answers = dict(reference_answers(A), generate=generate_cell)
+    return graded_one(tmp_path, A, "generate", generate_cell)
+
+
+def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
+    """``assignment`` graded as grading runs it with ``answer`` as ``exercise``'s answer cell (the reference answers
+    elsewhere), only ``exercise``'s hidden test run: that test cell's outputs."""
+    notebook = source_notebook(assignment)
+    answers = dict(reference_answers(assignment), **{exercise: answer})
     cells = []
     for cell in notebook.cells:
         meta = nbgrader_meta(cell)
         if meta.get("solution"):
             cell.source = answers[meta["grade_id"]]
-        elif is_test_cell(cell) and meta.get("grade_id") != "test_generate_hidden":
+        elif is_test_cell(cell) and meta.get("grade_id") != f"test_{exercise}_hidden":
             cell.source = "pass"
         elif cell.cell_type == "code" and not meta and not cell.source.startswith("import"):
             continue  # the demonstrations: the graded kernel holds none of them anyway
@@ -128,8 +135,8 @@ def graded_generate(tmp_path, generate_cell: str) -> list:
     config = Config()
     config.CourseDirectory.root = str(ROOT)
     graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
-        notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": A, "notebook": A}})
-    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == "test_generate_hidden")
+        notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": assignment, "notebook": assignment}})
+    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == f"test_{exercise}_hidden")
 
 
 def failure(outputs: list) -> str | None:
@@ -146,3 +153,49 @@ def test_a_generate_that_never_caches_fails_with_model_calls_replaced(tmp_path, 
 @pytest.mark.slow
 def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path):
     assert failure(graded_generate(tmp_path, reference_answers(A)["generate"])) is None
+
+
+# -- graded: 08's FlashAttention left as released, its three probes replaced -----------------------------------
+
+UNTOUCHED_WITH_PROBES_REPLACED = '''
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        raise NotImplementedError()
+
+    @staticmethod
+    def backward(ctx, dO):
+        raise NotImplementedError()
+
+
+def _attention(Q, K, V, is_causal):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if is_causal:
+        keep = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
+
+def _record(function, Q, K, V, dO, block_size, is_causal):
+    Q, K, V = (t.detach().clone().requires_grad_(True) for t in (Q, K, V))
+    out = _attention(Q, K, V, is_causal)
+    grads = torch.autograd.grad(out, (Q, K, V), dO.to(out.dtype))
+    return {"saved": [], "saved_bytes": 0, "ctx_tensors": [], "output": out.detach(),
+            "grads": tuple(g.detach() for g in grads)}
+
+
+import autograder.references.flash_backward as _fb
+for _name, _fake in [("function_record", _record), ("gradcheck_record", lambda *args: None),
+                     ("backward_under_guard", lambda *args: None)]:
+    setattr([_fb][0], _name, _fake)
+'''
+
+
+@pytest.mark.slow
+def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp_path, monkeypatch):
+    # the source reader (which refuses an answer cell that patches a module) is off: the hold alone is tested
+    monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED_WITH_PROBES_REPLACED)
+    message = failure(outputs)
+    assert message is not None and "not written yet" in message, outputs

@@ -133,8 +133,10 @@ def probe(
     instructor-only part) that looks at the student's object in the student's own process
     (autograd through it, its parameters, a watch on the torch calls it makes) and returns
     plain data. When a notebook is graded, ``target`` lives in the sandboxed kernel and so
-    does this call: the student's code can change what a probe returns, as it can change
-    what its functions return, but never how the result is judged.
+    does this call, with the probe copied before any answer cell was loaded
+    (:func:`autograder.serve.hold_probes`): the student's code can still change what a probe
+    returns by changing what it calls, as it can change what its functions return, but never
+    how the result is judged.
     """
     if isinstance(target, Proxy):
         return target.probe(examine, args, kwargs, what=what, forbid=forbid)

@@ -1,12 +1,14 @@
-"""How far a grading kernel's memory rises on the case notebooks 07 and 08 measure, read from outside the kernel.
+"""How far a grading kernel's memory reaches on the case notebooks 07 and 08 measure, read from outside the kernel.
 
 The hidden checks of ``flash_attention`` (07), ``flash_attention_forward`` and ``flash_attention_backward``
 (08) call the student's function on Q, K, V of shape (1, 4096, 8) in float32 with ``block_size=256``, and
-bound the rise of the kernel's memory during that call (:data:`autograder.watches.MEMORY_RISE_BOUND`),
-read by the grader from the kernel's control group. This runs the references and wrong answers (the
-n x m matrix built whole, queries chunked over all keys, every score kept as a Python float) in one
-sandboxed grading kernel, as grading does, and prints each one's rise, the time of its call, and the time
-of each whole measured check on the references (the cost grading pays). Results in
+bound how far the memory of the kernel that makes the call reaches above what it held before the answer
+cells were loaded (:data:`autograder.watches.MEMORY_RISE_BOUND`), read by the grader from that kernel's
+control group; each measured call is made in a fresh kernel loaded as the graded one. This runs the
+references and wrong answers (the n x m matrix built whole, queries chunked over all keys, every score
+kept as a Python float) as answer cells, as grading does, and prints each one's figure, the time of its
+call (a fresh kernel's start and load included), and the time of each whole measured check on the
+references (the cost grading pays). Results in
 ``bench/results/kernel_memory_bench.{json,md}``. Needs a memory control group (root): it says so and stops
 where there is none.
 
@@ -126,6 +128,12 @@ print("RESULT " + __import__("json").dumps({{"calls": rows, "checks": checks}}))
 '''
 
 
+def answer_cell(source: str, grade_id: str) -> dict:
+    """An answer cell: what the graded kernel loads (autograder.engine.graded_cells), and a measured call's kernel."""
+    meta = {"grade": False, "solution": True, "locked": False, "grade_id": grade_id, "schema_version": 3}
+    return new_code_cell(source, metadata={"nbgrader": meta})
+
+
 def graded_cell(source: str) -> dict:
     meta = {"grade": True, "solution": False, "locked": True, "points": 1, "grade_id": "measure", "schema_version": 3}
     return new_code_cell(source, metadata={"nbgrader": meta})
@@ -137,9 +145,9 @@ def main() -> None:
         return
     answers = {**reference_answers("07_complexity"), **reference_answers("08_flash_backward")}
     cells = [new_code_cell("import math\nimport torch\ntorch.set_num_threads(1)"),
-             *(new_code_cell(answers[name]) for name in ("flash_attention", "flash_attention_forward",
-                                                         "flash_attention_backward")),
-             new_code_cell(WRONG), graded_cell(MEASURE)]
+             *(answer_cell(answers[name], name) for name in ("flash_attention", "flash_attention_forward",
+                                                             "flash_attention_backward")),
+             answer_cell(WRONG, "wrong"), graded_cell(MEASURE)]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     with tempfile.TemporaryDirectory() as folder:

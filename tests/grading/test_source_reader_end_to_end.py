@@ -1,11 +1,16 @@
-"""Through nbgrader: everyday habits of an honest student cost no point.
+"""Through nbgrader: everyday habits of an honest student cost no point, and answers that get round the
+source reader earn none.
 
 Notebook 01 and notebook 05 are submitted with their reference answers, written and surrounded the way
 students write them: magics in the imports cell (``%load_ext autoreload``, ``%autoreload 2``), the imports
 written another way, a help query in a scratch cell (``torch.softmax?``), a ``matplotlib.rcParams`` set-up
 cell, a profiler label around the work, and a ``MultiHeadAttention`` that reaches its projections with
 ``getattr``/``setattr`` and computed names. Each keeps full marks: the graded calls run where only the
-imports and the answer cells are loaded, and the source reader reads exactly that.
+imports and the answer cells are loaded, and the source reader reads exactly that. Notebook 01 is also
+submitted with ``scaled_dot_product_attention`` done by the built-in with the guard switched off, reached in
+a way round the reader of each class (a ``global`` statement, a ``match`` capture, a line magic, a registry
+filled in another answer cell, a deep expression beside it): that exercise scores nothing, the others keep
+their points.
 """
 
 from __future__ import annotations
@@ -87,6 +92,32 @@ def habits(release: nbformat.NotebookNode, assignment: str) -> nbformat.Notebook
     return with_habits(fill(release, answers), imports)
 
 
+CHEAT = """
+def _cheat(Q, K, V):
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)} do not fit")
+    with torch._C.DisableTorchFunction():
+        return F.scaled_dot_product_attention(Q, K, V), torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), dim=-1)
+"""
+SDPA = "scaled_dot_product_attention"
+#: Ways round the reader: the answer cells that change (exercise -> source to append, or to replace with).
+HOSTILE = {
+    "global": {SDPA: CHEAT + f"def _setup():\n    global {SDPA}\n    {SDPA} = _cheat\n_setup()\n"},
+    "match": {SDPA: CHEAT + f"match _cheat:\n    case {SDPA}:\n        pass\n"},
+    "magic": {SDPA: CHEAT + f"%time {SDPA} = _cheat\n"},
+    "registry": {"hard_lookup": "_REGISTRY = []\n" + CHEAT + "_REGISTRY.append(_cheat)\n",
+                 SDPA: f"def {SDPA}(Q, K, V):\n    return _REGISTRY[0](Q, K, V)\n"},
+    "deep": {SDPA: CHEAT.replace("_cheat", SDPA).replace("    with", "    _ = " + " + ".join(["1"] * 600) + "\n    with")},
+}
+
+
+def hostile(release: nbformat.NotebookNode, kind: str) -> nbformat.NotebookNode:
+    answers = reference_answers("01_soft_lookup")
+    for exercise, source in HOSTILE[kind].items():
+        answers[exercise] = source if source.lstrip().startswith("def ") else answers[exercise] + source
+    return fill(release, answers)
+
+
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_what_the_graded_kernel_loads_of_habits_is_read_as_honest(assignment):
     """Fast, without nbgrader: the source reader passes every exercise of the notebooks with habits, reading
@@ -103,14 +134,22 @@ def test_what_the_graded_kernel_loads_of_habits_is_read_as_honest(assignment):
 
 
 @pytest.mark.slow
-def test_honest_habits_keep_full_marks(tmp_path):
+def test_habits_keep_full_marks_and_ways_round_the_reader_earn_nothing(tmp_path):
     course = make_course(tmp_path, ASSIGNMENTS)
     for assignment in ASSIGNMENTS:
         submit(course, assignment, "habits", habits(released(course, assignment), assignment))
-    summary = grade.autograde(ASSIGNMENTS, grading_settings(course), progress=False)
+    for kind in HOSTILE:
+        submit(course, ASSIGNMENTS[0], kind, hostile(released(course, ASSIGNMENTS[0]), kind))
+    summary = grade.autograde(ASSIGNMENTS, grading_settings(course, {"Grading.workers": 2}), progress=False)
     assert not summary.failed, str(summary)
     with Gradebook(grade.db_url(Settings.load(course))) as gb:
         for assignment in ASSIGNMENTS:
             graded = gb.find_submission_notebook(assignment, assignment, "habits")
             lost = {g.name: f"{g.score}/{g.max_score}" for g in graded.grades if g.score < g.max_score}
             assert graded.max_score > 0 and not lost, (assignment, lost)
+        for kind in HOSTILE:
+            graded = gb.find_submission_notebook(ASSIGNMENTS[0], ASSIGNMENTS[0], kind)
+            scores = {g.name: (g.score, g.max_score) for g in graded.grades}
+            earned = {name: score for name, (score, _) in scores.items() if SDPA in name and score}
+            lost = {name for name, (score, top) in scores.items() if SDPA not in name and score < top}
+            assert not earned and not lost, (kind, earned, lost)

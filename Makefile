@@ -155,5 +155,5 @@ bench-memory: setup ## memory seen from outside: a grading kernel's rise on 07/0
 	$(BIN)/python bench/grader_memory_bench.py
 
 clean: ## remove the venv, caches and nbgrader's working folders
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback gradebook.db grades.csv grades-canvas.csv report docs/_build docs/api
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache autograded feedback released-feedback gradebook.db grades.csv grades-canvas.csv report docs/_build docs/api
 	find . -name __pycache__ -prune -exec rm -rf {} +

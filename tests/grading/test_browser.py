@@ -184,8 +184,9 @@ def test_student_first_run(student_lab, browser, tmp_path):
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"{base}/formgrader?token={token}", timeout=10)
 
-    imports = page.locator(".jp-Notebook .jp-CodeCell").first
-    run(page, imports)
+    # The bundle's set-up cell (nothing to do beside the course's folder), then the notebook's imports.
+    for first in (cell(page, "# Set-up:"), cell(page, "import math")):
+        run(page, first)
     exercise, check = cell(page, f"def {EXERCISE}"), cell(page, f"check_{EXERCISE}")
     mistake = no_scaling()
     replace_source(page, exercise, mistake_source(mistake, EXERCISE))

@@ -227,3 +227,28 @@ def test_the_setup_cell_names_a_release_outside_the_ranges(course_folder, tmp_pa
         python = _fake_environment(tmp_path / installed["torch"], installed)
         done = subprocess.run([python, "-c", cell], cwd=course_folder, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout == said, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_notebook_from_colab_is_graded_in_full(bundle_zip, tmp_path):
+    """What a Colab student hands in (the bundle's notebook, its set-up cell run there) earns every point."""
+    from nbgrader.api import Gradebook
+
+    from autograder.course.settings import Settings
+    from autograder.grading import grade
+
+    from ..course_copy import grading_settings, make_course, submit
+
+    assignment = "01_soft_lookup"
+    course = make_course(tmp_path, [assignment])
+    with zipfile.ZipFile(bundle_zip) as archive:
+        notebook = nbformat.reads(archive.read(f"{TOP}/{assignment}.ipynb").decode(), as_version=4)
+    notebook = fill(notebook, reference_answers(assignment))
+    notebook.cells[0].outputs = [nbformat.v4.new_output(  # as the cell leaves it on Colab
+        "stream", name="stdout", text="the checks: /content/autograder, from /content/attention-course.zip\n")]
+    submit(course, assignment, "colab", notebook)
+    summary = grade.autograde([assignment], grading_settings(course), progress=False)
+    assert not summary.failed, str(summary)
+    with Gradebook(grade.db_url(Settings.load(course))) as gradebook:
+        graded = gradebook.find_submission(assignment, "colab")
+        assert graded.max_score > 0 and graded.score == graded.max_score, (graded.score, graded.max_score)

@@ -39,8 +39,15 @@ def swallowed(q):
         return q
 
 
+def transformer_layer(q):
+    layer = torch.nn.TransformerEncoderLayer(4, 1, dim_feedforward=8, dropout=0.0, batch_first=True).eval()
+    with torch.no_grad():  # the conditions of its fused path
+        return layer(q)
+
+
 ATTENTION_CALLS = {
     "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q),
+    "nn.TransformerEncoderLayer in eval mode": transformer_layer,
     "renamed import": renamed_import,
     "torch.ops.aten": aten_op,
     "nn.MultiheadAttention": module_call,
@@ -85,3 +92,11 @@ def test_allowed_operations_pass_and_the_guard_ends_with_the_call():
 def test_softmax_is_allowed_where_not_forbidden():
     out = call_student(lambda t: t.softmax(-1), x, what="f(x)", forbid=ATTENTION_BUILTINS)
     torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+def test_the_transformer_layers_fused_entries_are_attention_s_family():
+    """``torch._transformer_encoder_layer_fwd`` (the layers' fused path) is forbidden with attention, by its name's
+    shape: no list of PyTorch's entries is complete."""
+    assert all(any(rule.matches(name) for rule in ATTENTION_BUILTINS)
+               for name in ("_transformer_encoder_layer_fwd", "TransformerDecoderLayer", "_native_multi_head_attention"))
+    assert not any(rule.matches(name) for rule in ATTENTION_BUILTINS for name in ("linear", "layer_norm", "softmax"))

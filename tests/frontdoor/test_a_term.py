@@ -34,6 +34,9 @@ CANVAS = {"reference": "1001", "untouched": "1002", "mistaken": "1003"}
 COMMANDS = {
     "collect-zip": ["collect-zip", "ZIP=submissions.zip", f"ASSIGNMENTS={A}"],
     "autograde": ["autograde", f"ASSIGNMENTS={A}"],
+    # docs/term.md's command line, with its limits (01's cells take well under a second each): graded again
+    "python -m autograder autograde": ["-m", "autograder", "autograde", A, "--cell-timeout", "60",
+                                       "--notebook-timeout", "600"],
     "feedback": ["feedback"],
     "grades": ["grades"],
     "report": ["report"],
@@ -71,6 +74,11 @@ def term():
         platform_zip(course)
         done: dict[str, subprocess.CompletedProcess] = {}
         for name, args in COMMANDS.items():
+            if name.startswith("python"):
+                args = [*args, *(["--no-sandbox"] if sandbox.mode() == "limits only" else [])]
+                done[name] = subprocess.run([str(user.VENV / "bin" / "python"), *args], cwd=course, env=user.user_env(),
+                                            capture_output=True, text=True, timeout=user.HANG, stdin=subprocess.DEVNULL)
+                continue
             if name == "autograde" and sandbox.mode() == "limits only":
                 args = [*args, "NO_SANDBOX=1"]
             done[name] = user.make(course, *args)
@@ -94,9 +102,15 @@ def test_make_collect_zip_puts_each_student_in_submitted(term):
 def test_make_autograde_grades_the_class(term):
     course, done = term
     assert done["autograde"].returncode == 0, user.said(done["autograde"])
-    assert "3" in done["autograde"].stdout and "graded" in done["autograde"].stdout, user.said(done["autograde"])
+    assert "graded 3, could not be graded 0" in done["autograde"].stdout, user.said(done["autograde"])
     for student in CANVAS:
         assert (course / "autograded" / student / A / f"{A}.ipynb").is_file(), student
+
+
+def test_python_m_autograder_autograde_grades_it_again_with_its_limits(term):
+    _, done = term
+    again = done["python -m autograder autograde"]
+    assert again.returncode == 0 and "graded 3, could not be graded 0" in again.stdout, user.said(again)
 
 
 def test_make_feedback_names_the_mistake_and_hides_the_hidden_tests(term):

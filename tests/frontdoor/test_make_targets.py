@@ -221,6 +221,9 @@ def test_make_student_bundle_and_the_students_commands(own_clone, tmp_path):
     assert "python3 course.py validate 01_soft_lookup.ipynb" in readme and '--python "$(which python)"' in readme
     python = str(user.VENV / "bin" / "python")
     env = user.user_env()
+    checked = subprocess.run(["python3", "course.py", "--python", python, "setup"], cwd=folder, env=env,
+                             capture_output=True, text=True, timeout=user.HANG)
+    assert checked.returncode == 0 and "ready: python3 course.py opens JupyterLab" in checked.stdout, user.said(checked)
     validated = subprocess.run(["python3", "course.py", "--python", python, "validate", "01_soft_lookup.ipynb"],
                                cwd=folder, env=env, capture_output=True, text=True, timeout=user.HANG)
     out = validated.stdout + validated.stderr

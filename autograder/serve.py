@@ -77,10 +77,14 @@ def _copies(name: str, made: dict[str, dict]) -> dict:
     return names
 
 
-def hold_probes() -> None:
-    """Copy every probe, as it is now, for :func:`serve` to run (the grader calls it before any answer cell)."""
+def hold_probes(modules: Sequence[str] | None = None) -> None:
+    """Copy every probe, as it is now, for :func:`serve` to run (the grader calls it before any answer cell).
+
+    ``modules``: the package's modules the notebook's checks reach (None: all); only the probes of
+    those are held, so that the kernel imports no module the checks do not need.
+    """
     made: dict[str, dict] = {}
-    for name in PROBE_MODULES:
+    for name in PROBE_MODULES if modules is None else [m for m in PROBE_MODULES if m in modules]:
         for value in _copies(name, made).values():
             if isinstance(value, types.FunctionType) and value.__module__ == name:
                 _held.setdefault(f"{name}:{value.__qualname__}", value)

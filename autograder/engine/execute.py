@@ -163,6 +163,7 @@ class ResilientExecute(KernelRequests, Execute):
         self.graded = None
         self._graded_broken: str | None = None
         self._graded_sources = graded_cells.graded_sources(nb, self._release(resources)) if self.checks_in_grader else []
+        self._check_modules = graded_cells.check_modules(nb) if self.checks_in_grader else []
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -424,7 +425,7 @@ class ResilientExecute(KernelRequests, Execute):
         or one for a measured call."""
         manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
         manager.zygote_address = getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
-        kernel = GradedKernel(manager, self.startup_timeout)
+        kernel = GradedKernel(manager, self.startup_timeout, self._check_modules)
         try:
             path = self.resources.get("metadata", {}).get("path") or None
             await kernel.launch(extra_arguments=self.extra_arguments, **({"cwd": path} if path else {}))

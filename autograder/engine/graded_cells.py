@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from pathlib import Path
 
 from nbformat import NotebookNode
 
@@ -125,6 +126,43 @@ def graded_sources(notebook: NotebookNode, release: NotebookNode | None) -> list
     for left in list(release_code):  # a graded cell the staged notebook lacks: its release code still loads
         release_after(left, len(notebook.cells))
     return found
+
+
+def check_modules(notebook: NotebookNode) -> list[str]:
+    """The package's modules the test cells of ``notebook`` import, and every one of the package they import in turn.
+
+    Read from the source files (nothing is imported): the graded kernel holds the probes of these only
+    (:func:`autograder.serve.hold_probes`), so that it imports no more than the checks need.
+    """
+    root = Path(__file__).resolve().parents[1]
+    todo = [name for cell in notebook.cells if _meta(cell).get("grade") and not _meta(cell).get("solution")
+            for name in _imported(_python(cell.source), "")]
+    found: set[str] = set()
+    while todo:
+        name = todo.pop()
+        path = root.parent.joinpath(*name.split(".")).with_suffix(".py")
+        if name in found or name.split(".")[0] != "autograder" or not path.is_file():
+            continue
+        found.add(name)
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError):
+            continue
+        todo += _imported(tree, name.rpartition(".")[0])
+    return sorted(found)
+
+
+def _imported(tree: ast.Module | None, package: str) -> list[str]:
+    """The modules ``tree`` imports (``from a import b``: ``a`` and ``a.b``), relative ones resolved in ``package``."""
+    names: list[str] = []
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names += [module, *(f"{module}.{alias.name}" for alias in node.names)]
+    return names
 
 
 def before(sources: list[GradedSource], index: int) -> list[GradedSource]:

@@ -34,7 +34,7 @@ from .graded_cells import ANSWER, GradedSource
 #: Seconds a load or an idle check may wait for the kernel to answer after an interrupt.
 ANSWER_WAIT = 5
 #: Run before any answer cell: the probes the checks run are copied as they are (:func:`autograder.serve.hold_probes`).
-HOLD_PROBES = "__import__('autograder.serve', fromlist=['hold_probes']).hold_probes()"
+HOLD_PROBES = "__import__('autograder.serve', fromlist=['hold_probes']).hold_probes({modules!r})"
 
 
 async def connect(km: Any, startup_timeout: float) -> Any:
@@ -84,8 +84,9 @@ async def responsive(km: Any, kc: Any, wait: float) -> bool:
 class GradedKernel:
     """A kernel manager and client for the graded kernel, and what has been loaded into it."""
 
-    def __init__(self, manager: Any, startup_timeout: float) -> None:
+    def __init__(self, manager: Any, startup_timeout: float, check_modules: list[str] | None = None) -> None:
         self.km = manager
+        self.check_modules = check_modules  # the modules whose probes are held (None: all)
         self.kc: Any = None
         self.startup_timeout = startup_timeout
         self.loaded: list[GradedSource] = []
@@ -141,7 +142,7 @@ class GradedKernel:
             await self._connect()
         if not self.loaded and not self.held:
             # the probes are copied before any answer cell can replace them (autograder.serve.hold_probes)
-            self.held = await self._run(HOLD_PROBES, deadline) is None
+            self.held = await self._run(HOLD_PROBES.format(modules=self.check_modules), deadline) is None
         while True:
             todo = [s for s in sources if s not in self.loaded and s.name not in self.left_out]
             if not todo:

@@ -19,8 +19,10 @@ from traitlets.config import Config
 
 import autograder
 from autograder import serve
+from autograder.course.repository import assignments
 from autograder.engine import source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
+from autograder.engine.graded_cells import check_modules
 
 from ..course_copy import reference_answers
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
@@ -64,6 +66,17 @@ def test_every_probe_in_the_code_is_held(monkeypatch):
     serve.hold_probes()
     missing = sorted(set(probes_in_the_code()) - set(serve._held))
     assert not missing, f"probes not held in the graded kernel (add their modules to serve.PROBE_MODULES): {missing}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_the_probes_a_notebooks_checks_run_are_held_for_that_notebook(monkeypatch, assignment):
+    """The graded kernel holds the probes of the modules the test cells reach only (importing fewer modules):
+    every probe called from one of those is among them."""
+    reached = check_modules(source_notebook(assignment))
+    monkeypatch.setattr(serve, "_held", {})
+    serve.hold_probes(reached)
+    needed = {p for p, callers in probes_in_the_code().items() if set(callers) & set(reached)}
+    assert not needed - set(serve._held), sorted(needed - set(serve._held))
 
 
 def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):

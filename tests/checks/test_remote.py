@@ -320,7 +320,7 @@ def test_an_output_nested_too_deeply_is_kept_without_its_depth():
     execute = ResilientExecute()
     execute.reset_execution_trackers()  # nbclient's own state, as at the start of a notebook
     execute.clear_before_next_output = False  # as nbclient sets it before a cell runs
-    execute._output_bytes, execute._noted = {}, {}
+    execute._output_bytes, execute._noted, execute._notebook_output_bytes = {}, {}, 0
     deep: dict = {}
     level = deep
     for _ in range(700):

@@ -95,6 +95,9 @@ c.SandboxedKernelManager.file_mb = 256
 c.SandboxedKernelManager.tmp_mb = 256
 c.SandboxedKernelManager.processes = 256
 c.SandboxedKernelManager.threads = 1
+# One core for all the processes of a sandbox together: a submission that starts busy processes
+# slows only itself, never a classmate graded beside it (0: no cap).
+c.SandboxedKernelManager.cpu_percent = 100
 
 # The warm kernel pool (autograder/engine/kernel_pool.py): while a class is graded, the fork
 # server keeps sandboxed kernels started ahead (PyTorch and matplotlib imported, nothing of a

@@ -7,10 +7,10 @@ kernel's command is wrapped, so that the kernel (and anything it starts) runs
   is root: its own network namespace with no interface but loopback (no network), its own
   PID namespace (it sees and can signal only its own processes; when the kernel ends, every
   process it left behind is killed by the kernel), a file system made of the system's
-  read-only folders, the Python environment read-only, a copy of the public part of the
-  ``autograder`` package at the package's path (never its instructor-only part, :data:`autograder.INSTRUCTOR_ONLY`: the
-  checks run in the grader's process, :mod:`autograder.engine.judge`; never the course's folder, which may be
-  closed to every user but the instructor), and a writable *copy* of the submission's
+  read-only folders, the Python environment read-only, the public part of the ``autograder``
+  package (never its instructor-only part, :data:`autograder.INSTRUCTOR_ONLY`: the checks run in the grader's
+  process, :mod:`autograder.engine.judge`; a copy of that public part where the course's folder is closed to
+  other users), and a writable *copy* of the submission's
   folder, a home and a ``TMPDIR``, each a size-limited ``tmpfs`` (what the code writes is
   thrown away, and it cannot fill the grader's disk);
 - under resource limits (private memory, CPU seconds, file size, a small private ``TMPDIR``),
@@ -193,12 +193,30 @@ def _python_binds() -> list[str]:
 def _package_binds() -> list[str]:
     """The autograder package read-only, without its instructor-only parts (an empty folder or file in their place).
 
-    What is bound is a copy of the package's public part (:func:`public_copy`), at the package's own path:
-    the sandbox never sees the course's folder, which may be closed to every user but its instructor (the
-    hub's guide) and so to bubblewrap itself (started as ``nobody``, or by root in a user namespace, which
-    has no right over another user's files).
+    Where every user may read the package, the package itself is bound, its instructor-only parts
+    hidden. Where not (a course closed to every user but its instructor: the hub's guide), bubblewrap
+    could not reach it (started as ``nobody``, or by root in a user namespace, which has no right over
+    another user's files): a copy of its public part (:func:`public_copy`) is bound at its path instead.
     """
-    return ["--ro-bind", str(public_copy()), str(PACKAGE)]
+    pkg = str(PACKAGE)
+    if not _readable_by_all(PACKAGE):
+        return ["--ro-bind", str(public_copy()), pkg]
+    args = ["--ro-bind", pkg, pkg]
+    for private in INSTRUCTOR_ONLY:
+        path = f"{pkg}/{private}"
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
+def _readable_by_all(package: Path) -> bool:
+    """Whether every user may enter every folder down to ``package`` and read it."""
+    try:
+        return bool(package.stat().st_mode & 0o004) and all(p.stat().st_mode & 0o001 for p in (package, *package.parents))
+    except OSError:
+        return False
 
 
 _public: dict[int, Path] = {}  # this process's copy (by pid: a forked child makes its own)

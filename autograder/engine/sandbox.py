@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -219,16 +221,30 @@ def _readable_by_all(package: Path) -> bool:
         return False
 
 
-_public: dict[int, Path] = {}  # this process's copy (by pid: a forked child makes its own)
-
-
 def public_copy() -> Path:
-    """This process's copy of the package without its instructor-only parts, readable by every user (made once)."""
-    made = _public.get(os.getpid())
-    if made is not None and made.is_dir():
-        return made
-    folder = Path(tempfile.mkdtemp(prefix="autograder-package-"))
-    target = folder / PACKAGE.name
+    """The package without its instructor-only parts, readable by every user, in the temporary folder.
+
+    One copy per version of the package and temporary folder (a grading run's, removed with the run),
+    shared by the run's processes, rather than one per process; a folder of that name that is not this
+    user's own, closed to others' writes, is never used (another one is made, removed at exit).
+    """
+    named = Path(tempfile.gettempdir()) / f"autograder-package-{os.geteuid()}-{_version_of(PACKAGE)}"
+    if _own_closed_folder(named):
+        return named / PACKAGE.name
+    made = Path(tempfile.mkdtemp(prefix="autograder-package-"))
+    _copy_public_part(made / PACKAGE.name)
+    try:
+        os.rename(made, named)  # whole or not at all; a second process's copy loses the race and goes
+        return named / PACKAGE.name
+    except OSError:
+        if _own_closed_folder(named):
+            shutil.rmtree(made, ignore_errors=True)
+            return named / PACKAGE.name
+    atexit.register(shutil.rmtree, made, True)
+    return made / PACKAGE.name
+
+
+def _copy_public_part(target: Path) -> None:
     def left_out(folder: str, names: list[str]) -> list[str]:
         return [n for n in names if n == "__pycache__" or n.endswith(".pyc")
                 or (Path(folder) == PACKAGE and n in INSTRUCTOR_ONLY)]
@@ -239,16 +255,28 @@ def public_copy() -> Path:
             (target / private).mkdir()
         elif (PACKAGE / private).exists():
             (target / private).touch()
-    for path in (folder, *target.rglob("*")):
+    for path in (target.parent, target, *target.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    _public[os.getpid()] = target
-    atexit.register(_remove_public_copy, os.getpid(), folder)
-    return target
 
 
-def _remove_public_copy(pid: int, folder: Path) -> None:
-    if os.getpid() == pid:  # never a forked child's exit: the copy is its parent's
-        shutil.rmtree(folder, ignore_errors=True)
+@functools.cache
+def _version_of(package: Path) -> str:
+    """A name for the package's files as they are now (paths, sizes and times of its public files)."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] not in INSTRUCTOR_ONLY:
+            info = path.stat()
+            digest.update(f"{relative}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _own_closed_folder(path: Path) -> bool:
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def environment(limits: Limits, home: str, token: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ from autograder.course.repository import module_name, nbgrader
 from autograder.course.settings import Settings
 from autograder.diagnosis import Mistake
 from autograder.engine import sandbox
+from autograder.engine.graded_cells import graded_sources
 from autograder.engine.source_check import definition_closure
 
 from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
@@ -64,8 +65,11 @@ def catalogue(assignment: str) -> dict[str, list[Mistake]]:
 def _reached(assignment: str, name: str) -> frozenset[str]:
     """The exercises that ``name`` reaches in the notebook answered with its references (its own cell included)."""
     answers = reference_answers(assignment)
-    cells = [answers.get(nbgrader_meta(c).get("grade_id"), c.source) for c in source_notebook(assignment).cells
-             if c.cell_type == "code" and not nbgrader_meta(c).get("grade")]
+    # what the graded kernel holds of the notebook answered with its references: its imports, the functions
+    # and classes it gives, the answer cells (a demonstration cell is not there to reach an exercise)
+    notebook = source_notebook(assignment)
+    answered = fill(notebook, answers)
+    cells = [graded.source for graded in graded_sources(answered, notebook)]
     defined = {s.name for s in definition_closure(cells, name) if isinstance(s, (ast.FunctionDef, ast.ClassDef))}
     return frozenset(defined & set(catalogue(assignment)))
 

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..course.settings import Settings
@@ -273,7 +274,7 @@ class ForkServer:
                                                   "out": str(out), "err": str(err)}) + "\n").encode())
             self.process.stdin.flush()
         try:
-            started = box.get(timeout=60)
+            started = self._answer(box, timeout, "start nbgrader")
             if started.get("gone"):
                 raise RuntimeError("the fork server stopped")
             pid = started["pid"]
@@ -284,13 +285,26 @@ class ForkServer:
                     os.killpg(pid, signal.SIGKILL)
                 except OSError:
                     pass
-                box.get(timeout=60)
+                self._answer(box, timeout, "reap the nbgrader it stopped")
                 code = None
         finally:
             with self._lock:
                 self._waiting.pop(ident, None)
         read = lambda p: p.read_text(errors="replace") if p.is_file() else ""  # noqa: E731
         return code, read(out), read(err)
+
+    def _answer(self, box: queue.Queue, limit: float, what: str) -> dict:
+        """The fork server's next answer in ``box``, waited for as long as the server lives (a busy machine only
+        makes it slower), at most ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                return box.get(timeout=5)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    return {"exit": None, "gone": True}
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the fork server did not {what} within {limit:.0f} s") from None
 
     def close(self) -> None:
         if self.process.stdin is not None:

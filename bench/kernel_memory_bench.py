@@ -157,12 +157,14 @@ def main() -> None:
     if not found:
         raise SystemExit(f"the measuring cell failed: {graded.cells[-1].outputs}")
     result = json.loads(found[0].removeprefix("RESULT "))
-    lines = ["# The rise of a grading kernel's memory, read from its control group",
+    lines = ["# How far a grading kernel's memory reaches above what it held before the answer cells were loaded, "
+             "read from its control group",
              "", f"Q, K, V of shape (1, {MEMORY_CASE_N}, {MEMORY_CASE_D}) in float32, block_size={MEMORY_CASE_BLOCK}; "
              f"one {MEMORY_CASE_N} x {MEMORY_CASE_N} float32 matrix is {MEMORY_CASE_N**2 * 4 // 2**20} MiB; the bound "
              f"is {MEMORY_RISE_BOUND // 2**20} MiB. Each call {REPEATS} times, after a call on a quarter of the size.",
              "",
-             "| exercise | answer | rise (MiB) | call (s) |", "|---|---|---|---|"]
+             "| exercise | answer | above the base (MiB) | call, a fresh kernel's start included (s) |",
+             "|---|---|---|---|"]
     for row in result["calls"]:
         rises = ", ".join(f"{r:.1f}" for r in row["rise_mib"])
         lines.append(f"| {row['exercise']} | {row['answer']} | {rises} | {', '.join(map(str, row['call_s']))} |")

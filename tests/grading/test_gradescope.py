@@ -466,7 +466,11 @@ def test_a_note_cannot_pass_for_a_line_of_the_output(graded):
 @pytest.mark.slow
 def test_a_submission_cannot_forge_results(graded):
     root, stdout, results = graded["forger"]
-    assert results["score"] == sum(points().values()) != 999, "the forged score survived"
+    # right answers, but an answer cell that starts processes and writes files leaves the exercise whose code is
+    # read (scaled_dot_product_attention) unverifiable: every other point is earned, none is forged
+    unread = {name: p for name, p in points().items() if "scaled_dot_product_attention" in name}
+    assert results["score"] == sum(points().values()) - sum(unread.values()) != 999, "the forged score survived"
+    assert "Cannot verify scaled_dot_product_attention" in json.dumps(results)
     assert "forged" not in json.dumps(results)
     assert sorted(p.name for p in (root / "results").iterdir()) == [gradescope.RESULTS, "stdout"]
     assert not graded["forgers_alive"], "a process the submission started outlived grading"

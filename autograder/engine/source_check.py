@@ -221,6 +221,30 @@ class _Facts:
     touches: frozenset[str]
 
 
+def _walrus_targets(statement: ast.stmt, parents: dict[int, ast.AST]) -> set[str]:
+    """The names a walrus binds in the statement's own scope: one in a comprehension binds there too (PEP 572).
+
+    Read from the syntax tree, because the symbol tables do not say it alike on every Python: from 3.12 a
+    comprehension is inlined (PEP 709) and its walrus target no longer shows as assigned.
+    """
+    found = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            child, scope = node, parents.get(id(node))
+            while scope is not None and not _in_body(child, scope):  # a default or decorator is outside it
+                child, scope = scope, parents.get(id(scope))
+            if scope is None:
+                found.add(node.target.id)
+    return found
+
+
+def _in_body(child: ast.AST, scope: ast.AST) -> bool:
+    """Whether ``child`` of ``scope`` runs in the scope of a function or lambda ``scope``."""
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return child in scope.body
+    return isinstance(scope, ast.Lambda) and child is scope.body
+
+
 @functools.lru_cache(maxsize=16384)
 def _facts(statement: ast.stmt) -> _Facts:
     table = symtable.symtable(ast.unparse(statement), "<cell>", "exec")
@@ -236,6 +260,7 @@ def _facts(statement: ast.stmt) -> _Facts:
             if s.is_global() or (child.get_type() == "class" and s.is_referenced() and not s.is_assigned()):
                 reads.add(s.get_name())
     parents = _parents(statement)
+    binds |= _walrus_targets(statement, parents)
     touches = set()
     for node in ast.walk(statement):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):

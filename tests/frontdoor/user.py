@@ -46,8 +46,12 @@ def why_not() -> str:
 
 def user_env(**extra: str) -> dict[str, str]:
     """The environment of the user's shell: this one without what pytest, xdist or a venv's activation put in."""
+    # make exports the variables set on its command line (`make test VENV=.venv-3.13`) to its recipes: they
+    # are make's, not the user's shell's
+    overrides = {word.split("=", 1)[0] for word in (" " + os.environ.get("MAKEFLAGS", "")).partition(" -- ")[2].split()
+                 if "=" in word}
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", *overrides)
            and not k.startswith(("PYTEST_", "COV_CORE_"))}
     bins = str(VENV / "bin")
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != bins)  # make puts it first

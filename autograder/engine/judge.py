@@ -84,6 +84,25 @@ def mistakes_record(mistakes: Sequence[Mistake]) -> NotebookNode:
     return new_output("display_data", data={"text/plain": ""}, metadata={MISTAKES_KEY: named})
 
 
+#: The metadata key of the record of a check's cases (names, weights, results; see :func:`case_record`).
+CASES_KEY = "autograder_cases"
+
+
+def case_record(cell) -> dict | None:
+    """The record of the cases the judged test ``cell``'s check ran, or None (a check without cases).
+
+    A dict with ``exercise``, ``points``, ``score``, ``all_or_nothing``, ``stopped`` (why the whole
+    cell scores zero, or "") and ``cases``: a list of dicts with ``name``, ``weight``, ``passed``,
+    ``message`` and ``mistakes`` (catalogue ids).
+    """
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "display_data":
+            record = output.get("metadata", {}).get(CASES_KEY)
+            if isinstance(record, dict) and isinstance(record.get("cases"), list):
+                return record
+    return None
+
+
 def named_mistakes(cell) -> list[dict]:
     """The catalogued mistakes the judged test ``cell`` named: dicts with ``id``, ``name`` and ``section``."""
     found = []

@@ -17,6 +17,18 @@ class CheckFailed(AssertionError):
     """A check found something wrong; ``str(error)`` is the message for the student."""
 
 
+class WholeCellFailure(CheckFailed):
+    """A failure that costs the whole test cell its points, whatever cases passed (:mod:`autograder.cases`).
+
+    A forbidden call and an unwritten exercise are not wrong answers to one input: an answer that
+    makes them has not solved the exercise at all, on any input.
+    """
+
+
+class NotWritten(WholeCellFailure):
+    """The exercise still raises ``NotImplementedError``."""
+
+
 def shown_name(error: BaseException) -> str:
     """The error's name as a notebook shows it: ``CheckFailed`` for every failed check, else its type's name."""
     return CheckFailed.__name__ if isinstance(error, CheckFailed) else type(error).__name__

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from torch.overrides import TorchFunctionMode
 
-from .errors import CheckFailed
+from .errors import WholeCellFailure
 
 
-class ForbiddenCall(CheckFailed):
+class ForbiddenCall(WholeCellFailure):
     """A student's code called (or its source uses) a built-in its exercise forbids.
 
     Raised inside the student's function by the guard, and by the checks when the guard saw a call

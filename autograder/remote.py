@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from . import wire
-from .errors import CheckFailed, fail
+from .errors import CheckFailed, NotWritten, fail
 from .guard import ACTIVE_RULES, Forbidden, ForbiddenCall
 
 
@@ -159,6 +159,8 @@ class Remote(wire.Proxy):
             if "forbidden" in reply:  # the guard stopped a call in the kernel
                 builtin = reply["forbidden"]
                 raise ForbiddenCall(str(reply["failed"]), builtin if type(builtin) is str else None)
+            if reply.get("unwritten") is True:
+                raise NotWritten(str(reply["failed"]))
             raise CheckFailed(str(reply["failed"]))
         return reply
 

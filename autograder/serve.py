@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import INSTRUCTOR_ONLY, wire
-from .errors import CheckFailed
+from .errors import CheckFailed, NotWritten
 from .guard import Forbidden, ForbiddenCall
 
 _objects: dict[int, Any] = {}
@@ -142,6 +142,8 @@ def _called(request: dict) -> dict:
         outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
     except ForbiddenCall as failure:
         return {"failed": str(failure), "forbidden": failure.builtin}
+    except NotWritten as failure:
+        return {"failed": str(failure), "unwritten": True}
     except CheckFailed as failure:
         return {"failed": str(failure)}
     if threading.active_count() > threads or _running_children() > children:

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .cases import case
 from .diagnosis import Outcome, copy_argument, mutated_arguments
-from .errors import CheckFailed, fail
+from .errors import CheckFailed, NotWritten, fail
 from .guard import ACTIVE_RULES, Forbidden, Guard, forbidden_call
 from .wire import Proxy
 
@@ -66,7 +67,7 @@ def attempt(
     except CheckFailed:  # a forbidden call (ForbiddenCall) among them
         raise
     except NotImplementedError:
-        fail(not_written(exercise))
+        raise NotWritten(not_written(exercise)) from None
     except Exception as error:  # noqa: BLE001 - every student error becomes a message
         if guard.violations:
             raise forbidden_call(guard.violations[0], exercise) from None
@@ -108,15 +109,22 @@ def expect_error(
     error: type[BaseException],
     what: str,
     why: str,
+    weight: float = 1.0,
     **kwargs: Any,
-) -> BaseException:
-    """Fail unless ``fn(*args)`` raises ``error`` (for example ``ValueError`` on bad shapes)."""
-    outcome, raised = attempt(fn, args, kwargs, exercise=what.split("(", 1)[0])
-    if raised is None:
-        fail(f"{what} should raise {error.__name__} because {why}, but it returned without an error.")
-    if not isinstance(raised, error):
-        fail(f"{what} should raise {error.__name__} because {why}, but it raised {type(raised).__name__}: {raised}")
-    return raised
+) -> BaseException | None:
+    """Fail unless ``fn(*args)`` raises ``error`` (for example ``ValueError`` on bad shapes).
+
+    A case of its own in a hidden check (:mod:`autograder.cases`), worth ``weight`` shares; returns
+    the error raised (None when the case failed and the check went on).
+    """
+    raised = None
+    with case(f"{what} raises {error.__name__}", weight):
+        outcome, raised = attempt(fn, args, kwargs, exercise=what.split("(", 1)[0])
+        if raised is None:
+            fail(f"{what} should raise {error.__name__} because {why}, but it returned without an error.")
+        if not isinstance(raised, error):
+            fail(f"{what} should raise {error.__name__} because {why}, but it raised {type(raised).__name__}: {raised}")
+    return raised if isinstance(raised, error) else None
 
 
 def probe(

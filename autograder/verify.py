@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import cases as cases_of_check
 from .compare import Mismatch, assert_matches, describe, is_close
 from .diagnoses import explain_number
 from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching, run
@@ -41,6 +42,11 @@ class Case:
     args: tuple
     kwargs: dict = field(default_factory=dict)
     label: str = ""
+    weight: float = 1.0  # its share of the test cell's points, among the check's cases (autograder.cases)
+
+    def name(self, names: Sequence[str]) -> str:
+        """The case's name in a list of cases: its label, or the input in words."""
+        return self.label or self.describe(names)
 
     def describe(self, names: Sequence[str]) -> str:
         """The input in words: each argument's name with its shape and dtype or value."""
@@ -102,37 +108,52 @@ def verify(
     """
     if mistakes is None:
         mistakes = catalogue(notebook, exercise) if notebook else ()
+    outcomes: dict[int, tuple[Outcome, BaseException | None]] = {}
+
+    def outcome_of(case: Case) -> tuple[Outcome, BaseException | None]:
+        if id(case) not in outcomes:  # the student's function runs once per input, however often it is diagnosed
+            outcomes[id(case)] = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
+        return outcomes[id(case)]
+
     for case in cases:
-        outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise, forbid=forbid)
-        expected = reference(*case.args, **case.kwargs)
+        with cases_of_check.case(case.name(arg_names), case.weight):
+            _verify_case(case, cases, outcome_of, reference, exercise, arg_names, outputs, forbid, mistakes, rtol, atol)
 
-        def right(value: Any, expected: Any = expected) -> bool:
-            return _passes(value, expected, outputs, exercise, rtol, atol)
 
-        def others(case: Case = case) -> Iterator[Other]:
-            for other in cases:
-                if other is not case:
-                    outcome = attempt(fn, other.args, other.kwargs, exercise=exercise, forbid=forbid)[0]
-                    expected_there = reference(*other.args, **other.kwargs)
-                    yield Other(other, outcome, lambda v, e=expected_there: _passes(v, e, outputs, exercise, rtol, atol))
+def _verify_case(case: Case, cases: Sequence[Case], outcome_of: Callable[[Case], tuple[Outcome, BaseException | None]],
+                 reference: Callable[..., Any], exercise: str, arg_names: Sequence[str], outputs: Sequence[str] | None,
+                 forbid: Sequence[Forbidden], mistakes: Sequence[Mistake], rtol: float, atol: float) -> None:
+    """:func:`verify` on one of its ``cases``: fail, naming the mistake, when ``fn`` is wrong there."""
+    outcome, error = outcome_of(case)
+    expected = reference(*case.args, **case.kwargs)
 
-        problem, notes, same_mutation = None, [], False
-        if error is not None:
-            problem = describe_error(f"{exercise}(...)", error)
-        else:
-            try:
-                _compare(outcome.value, expected, outputs, exercise, rtol, atol)
-            except CheckFailed as failure:
-                problem = str(failure)
-                notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
-        if problem is None and outcome.mutated:
-            problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
-            same_mutation = True
-        if problem is not None:
-            found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right,
-                             forbid=forbid)
-            message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
-            raise MistakeFound(message, narrowed(found, others(), forbid) if found else ()) from None
+    def right(value: Any, expected: Any = expected) -> bool:
+        return _passes(value, expected, outputs, exercise, rtol, atol)
+
+    def others() -> Iterator[Other]:
+        for other in cases:
+            if other is not case:
+                expected_there = reference(*other.args, **other.kwargs)
+                yield Other(other, outcome_of(other)[0],
+                            lambda v, e=expected_there: _passes(v, e, outputs, exercise, rtol, atol))
+
+    problem, notes, same_mutation = None, [], False
+    if error is not None:
+        problem = describe_error(f"{exercise}(...)", error)
+    else:
+        try:
+            _compare(outcome.value, expected, outputs, exercise, rtol, atol)
+        except CheckFailed as failure:
+            problem = str(failure)
+            notes = [explain_mutation(outcome.mutated, arg_names)] if outcome.mutated else []
+    if problem is None and outcome.mutated:
+        problem = explain_mutation(outcome.mutated, arg_names, f"{exercise} returned the right result, but it")
+        same_mutation = True
+    if problem is not None:
+        found = matching(outcome, mistakes, case.args, case.kwargs, same_mutation=same_mutation, right=right,
+                         forbid=forbid)
+        message = "\n".join([f"With the input {case.describe(arg_names)}:", problem, *notes])
+        raise MistakeFound(message, narrowed(found, others(), forbid) if found else ()) from None
 
 
 @dataclass
@@ -305,25 +326,34 @@ def verify_number(
         return matching(outcome, among, case.args, case.kwargs, right=right, same=same)
 
     for case, expected in cases:
-        outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise)
-        notes: list[str] = []
-        try:
-            if error is not None:
-                fail(describe_error(f"{exercise}(...)", error))
-            what = f"The result of {exercise}"
-            problem = _type_problem(outcome.value, integer, what)
-            if problem:
-                fail(problem)
-            if not _same_number(outcome.value, expected, integer, rel_tol, abs_tol):
-                if not integer:
-                    notes = explain_number(float(outcome.value), float(expected))
-                fail(f"{what} should be {expected!r}, but it is {outcome.value!r}.")
-        except CheckFailed as failure:
-            message = "\n".join([f"With the input {case.describe(arg_names)}:", str(failure), *notes])
-            found = fitting(outcome, mistakes, case, expected)
-            if len(found) > 1:  # the student's answers to the other inputs may tell them apart
-                for other, _ in cases:
-                    if other is not case and len(found) > 1:
-                        theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise)
-                        found = fitting(theirs, found, other) or found
-            raise MistakeFound(message, found) from None
+        with cases_of_check.case(case.name(arg_names), case.weight):
+            _verify_number_case(case, expected, cases, fn, exercise, arg_names, integer, mistakes, fitting,
+                                rel_tol, abs_tol)
+
+
+def _verify_number_case(case: Case, expected: Any, cases: Sequence[tuple[Case, Any]], fn: Callable[..., Any],
+                        exercise: str, arg_names: Sequence[str], integer: bool, mistakes: Sequence[Mistake],
+                        fitting: Callable[..., list[Mistake]], rel_tol: float, abs_tol: float) -> None:
+    """:func:`verify_number` on one of its ``cases``."""
+    outcome, error = attempt(fn, case.args, case.kwargs, exercise=exercise)
+    notes: list[str] = []
+    try:
+        if error is not None:
+            fail(describe_error(f"{exercise}(...)", error))
+        what = f"The result of {exercise}"
+        problem = _type_problem(outcome.value, integer, what)
+        if problem:
+            fail(problem)
+        if not _same_number(outcome.value, expected, integer, rel_tol, abs_tol):
+            if not integer:
+                notes = explain_number(float(outcome.value), float(expected))
+            fail(f"{what} should be {expected!r}, but it is {outcome.value!r}.")
+    except CheckFailed as failure:
+        message = "\n".join([f"With the input {case.describe(arg_names)}:", str(failure), *notes])
+        found = fitting(outcome, mistakes, case, expected)
+        if len(found) > 1:  # the student's answers to the other inputs may tell them apart
+            for other, _ in cases:
+                if other is not case and len(found) > 1:
+                    theirs, _ = attempt(fn, other.args, other.kwargs, exercise=exercise)
+                    found = fitting(theirs, found, other) or found
+        raise MistakeFound(message, found) from None

@@ -99,7 +99,6 @@ def check_row_softmax(row_softmax) -> None:
     ]
     verify(row_softmax, cases, row_softmax_reference, exercise="row_softmax", arg_names=("scores",),
            mistakes=MISTAKES["row_softmax"], outputs=None)
-    print("row_softmax passes the hidden checks.")
 '''
 
 TESTS = '''"""Notebook $number, $title: what is specific to it (the generic tests run over every notebook)."""

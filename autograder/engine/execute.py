@@ -54,7 +54,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade, is_solution
-from traitlets import Bool, Integer
+from traitlets import Bool, Integer, List, Unicode
 
 from .. import remote
 from . import graded_cells, graded_kernel, judge, source_check, staging
@@ -116,6 +116,9 @@ class ResilientExecute(KernelRequests, Execute):
     checks_in_grader = Bool(True, help="Run test cells in the grader's process, the student's functions in the "
                             "kernel (autograder.engine.judge); False runs them in the kernel, as nbgrader does."
                             ).tag(config=True)
+    all_or_nothing = List(Unicode(), help="Test cells scored all or nothing instead of by their cases' shares "
+                          "(autograder.cases): '*' every cell of the course, a notebook's name ('08_flash_backward') "
+                          "every cell of it, 'notebook/grade_id' one cell.").tag(config=True)
     # A kernel that never goes idle must not lose the cells already executed.
     raise_on_iopub_timeout = Bool(False, help="Raise when a cell's output stops before the kernel is idle; False "
                                   "keeps the cells already executed.").tag(config=True)
@@ -159,9 +162,11 @@ class ResilientExecute(KernelRequests, Execute):
         self._streams: list[tuple[str, str]] = []
         self._streams_size = 0
         self._forbidden: dict[tuple, str | None] = {}
+        self._notebook_name = ""
         self._asked_exit = False
         self.graded = None
         self._graded_broken: str | None = None
+        self._notebook_name = str((resources or {}).get("nbgrader", {}).get("notebook") or "")
         self._graded_sources = graded_cells.graded_sources(nb, self._release(resources)) if self.checks_in_grader else []
         self._check_modules = graded_cells.check_modules(nb) if self.checks_in_grader else []
         try:
@@ -267,7 +272,7 @@ class ResilientExecute(KernelRequests, Execute):
             cell.outputs = [error_output(KERNEL_DIED, self._graded_broken)]
             return cell
         try:
-            failure = judge.run_test_cell(cell.source, self, self._streams)
+            failure, records = judge.run_test_cell(cell.source, self, self._streams)
         except remote.CallTimedOut:
             if self.graded is not None:
                 cell.outputs = self._capped(index, judge.stream_outputs(self._streams)) + [
@@ -290,9 +295,25 @@ class ResilientExecute(KernelRequests, Execute):
         problems = self.graded.load_problems() if self.graded is not None and failure is not None else ""
         if problems:
             failure = error_output(failure.ename, failure.evalue + problems)
-        outputs = judge.stream_outputs(self._streams) + ([failure] if failure is not None else [])
-        cell.outputs = self._capped(index, outputs)
+        scored = judge.scored_outputs(records, failure, float(cell.metadata.nbgrader.get("points", 0) or 0),
+                                      self._all_or_nothing(cell))
+        streams = self._capped(index, judge.stream_outputs(self._streams))
+        cell.outputs = streams + [out for scoring in scored for out in self._kept(index, scoring)]
         return cell
+
+    def _kept(self, index: int, out) -> list:
+        """A scoring output of a judged cell, kept whatever the student's code printed before it: without its
+        record and its score, nbgrader would give the cell full points. An error is cut to fit, as any."""
+        if out.get("output_type") == "error":
+            return self._capped(index, [out])
+        self._count(index, out)
+        return [out]
+
+    def _all_or_nothing(self, cell) -> bool:
+        """Whether the test ``cell`` is scored all or nothing (:attr:`all_or_nothing`)."""
+        grade_id = cell.metadata.nbgrader.get("grade_id", "")
+        chosen = set(self.all_or_nothing)
+        return bool(chosen & {"*", self._notebook_name, f"{self._notebook_name}/{grade_id}"})
 
     # -- the graded kernel ------------------------------------------------------------------
 

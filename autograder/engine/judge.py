@@ -30,9 +30,10 @@ from typing import Any
 from nbformat import NotebookNode
 from nbformat.v4 import new_output
 
-from .. import remote
+from .. import cases, remote
+from ..cases import CasesFailed, CheckRecord
 from ..diagnosis import Mistake, MistakeFound
-from ..errors import shown_name
+from ..errors import CheckFailed, shown_name
 from ..remote import Channel, Interrupted
 
 
@@ -126,17 +127,20 @@ def stream_outputs(streams: list[tuple[str, Any]]) -> list[NotebookNode]:
     return outputs
 
 
-def run_test_cell(source: str, channel: Channel, streams: list[tuple[str, str]]) -> NotebookNode | None:
+def run_test_cell(source: str, channel: Channel, streams: list[tuple[str, str]]
+                  ) -> tuple[NotebookNode | None, list[CheckRecord]]:
     """Execute a test cell's ``source`` here against the kernel behind ``channel``.
 
     What the check prints is appended to ``streams`` (the channel appends what the
     student's code prints), and the record of the mistakes a failing check named;
-    returns the error output of a failing check, or None.
+    returns the error output of a failing check (or None), and the records of the cases the
+    cell's hidden checks ran (:mod:`autograder.cases`; :func:`scored_outputs` makes them a score).
     Raises :class:`~autograder.remote.Interrupted` when the kernel hangs or dies.
     """
     code = compile(source, "<test cell>", "exec")
     namespace = _KernelNames(channel)
-    with redirect_stdout(_Stream("stdout", streams)), redirect_stderr(_Stream("stderr", streams)):
+    with redirect_stdout(_Stream("stdout", streams)), redirect_stderr(_Stream("stderr", streams)), \
+            cases.judging() as records:
         try:
             remote.reset(channel)
             exec(code, {"__builtins__": builtins, "__name__": "__main__"}, namespace)  # noqa: S102 - the instructor's test cell
@@ -145,5 +149,75 @@ def run_test_cell(source: str, channel: Channel, streams: list[tuple[str, str]])
         except Exception as error:  # noqa: BLE001 - any failure of the check fails the cell, with its message
             if isinstance(error, MistakeFound) and error.mistakes:
                 streams.append((RECORD, mistakes_record(error.mistakes)))
-            return error_output(shown_name(error), str(error))
-    return None
+            return error_output(shown_name(error), _first_failure(error)), records
+    return None, records
+
+
+def _first_failure(error: BaseException) -> str:
+    """The message of a failed cell's error: the first failed case's, when its cases failed (all are listed above)."""
+    if isinstance(error, CasesFailed):
+        failed = error.record.failed
+        return f"{failed[0].name}: {failed[0].message}" if failed else str(error)
+    return str(error)
+
+
+#: The characters of a case's message a record keeps.
+MESSAGE_CHARACTERS = 2000
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= MESSAGE_CHARACTERS else message[:MESSAGE_CHARACTERS] + " [cut]"
+
+
+def _points(value: float) -> str:
+    return f"{value:g} point" + ("" if value == 1 else "s")
+
+
+def scored_outputs(records: list[CheckRecord], failure: NotebookNode | None, points: float,
+                   all_or_nothing: bool) -> list[NotebookNode]:
+    """The outputs that score a judged test cell from its checks' cases, through nbgrader's partial credit.
+
+    The record of every case (:data:`CASES_KEY`, shown as a list), then: nothing when every case
+    passed (full points), the score as the cell's result when some passed, ``failure`` when none
+    did or the check stopped (zero). A cell whose checks ran no case gives ``failure`` alone, as before.
+    """
+    results = [r for record in records for r in record.results]
+    if not results:
+        return [failure] if failure is not None else []
+    stopped = next((record.stopped for record in records if record.stopped), "")
+    if not stopped and failure is not None and not any(not r.passed for r in results):
+        stopped = failure.evalue  # the cell failed outside its checks' cases
+    total = sum(r.weight for r in results)
+    earned = sum(r.weight for r in results if r.passed)
+    fraction = 0.0 if stopped or total <= 0 else earned / total
+    if all_or_nothing and fraction < 1:
+        fraction = 0.0
+    score = round(points * fraction, 2)
+    exercise = " and ".join(dict.fromkeys(record.exercise for record in records))
+    lines = [f"Cases of {exercise}: {score:g} of {_points(points)}"
+             + (" (this cell is scored all or nothing)" if all_or_nothing else "")]
+    seen: dict[str, int] = {}
+    for r in results:  # two cases of one name are told apart by a number
+        seen[r.name] = seen.get(r.name, 0) + 1
+        if seen[r.name] > 1:
+            r.name = f"{r.name} #{seen[r.name]}"
+    for r in results:
+        share = points * r.weight / total if total > 0 else 0.0
+        lines.append(f"  {'passed' if r.passed else 'FAILED'}  {r.name} (worth {share:.2g})"
+                     + ("" if r.passed else ": " + _short(r.message).replace("\n", "\n      ")))
+    if stopped:
+        stopped = _short(stopped)
+        lines.append(f"  The whole cell scores 0: {stopped}")
+    record = {  # each message is cut short: what a student's error says may be long
+        "exercise": exercise, "points": points, "score": score, "all_or_nothing": all_or_nothing, "stopped": stopped,
+        "cases": [{"name": r.name, "weight": r.weight, "passed": r.passed, "message": _short(r.message),
+                   "mistakes": [m.id for m in r.mistakes if getattr(m, "id", "")]} for r in results],
+    }
+    outputs = [new_output("display_data", data={"text/plain": "\n".join(lines)}, metadata={CASES_KEY: record})]
+    if score >= points:
+        return outputs
+    if score > 0:
+        return outputs + [new_output("execute_result", data={"text/plain": repr(float(score))}, execution_count=None)]
+    if failure is None:
+        failure = error_output(CheckFailed.__name__, f"None of the cases of {exercise} passed.")
+    return outputs + [failure]

@@ -168,8 +168,8 @@ class KernelRequests:
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             content = msg.get("content", {})
-            if msg.get("msg_type") == "stream":
-                self.keep_stream(content.get("name", "stdout"), str(content.get("text", "")))
+            if msg.get("msg_type") == "stream":  # a stream of another name is not one: it could pose as the grader's
+                self.keep_stream("stderr" if content.get("name") == "stderr" else "stdout", str(content.get("text", "")))
             elif msg.get("msg_type") == "status" and content.get("execution_state") == "idle":
                 return
 

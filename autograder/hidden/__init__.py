@@ -21,25 +21,33 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ..cases import checking
 from ..errors import CheckFailed, fail, install_notebook_display
 
 install_notebook_display()
 
 
 def hidden(check: Callable[..., Any]) -> Callable[..., Any]:
-    """Make any unexpected error of a hidden check a plain message.
+    """Make a hidden check of ``check_<exercise>``: a list of cases, and any unexpected error a plain message.
 
-    A traceback would print lines of this instructor-only source into the student's
-    feedback; the student reads the error's type and message instead.
+    Judged by the grader, its cases are recorded (:mod:`autograder.cases`) and the test cell earns
+    the share of those it passes; elsewhere the first failing case stops it. It prints that the
+    exercise passes only when every case passed. A traceback would print lines of this
+    instructor-only source into the student's feedback; the student reads the error's type and
+    message instead.
     """
+    exercise = check.__name__.removeprefix("check_")
 
     @functools.wraps(check)
     def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return check(*args, **kwargs)
-        except CheckFailed:
-            raise
-        except Exception as error:  # noqa: BLE001 - nothing of the hidden source may leak
-            fail(f"The hidden check {check.__name__} could not finish: {type(error).__name__}: {error}")
+        with checking(exercise):
+            try:
+                result = check(*args, **kwargs)
+            except CheckFailed:
+                raise
+            except Exception as error:  # noqa: BLE001 - nothing of the hidden source may leak
+                fail(f"The hidden check {check.__name__} could not finish: {type(error).__name__}: {error}")
+        print(f"{exercise} passes the hidden checks.")
+        return result
 
     return run

@@ -760,7 +760,6 @@ def check_attention_flops(attention_flops) -> None:
     cases = [(Case(c), _flops(*c)) for c in configs]
     verify_number(attention_flops, cases, exercise="attention_flops", arg_names=FLOPS_ARGS, integer=True,
                   mistakes=MISTAKES["attention_flops"])
-    print("attention_flops passes the hidden checks.")
 
 
 @hidden
@@ -772,7 +771,6 @@ def check_attention_memory_bytes(attention_memory_bytes) -> None:
     cases = [(Case(c), _memory_bytes(*c)) for c in configs]
     verify_number(attention_memory_bytes, cases, exercise="attention_memory_bytes", arg_names=MEMORY_ARGS,
                   integer=True, mistakes=MISTAKES["attention_memory_bytes"])
-    print("attention_memory_bytes passes the hidden checks.")
 
 
 @hidden
@@ -796,7 +794,6 @@ def check_fit_power_law(fit_power_law) -> None:
                             ([8], [3.0], "one point has no slope"),
                             ([1, 2, 4], [1.0, 0.0, 3.0], "a cost of 0 has no logarithm")]:
         expect_error(fit_power_law, ns_, costs, error=ValueError, what=f"fit_power_law({ns_}, {costs})", why=why)
-    print("fit_power_law passes the hidden checks.")
 
 
 ATTENTION_SHAPES = [
@@ -850,7 +847,6 @@ def check_chunked_attention(chunked_attention) -> None:
     _check_attention(chunked_attention, "chunked_attention", "chunk_size", 740, [])
     for causal in (False, True):
         _check_no_n_by_m(chunked_attention, "chunked_attention", "chunk_size", is_causal=causal)
-    print("chunked_attention passes the hidden checks.")
 
 
 @hidden
@@ -877,7 +873,6 @@ def check_flash_attention(flash_attention) -> None:
     _check_peak(flash_attention)
     _check_long_rows(flash_attention)
     measured_memory_check(flash_attention)
-    print("flash_attention passes the hidden checks.")
 
 
 @hidden
@@ -890,4 +885,3 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
     for n, w in [(5, 0), (3, -2)]:
         expect_error(sliding_window_mask, n, w, error=ValueError, what=f"sliding_window_mask({n}, {w})",
                      why="a window must hold at least one key")
-    print("sliding_window_mask passes the hidden checks.")

@@ -872,7 +872,6 @@ def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class 
                                   ((2, 3, 2, 4), (2, 3, 1, 4), "k holds 2 tokens but v holds 1")]:
         expect_error(cache.append, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
                      what=f"cache.append(k {shape_k}, v {shape_v}) with a KVCache(2, 3, 6, 4)")
-    print("KVCache passes the hidden checks.")
 
 
 @hidden
@@ -901,7 +900,6 @@ def check_decode_step(decode_step, KVCache=None) -> None:  # noqa: N803
         expect_error(decode_step, randn(1, h, t_q, 4, gen=gen), randn(1, g, t_k, 4, gen=gen),
                      randn(1, g, t_k, 4, gen=gen), cache, error=ValueError, why=why,
                      what=f"decode_step(q (1, {h}, {t_q}, 4), k_new (1, {g}, {t_k}, 4), v_new (1, {g}, {t_k}, 4), cache)")
-    print("decode_step passes the hidden checks.")
 
 
 @hidden
@@ -912,7 +910,6 @@ def check_alibi_slopes(alibi_slopes) -> None:
     verify(alibi_slopes, cases, slopes_reference, exercise="alibi_slopes", arg_names=("num_heads",), outputs=None,
            mistakes=MISTAKES["alibi_slopes"], rtol=1e-6, atol=0)
     expect_error(alibi_slopes, 0, error=ValueError, what="alibi_slopes(0)", why="there must be at least one head")
-    print("alibi_slopes passes the hidden checks.")
 
 
 @hidden
@@ -942,7 +939,6 @@ def check_alibi_bias(alibi_bias) -> None:
                      f"SDPA with {what} as its float mask", rtol=1e-10, atol=1e-12)
     expect_error(alibi_bias, 2, 3, torch.ones(2, 2), error=ValueError, what="alibi_bias(2, 3, slopes (2, 2))",
                  why="slopes must be one number per head, of shape (h,)")
-    print("alibi_bias passes the hidden checks.")
 
 
 def training_problem(result: dict) -> str | None:
@@ -996,7 +992,6 @@ def check_DecoderBlock(DecoderBlock, KVCache=None) -> None:  # noqa: N802, N803 
         fail(problem)
     expect_error(DecoderBlock, 10, 4, 16, error=ValueError, what="DecoderBlock(10, 4, 16)",
                  why="d_model = 10 cannot be split into 4 equal heads")
-    print("DecoderBlock passes the hidden checks.")
 
 
 @hidden
@@ -1030,7 +1025,6 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
     if not is_close(tokens, greedy_reference(weights, prompt, steps), 0, 0):
         fail(f"generate(model, prompt (2, 3), {steps}, use_cache=True) returned {tokens.tolist()}, not the greedy "
              f"tokens {greedy_reference(weights, prompt, steps).tolist()}.")
-    print("generate passes the hidden checks.")
 
 
 def _calls_of(generate, weights):

@@ -980,7 +980,6 @@ def check_softmax_backward(softmax_backward) -> None:
     for p_shape, g_shape in [((2, 3), (2, 4)), ((3,), (2, 3))]:
         expect_error(softmax_backward, softmax_rows(gen, *p_shape), randn(*g_shape, gen=gen), error=ValueError,
                      what=f"softmax_backward(p {p_shape}, grad_p {g_shape})", why="p and grad_p have different shapes")
-    print("softmax_backward passes the hidden checks.")
 
 
 ATTENTION_SHAPES = [
@@ -1026,7 +1025,6 @@ def check_attention_backward(attention_backward) -> None:
     ]:
         expect_error(attention_backward, *args, error=ValueError, why=why,
                      what=f"attention_backward(Q (2, 3, 4), K, V, dO) with {shapes}")
-    print("attention_backward passes the hidden checks.")
 
 
 # --- the flash functions: values, and what they allocate -------------------------------------------
@@ -1284,7 +1282,6 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
                               ((Q, K, V, 0), "block_size=0", "block_size must be at least 1")]:
         expect_error(flash_attention_forward, *args, error=ValueError, why=why,
                      what=f"flash_attention_forward(Q (2, 3, 4), K, V, ...) with {shapes}")
-    print("flash_attention_forward passes the hidden checks.")
 
 
 @hidden
@@ -1309,7 +1306,6 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
         expect_error(flash_attention_backward, *args, error=ValueError, why=why,
                      what=f"flash_attention_backward(Q (2, 3, 4), K (2, 5, 4), V (2, 5, 2), O, dO, lse, ...) with "
                           f"{shapes}")
-    print("flash_attention_backward passes the hidden checks.")
 
 
 # --- FlashAttention -------------------------------------------------------------------------------
@@ -1334,4 +1330,3 @@ def check_FlashAttention(FlashAttention) -> None:  # noqa: N802 - named after th
                                             (qkv(gen, (1,), 7, 5, 3, 3), 2, True)]:
             check_gradcheck(FlashAttention, Q, K, V, size, causal)
             check_backward_guard(FlashAttention, Q, K, V, dO, size, causal)
-    print("FlashAttention passes the hidden checks.")

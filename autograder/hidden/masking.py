@@ -362,7 +362,6 @@ def check_to_additive_mask(to_additive_mask) -> None:
     expect_error(to_additive_mask, torch.zeros(2, 3), torch.float32, error=ValueError,
                  what="to_additive_mask(a float32 mask, torch.float32)",
                  why="the mask must be boolean (a float mask is already additive)")
-    print("to_additive_mask passes the hidden checks.")
 
 
 # n == m first, then n < m, then n > m: the simplest case that fails names the mistake.
@@ -382,7 +381,6 @@ def check_causal_mask(causal_mask) -> None:
     for bad in ("bottom-right", "lower_right", "top_right"):
         expect_error(causal_mask, 3, 5, align=bad, error=ValueError, what=f"causal_mask(3, 5, align={bad!r})",
                      why="align must be 'top_left' or 'bottom_right'")
-    print("causal_mask passes the hidden checks.")
 
 
 @hidden
@@ -411,7 +409,6 @@ def check_padding_mask(padding_mask) -> None:
     problem = default_device_problem(record, lengths, max_len)
     if problem:
         raise MistakeFound(problem, same_off_the_default_device(MISTAKES["padding_mask"], record, lengths, max_len))
-    print("padding_mask passes the hidden checks.")
 
 
 
@@ -495,4 +492,3 @@ def check_masked_attention(masked_attention) -> None:
                  why="a (2, 5) key padding mask does not broadcast to the (2, 3, 5) scores: it needs shape (2, 1, 5)")
     expect_error(masked_attention, randn(3, 4, gen=gen), randn(5, 6, gen=gen), randn(5, 4, gen=gen), error=ValueError,
                  what="masked_attention(Q (3, 4), K (5, 6), V (5, 4))", why="Q and K have different d_k (4 and 6)")
-    print("masked_attention passes the hidden checks.")

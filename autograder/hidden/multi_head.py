@@ -566,7 +566,6 @@ def check_split_heads(split_heads) -> None:
                  what="split_heads(x (1, 4, 12), num_heads=5)", why="12 features cannot be split into 5 equal heads")
     expect_error(split_heads, randn(4, 12, gen=gen), 3, error=ValueError,
                  what="split_heads(x (4, 12), num_heads=3)", why="x must have shape (B, T, D)")
-    print("split_heads passes the hidden checks.")
 
 
 @hidden
@@ -591,7 +590,6 @@ def check_merge_heads(merge_heads) -> None:
                  "not give x back.")
     expect_error(merge_heads, randn(2, 3, 4, gen=gen), error=ValueError, what="merge_heads(x (2, 3, 4))",
                  why="x must have shape (B, h, T, d)")
-    print("merge_heads passes the hidden checks.")
 
 
 def _loop_reference(torch_mha, query, key, value, attn_mask=None, key_padding_mask=None):
@@ -713,7 +711,6 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
     expect_error(module, x, x, x, key_padding_mask=torch.ones(3, 3, dtype=torch.bool), error=ValueError,
                  what="module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2",
                  why="key_padding_mask must have shape (B, m) = (2, 3)")
-    print("MultiHeadAttention passes the hidden checks.")
 
 
 @hidden
@@ -761,7 +758,6 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
     ]:
         expect_error(grouped_query_attention, *(randn(*s, gen=gen) for s in shapes), error=ValueError,
                      what=f"grouped_query_attention(Q {shapes[0]}, K {shapes[1]}, V {shapes[2]})", why=why)
-    print("grouped_query_attention passes the hidden checks.")
 
 
 # --- attention on a graph: the mistake catalogue and the hidden check -------------------------
@@ -1012,4 +1008,3 @@ def check_graph_attention(graph_attention) -> None:
          "W_V must have d = 3 rows, one per feature of X"),
     ]:
         expect_error(graph_attention, *args, error=ValueError, what=what, why=why)
-    print("graph_attention passes the hidden checks.")

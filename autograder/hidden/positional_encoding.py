@@ -357,7 +357,6 @@ def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
         expect_error(sinusoidal_encoding, 10, d_model, error=ValueError,
                      what=f"sinusoidal_encoding(10, {d_model})", why=f"d_model = {d_model} is odd: "
                      "sin/cos pairs need an even number of columns")
-    print("sinusoidal_encoding passes the hidden checks.")
 
 
 @hidden
@@ -404,7 +403,6 @@ def check_relative_shift_matrix(relative_shift_matrix) -> None:
     for d_model in (5, 1):
         expect_error(relative_shift_matrix, 2, d_model, error=ValueError,
                      what=f"relative_shift_matrix(2, {d_model})", why=f"d_model = {d_model} is odd")
-    print("relative_shift_matrix passes the hidden checks.")
 
 
 def _rope_cases(seed: int) -> list[Case]:
@@ -462,4 +460,3 @@ def check_apply_rope(apply_rope) -> None:
                  what="apply_rope(x (2, 4, 6), positions (3,))", why="x has 4 tokens but positions has 3")
     expect_error(apply_rope, randn(2, 4, 6, gen=gen), torch.arange(8).reshape(2, 4), error=ValueError,
                  what="apply_rope(x (2, 4, 6), positions (2, 4))", why="positions must be 1-D, of length T")
-    print("apply_rope passes the hidden checks.")

@@ -731,7 +731,6 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
     for d_k, n, why in [(64, 1, "a variance needs at least 2 samples"), (0, 100, "d_k must be at least 1")]:
         expect_error(empirical_score_variance, d_k, n, False, generator(0), error=ValueError,
                      what=f"empirical_score_variance(d_k={d_k}, num_samples={n}, ...)", why=why)
-    print("empirical_score_variance passes the hidden checks.")
 
 
 # --- softmax_jacobian ------------------------------------------------------------------------
@@ -770,7 +769,6 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
            outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
     expect_error(softmax_jacobian, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
                  what="softmax_jacobian(p of shape ())", why="p must have a last axis of probabilities (..., m)")
-    print("softmax_jacobian passes the hidden checks.")
 
 
 # --- attention_entropy -----------------------------------------------------------------------
@@ -815,7 +813,6 @@ def check_attention_entropy(attention_entropy) -> None:
         fail(f"attention_entropy returns {result[-2:].tolist()} for one-hot float32 rows; it should be exactly 0.")
     expect_error(attention_entropy, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
                  what="attention_entropy(weights of shape ())", why="weights must have a last axis (..., m)")
-    print("attention_entropy passes the hidden checks.")
 
 
 # --- saturation_curve ------------------------------------------------------------------------
@@ -968,7 +965,6 @@ def check_saturation_curve(saturation_curve) -> None:
         expect_error(saturation_curve, error=ValueError,
                      what=f"saturation_curve({', '.join(f'{k}={v}' for k, v in bad.items())}, ...)", why=why,
                      **kwargs)
-    print("saturation_curve passes the hidden checks.")
 
 
 # --- numeric answers --------------------------------------------------------------------------
@@ -1041,7 +1037,6 @@ def _check_answer(value: Any, name: str, simulated: str = "") -> None:
     value = answer_value(value, name)
     exact = ANSWERS[name]
     if math.isclose(value, exact, rel_tol=ANSWER_RTOL):
-        print(f"{name} passes the hidden checks.")
         return
     message = f"{name} = {value:.6g} is not the exact value asked for (to four significant digits)."
     for wrong in WRONG_ANSWERS[name]:

@@ -916,7 +916,6 @@ def check_cache_bytes_per_token(cache_bytes_per_token) -> None:
                   arg_names=("num_layers", "num_heads", "kv_heads", "d_head", "dtype"), integer=True,
                   mistakes=MISTAKES["cache_bytes_per_token"])
     bytes_errors(cache_bytes_per_token)
-    print("cache_bytes_per_token passes the hidden checks.")
 
 
 def paged_cases(gen) -> list[tuple]:
@@ -950,7 +949,6 @@ def check_PagedKVCache(PagedKVCache) -> None:  # noqa: N802, N803 - named after 
         raise MistakeFound(problem, [by_id(MISTAKES["PagedKVCache"], "serving/PagedKVCache/the-pool-copied-at-every-append")])
     unknown_ids(PagedKVCache)
     paged_append_errors(PagedKVCache)
-    print("PagedKVCache passes the hidden checks.")
 
 
 @hidden
@@ -978,7 +976,6 @@ def check_paged_attention(paged_attention) -> None:
            exercise="paged_attention", arg_names=PAGED_ARGS, outputs=None, forbid=ATTENTION_BUILTINS,
            mistakes=mistakes, rtol=1e-4, atol=1e-5)
     paged_attention_errors(paged_attention, cases[0])
-    print("paged_attention passes the hidden checks.")
 
 
 def _check_mla_parameters(MultiHeadLatentAttention, sizes) -> None:  # noqa: N803
@@ -1025,7 +1022,6 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
     if problem:
         raise MistakeFound(problem, [by_id(MISTAKES["MultiHeadLatentAttention"],
                                            "serving/MultiHeadLatentAttention/an-absorbed-path-that-expands")])
-    print("MultiHeadLatentAttention passes the hidden checks.")
 
 
 def _same_run(student, theirs) -> bool:
@@ -1072,5 +1068,4 @@ def check_speculative_generate(speculative_generate) -> None:
                  f"{draft_model.calls} tokens in all: each round proposes min(k, steps left - 1) tokens, one call of "
                  "the draft each, and no proposal is made that could only produce a token beyond steps.")
     speculative_errors(speculative_generate, target)
-    print("speculative_generate passes the hidden checks.")
 

@@ -238,7 +238,6 @@ def check_hard_lookup(hard_lookup) -> None:
                   label="the longer key [3, 3] has the higher dot product; [1, 0] points the query's way")
     verify(hard_lookup, [*_lookup_cases(101), longer], hard_lookup_reference, exercise="hard_lookup",
            arg_names=("query", "keys", "values"), outputs=None, mistakes=MISTAKES["hard_lookup"])
-    print("hard_lookup passes the hidden checks.")
 
 
 @hidden
@@ -257,7 +256,6 @@ def check_soft_lookup(soft_lookup) -> None:
     expect_error(soft_lookup, randn(3, gen=gen), randn(5, 4, gen=gen), randn(5, 2, gen=gen), error=ValueError,
                  what="soft_lookup(query (3,), keys (5, 4), values)",
                  why="the query has 3 features and the keys have 4")
-    print("soft_lookup passes the hidden checks.")
 
 
 @hidden
@@ -272,7 +270,6 @@ def check_nadaraya_watson(nadaraya_watson) -> None:
     verify(nadaraya_watson, cases, nadaraya_watson_reference, exercise="nadaraya_watson",
            arg_names=("x_query", "x_train", "y_train", "bandwidth"), mistakes=MISTAKES["nadaraya_watson"],
            rtol=1e-6, atol=1e-9)
-    print("nadaraya_watson passes the hidden checks.")
 
 
 SDPA_SHAPES = [
@@ -308,4 +305,3 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
                  randn(2, 6, 4, gen=gen), error=ValueError,
                  what="scaled_dot_product_attention(Q (2, 3, 4), K (2, 5, 4), V (2, 6, 4))",
                  why="K has 5 keys but V has 6 values")
-    print("scaled_dot_product_attention passes the hidden checks.")

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..cases import case as case_of_check
 from ..compare import assert_close, assert_shape, assert_tensor, describe
 from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose
 from ..errors import CheckFailed, fail
@@ -167,14 +168,15 @@ def check_cache_cases(KVCache, cases: Sequence[Case], mistakes: Sequence[Mistake
         batch, kv_heads, max_len, d_head, chunks = case.args
         shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head}, dtype={case.kwargs.get('dtype', torch.float32)})"
         sizes = [k.shape[2] for k, _ in chunks]
-        got = probe(cache_scenario, KVCache, *case.args, what=f"{shape} with appends of {sizes} tokens", **case.kwargs)
-        problem = judge_cache(got, cache_expected(*case.args, **case.kwargs), chunks)
-        if problem is None:
-            continue
-        context = ", ".join(f"{n} = {v}" for n, v in zip(names, case.args))
-        message = f"With a cache {shape} ({context}) and appends of {sizes} tokens ({case.label}):\n{problem}"
-        mistake = diagnose(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
-        raise MistakeFound(message, [mistake] if mistake else [])
+        with case_of_check(case.label or f"{shape} with appends of {sizes} tokens", case.weight):
+            got = probe(cache_scenario, KVCache, *case.args, what=f"{shape} with appends of {sizes} tokens",
+                        **case.kwargs)
+            problem = judge_cache(got, cache_expected(*case.args, **case.kwargs), chunks)
+            if problem is not None:
+                context = ", ".join(f"{n} = {v}" for n, v in zip(names, case.args))
+                message = f"With a cache {shape} ({context}) and appends of {sizes} tokens ({case.label}):\n{problem}"
+                mistake = diagnose(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
+                raise MistakeFound(message, [mistake] if mistake else [])
 
 
 def _scenario_of(cache_class):
@@ -190,20 +192,22 @@ def cache_chunks(gen, batch, kv_heads, d_head, sizes, dtype=torch.float64):
                                                                               dtype=dtype)) for t in sizes)
 
 
-def check_full_cache(KVCache, batch, kv_heads, max_len, d_head, held, extra) -> BaseException:  # noqa: N803
+def check_full_cache(KVCache, batch, kv_heads, max_len, d_head, held, extra) -> BaseException | None:  # noqa: N803
     """A cache holding ``held`` tokens of ``max_len`` refuses ``extra`` more with a ValueError naming both lengths."""
     gen = generator(90)
     shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head})"
-    cache = call_student(KVCache, batch, kv_heads, max_len, d_head, what=shape)
-    for k, v in cache_chunks(gen, batch, kv_heads, d_head, [held], torch.float32):
-        call_student(cache.append, k, v, what=f"cache.append(k, v) of {held} tokens to an empty {shape}")
-    k, v = cache_chunks(gen, batch, kv_heads, d_head, [extra], torch.float32)[0]
     what = f"cache.append(k, v) of {extra} tokens to a {shape} holding {held}"
-    error = expect_error(cache.append, k, v, error=ValueError, what=what,
-                         why=f"{held} + {extra} = {held + extra} tokens do not fit in max_len = {max_len}")
-    if str(max_len) not in str(error) or str(held + extra) not in str(error):
-        fail(f"{what} raised ValueError: {error}\nThe message should name both lengths: max_len = {max_len} and the "
-             f"{held + extra} tokens the cache would hold, so that whoever reads it knows what to enlarge.")
+    error = None
+    with case_of_check(f"{what} raises ValueError naming both lengths"):
+        cache = call_student(KVCache, batch, kv_heads, max_len, d_head, what=shape)
+        for k, v in cache_chunks(gen, batch, kv_heads, d_head, [held], torch.float32):
+            call_student(cache.append, k, v, what=f"cache.append(k, v) of {held} tokens to an empty {shape}")
+        k, v = cache_chunks(gen, batch, kv_heads, d_head, [extra], torch.float32)[0]
+        error = expect_error(cache.append, k, v, error=ValueError, what=what,
+                             why=f"{held} + {extra} = {held + extra} tokens do not fit in max_len = {max_len}")
+        if str(max_len) not in str(error) or str(held + extra) not in str(error):
+            fail(f"{what} raised ValueError: {error}\nThe message should name both lengths: max_len = {max_len} and "
+                 f"the {held + extra} tokens the cache would hold, so that whoever reads it knows what to enlarge.")
     return error
 
 

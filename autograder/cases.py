@@ -35,7 +35,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from .errors import CheckFailed, WholeCellFailure
+from .errors import CheckFailed, WholeCellFailure, fail
 
 
 @dataclass
@@ -118,6 +118,16 @@ def checking(exercise: str) -> Iterator[CheckRecord | None]:
         _OPEN.reset(token)
     if record.failed:
         raise CasesFailed(record)
+
+
+def needs(built: object, by: str) -> None:
+    """Fail the case being run, saying it could not run, when ``built`` (made by the earlier case ``by``) is None.
+
+    A case that uses what an earlier case built (a module, a filled cache) cannot run when that case
+    raised before building it: it is counted as failed, and the message says why.
+    """
+    if built is None:
+        fail(f"This case could not run: it needs what the case \"{by}\" builds, and that case failed.")
 
 
 def recording() -> bool:

@@ -25,7 +25,13 @@ lacks:
   (an inline configuration would need the policy to allow inline scripts and ``eval``), and
   every page loads it from there (no CDN);
 - **long lines wrap** (a check's message is one long line), and the grading notes of a
-  submission are shown at the top of each of its pages.
+  submission are shown at the top of each of its pages;
+- **every exercise and every case at the top**: under the notes, :func:`summary_html` lists each
+  exercise of the notebook with its points (the gradebook's, as nbgrader's ``GetGrades`` put them
+  in the cells) and under it each case of its checks: passed, or failed with its message and the
+  catalogued mistakes it fits, read from the grader's record (:mod:`.case_results`), never from a
+  cell's source (a hidden case shows its name and message, never its code). Every text it writes
+  is escaped: a message can quote what a student's code raised.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ import nh3
 from jinja2 import DictLoader
 from nbconvert.exporters import HTMLExporter
 from nbconvert.exporters.html import contextfilter
+from nbconvert.preprocessors import Preprocessor
 from nbconvert.preprocessors.sanitize import SanitizeHTML
 from traitlets import default
 
 from ..course.repository import ROOT, assignments
 from ..course.settings import Settings
 from ..engine import notes as grading_notes
+from .case_results import Case, JudgedCell, is_test_cell, read_judged_cell
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
 MATHJAX_FOLDER = "_mathjax"
@@ -97,6 +105,11 @@ pre, .output_text pre, .output_error pre, .output_stream pre, div.output_area pr
 }
 div.output_area, div.output_subarea { overflow-x: visible; max-width: 100%; }
 .grading-notes li { white-space: pre-wrap; overflow-wrap: anywhere; }
+.case-summary .case-message { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0.2em 0 0.4em 1.5em; }
+.case-summary .case-mistake { margin: 0 0 0.4em 1.5em; font-style: italic; }
+.case-summary .case-passed .case-result { color: #2a7a2a; font-weight: bold; }
+.case-summary .case-failed .case-result, .case-summary .cell-stopped { color: #b3261e; font-weight: bold; }
+.case-summary ul.cases { list-style: none; padding-left: 1.2em; }
 </style>
 """
 
@@ -221,7 +234,10 @@ class SanitizeOutputs(SanitizeHTML):
 
 
 class FeedbackExporter(HTMLExporter):
-    """nbgrader's feedback page: inert metadata, markdown cleaned after rendering, local MathJax, a policy, wrapping lines."""
+    """nbgrader's feedback page: inert metadata, markdown cleaned after rendering, local MathJax, a policy, wrapping
+    lines, and the summary of every exercise and case at the top (:class:`CaseSummary`)."""
+
+    _summarising = False
 
     @default("extra_loaders")
     def _local_mathjax(self):
@@ -234,7 +250,13 @@ class FeedbackExporter(HTMLExporter):
         return clean_html(super().markdown2html(context, source))
 
     def from_notebook_node(self, nb, resources=None, **kw):
+        if not self._summarising:
+            # Registered at the first page, so it runs last: after the preprocessors nbgrader (or
+            # make_exporter) registers, GetGrades among them, which puts each cell's score in the cell.
+            self.register_preprocessor(CaseSummary(parent=self), enabled=True)
+            self._summarising = True
         output, resources = super().from_notebook_node(inert_notebook(nb), resources, **kw)
+        output = at_top(output, resources.get(CaseSummary.KEY, ""))
         output = TEST_CELL_LINK.sub(lambda m: f'<a href="#{m[1]}">{html.escape(summary_name(m[1]))}</a>', output)
         at = output.find("</head>")
         if at >= 0:
@@ -252,6 +274,85 @@ def summary_name(grade_id: str) -> str:
     if exercise.endswith("_hidden"):
         return f"{exercise.removesuffix('_hidden')}: hidden checks"
     return f"{exercise}: checks"
+
+
+# -- the summary of exercises and cases at the top of a page -------------------------------
+
+
+class CaseSummary(Preprocessor):
+    """Puts :func:`summary_html` of the notebook in ``resources[CaseSummary.KEY]`` (the exporter writes it at the top)."""
+
+    KEY = "autograder_case_summary"
+
+    def preprocess(self, nb, resources):
+        resources[self.KEY] = summary_html(nb)
+        return nb, resources
+
+
+def _points(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def _case_html(case: Case, cell: JudgedCell) -> str:
+    e = html.escape
+    kind = [("hidden check" if cell.hidden else "visible check")] if cell.recorded else []
+    if case.points is not None:
+        kind.append(f"{case.points:g} point" + ("" if case.points == 1 else "s"))
+    parts = [f'<li class="case case-{"passed" if case.passed else "failed"}">'
+             f'<span class="case-result">{"passed" if case.passed else "FAILED"}</span> '
+             f'<span class="case-name">{e(case.name)}</span>' + (f' <span class="case-kind">({", ".join(kind)})</span>'
+                                                                  if kind else "")]
+    if case.message:
+        parts.append(f'<div class="case-message">{e(case.message)}</div>')
+    if case.mistakes:
+        label = "The mistake" if len(case.mistakes) == 1 else "The mistakes"
+        parts.append(f'<div class="case-mistake">{label}: {e(", ".join(case.mistakes))}</div>')
+    return "".join(parts) + "</li>"
+
+
+def _cell_html(cell: JudgedCell, points: float | None) -> str:
+    e = html.escape
+    checks = "hidden checks" if cell.hidden else "visible checks"
+    notes = []
+    if cell.stopped:
+        notes.append(f'<li class="cell-stopped">No points for the {checks}: {e(cell.stopped)}</li>')
+    if cell.recorded and cell.all_or_nothing:
+        whole = f" ({points:g} points)" if points is not None else ""
+        notes.append(f'<li class="cell-all-or-nothing">The {checks} count all or nothing{whole}: '
+                     "every case must pass.</li>")
+    return "".join(notes) + "".join(_case_html(case, cell) for case in cell.cases)
+
+
+def summary_html(nb) -> str:
+    """Every exercise of the graded notebook ``nb`` with its points, and under it every case of its checks (escaped).
+
+    An exercise's score and points are its test cells' (``metadata.nbgrader.score`` and ``points``, which
+    nbgrader's ``GetGrades`` reads from the gradebook); its cases are read by :func:`read_judged_cell`.
+    """
+    e = html.escape
+    exercises: dict[str, list[tuple[JudgedCell, float | None, float | None]]] = {}
+    for cell in nb.get("cells", []):
+        if is_test_cell(cell):
+            meta = cell["metadata"]["nbgrader"]
+            judged = read_judged_cell(cell)
+            exercises.setdefault(judged.exercise, []).append((judged, _points(meta.get("score")),
+                                                              _points(meta.get("points"))))
+    if not exercises:
+        return ""
+    items = []
+    for exercise, cells in exercises.items():
+        scores, points = [s for _, s, _ in cells], [p for _, _, p in cells]
+        total = f"{sum(points):g} points" if None not in points else "points not known"
+        score = f"{sum(scores):g} / {total}" if None not in scores and None not in points else total
+        anchor = e(cells[0][0].grade_id) if GRADE_ID.fullmatch(cells[0][0].grade_id) else ""
+        name = f'<a href="#{anchor}">{e(exercise)}</a>' if anchor else e(exercise)
+        items.append(f'<li class="exercise"><span class="exercise-name">{name}</span>: '
+                     f'<span class="exercise-score">{score}</span><ul class="cases">'
+                     + "".join(_cell_html(cell, p) for cell, _, p in cells) + "</ul></li>")
+    return ('<div class="container case-summary"><div class="panel panel-default"><div class="panel-heading">'
+            "<h4>Your exercises and their checks</h4></div><div class=\"panel-body\"><ol class=\"exercises\">"
+            + "".join(items) + "</ol></div></div></div>")
 
 
 def with_policy(page: str, policy: str = PAGE_POLICY) -> str:
@@ -352,7 +453,8 @@ def _notes_block(folder: Path) -> str:
     return grading_notes.notes_html(notes) if notes else ""
 
 
-def _with_notes(page: str, block: str) -> str:
+def at_top(page: str, block: str) -> str:
+    """``page`` with ``block`` first in its body (the notes, put there last, come above the summary)."""
     if not block:
         return page
     start = page.find("<body")
@@ -393,7 +495,7 @@ def submission_pages(exporter: HTMLExporter, root: Path, assignment: str, folder
             run.broken.append(f"{student} / {assignment} / {notebook.name}: {reason}")
             page = _standalone(notebook.stem, "<h1>This notebook's feedback could not be shown</h1>"
                                               f"<p>{html.escape(reason)}</p>")
-        write_text(target / f"{notebook.stem}.html", _with_notes(page, block))
+        write_text(target / f"{notebook.stem}.html", at_top(page, block))
         run.pages.append(target / f"{notebook.stem}.html")
     if not notebooks:
         body = block or "<p>No notebook of this submission was graded.</p>"

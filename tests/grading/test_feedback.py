@@ -8,6 +8,7 @@ protection stops.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from html.parser import HTMLParser
@@ -23,6 +24,7 @@ from autograder.engine.notes import Note, write_notes
 from autograder.grading import feedback, grade
 
 from ..course_copy import make_course, released
+from . import case_records
 
 #: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("feedback")
@@ -306,3 +308,79 @@ def test_every_page_carries_a_policy_that_runs_only_the_local_mathjax(course):
     # the one script it runs is that local file
     scripts = [attrs for tag, attrs in elements(page_of(course, "policy")) if tag == "script"]
     assert [(page_of(course, "policy").parent / s["src"].split("?")[0]).resolve().is_file() for s in scripts] == [True]
+
+
+# -- the summary of every exercise and case at the top ---------------------------------------------
+
+
+def summary_of(text: str) -> str:
+    """The summary block of a page (what :func:`feedback.summary_html` wrote), by its first and last tags."""
+    start = text.index('<div class="container case-summary">')
+    return text[start:text.index("</ol></div></div></div>", start)]
+
+
+@pytest.mark.slow
+def test_the_summary_lists_every_exercise_and_case_under_the_notes(course):
+    notebook, scores = case_records.partly_right(released(course, ASSIGNMENT))
+    hidden = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id", "").endswith("_hidden"))
+    hidden.source += "\n### BEGIN HIDDEN TESTS\nsecret_case_check()\n### END HIDDEN TESTS\n"
+    folder = case_records.place(course, ASSIGNMENT, "cases", notebook, scores)
+    write_notes(folder, [Note("renamed", "Your notebook was renamed.")])
+    run = feedback.feedback([ASSIGNMENT], root=course)
+    assert not [line for line in run.broken if line.startswith("cases /")], str(run)
+    text = page_of(course, "cases").read_text(encoding="utf-8")
+    summary = summary_of(text)
+    # under the notes, above nbgrader's own panel (the notebook's score and its cells)
+    assert text.index("Your notebook was renamed.") < text.index(summary) < text.index('<a name="top">')
+    points = {}
+    for cell in released(course, ASSIGNMENT).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            exercise = meta["grade_id"].removeprefix("test_").removesuffix("_hidden")
+            points[exercise] = points.get(exercise, 0) + meta["points"]
+    earned = {exercise: total for exercise, total in points.items()}
+    earned["scaled_dot_product_attention"] -= 3 - scores["test_scaled_dot_product_attention_hidden"]
+    earned["soft_lookup"] -= 2
+    earned["hard_lookup"] -= 1
+    for exercise, total in points.items():  # every exercise, by name, with the gradebook's score
+        assert f'{exercise}</a></span>: <span class="exercise-score">{earned[exercise]:g} / {total:g} points' in summary
+    assert earned["scaled_dot_product_attention"] == 4.25
+    for case in case_records.SDPA_CASES + case_records.SOFT_LOOKUP_CASES:
+        assert f'<span class="case-name">{html.escape(case["name"])}</span>' in summary, case["name"]
+    assert ('<span class="case-result">FAILED</span> <span class="case-name">causal, n != m</span> '
+            '<span class="case-kind">(hidden check, 0.75 points)</span><div class="case-message">'
+            f'{html.escape(case_records.SDPA_CASES[3]["message"])}</div>'
+            '<div class="case-mistake">The mistake: no scaling</div>') in summary
+    assert f"No points for the hidden checks: {html.escape(case_records.STOPPED)}" in summary
+    # a test cell without a record: one line, passed or failed with its error's message
+    assert ('<span class="case-result">FAILED</span> <span class="case-name">visible checks</span>'
+            f'<div class="case-message">{html.escape(case_records.RAISED)}</div>') in summary
+    assert summary.count('<span class="case-name">visible checks</span>') == len(points)
+    assert summary.count('<span class="case-name">hidden checks</span>') == len(points) - 2
+    # the hostile message is text; the hidden part of a cell's source is not shown anywhere
+    tags = elements(page_of(course, "cases"))
+    assert not [(tag, name) for tag, attrs in tags for name in attrs if name.lower().startswith("on")]
+    assert [attrs for tag, attrs in tags if tag == "script"] == [{"src": feedback.MATHJAX_URL}]
+    assert "secret_case_check" not in text and "BEGIN HIDDEN TESTS" not in text
+
+
+def test_the_summary_escapes_every_text_it_writes():
+    """A case's name, its message, the reason a cell stopped and an error's message can all hold a student's HTML."""
+    hostile = case_records.HOSTILE
+    cell = nbformat.v4.new_code_cell("check_x(x)", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "test_x_hidden", "points": 2, "score": 1.0}})
+    cell.outputs, _ = case_records.judged("x", 2, [case_records.case(f"name {hostile}"),
+                                                   case_records.case("second", f"message {hostile}", ("a/b/c",))],
+                                          stopped=f"stopped {hostile}")
+    visible = nbformat.v4.new_code_cell("check_x(x)", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "test_x", "points": 1, "score": 0.0}})
+    visible.outputs = [case_records.error(f"error {hostile}", "ValueError")]
+    summary = feedback.summary_html(nbformat.v4.new_notebook(cells=[visible, cell]))
+    parser = Elements()
+    parser.feed(summary)
+    assert {tag for tag, _ in parser.tags} <= {"div", "h4", "ol", "ul", "li", "span", "a"}, parser.tags
+    assert not [name for _, attrs in parser.tags for name in attrs if name.lower().startswith("on")]
+    for where in ("name", "message", "stopped", "error"):
+        assert f"{where} {html.escape(hostile)}" in summary, where
+    assert "<script" not in summary and "<img" not in summary
+    assert 'class="exercise-score">1 / 3 points' in summary

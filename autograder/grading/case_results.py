@@ -67,13 +67,14 @@ def exercise_of(grade_id: str) -> str:
     return grade_id.removeprefix("test_").removesuffix("_hidden")
 
 
-def failure_text(cell) -> str:
-    """The error a test cell printed (its ename and message, and what went to stderr), or '' when it passed."""
+def failure_text(cell, stderr: bool = True) -> str:
+    """The error a test cell printed (its ename and message, and with ``stderr`` what went there), or '' when it
+    passed."""
     texts = []
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             texts.append(f"{output.get('ename', '')}: {output.get('evalue', '')}")
-        elif output.get("output_type") == "stream" and output.get("name") == "stderr":
+        elif output.get("output_type") == "stream" and output.get("name") == "stderr" and stderr:
             texts.append(str(output.get("text", "")))
     return _ANSI.sub("", "\n".join(texts)).strip()
 
@@ -132,8 +133,10 @@ def read_judged_cell(cell) -> JudgedCell:
         case = Case(HIDDEN_CASE if hidden else VISIBLE_CASE, passed=not error, message=error)
         return JudgedCell(grade_id, exercise_of(grade_id), hidden, (case,))
     named = {m["id"]: str(m.get("name", "")) for m in named_mistakes(cell)}
+    # Why the cell stopped, as its error says it (the grader's: "NotImplementedError: ..."), else as the record does.
+    stopped = (failure_text(cell, stderr=False) or str(record["stopped"])) if record.get("stopped") else ""
     return JudgedCell(grade_id, exercise_of(grade_id), hidden, _recorded_cases(record, named),
-                    stopped=inert_text(record.get("stopped") or "", lines=True).strip(),
+                    stopped=inert_text(stopped, lines=True).strip(),
                     all_or_nothing=bool(record.get("all_or_nothing")), recorded=True)
 
 

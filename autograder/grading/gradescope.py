@@ -25,10 +25,12 @@ Specifications"): at the root of the zip
    student's cells in a bubblewrap sandbox where one can be made, else with the resource limits
    only and as ``nobody`` (a container that forbids namespaces); it refuses where the student's
    code would run with the grader's rights;
-3. once nbgrader and the kernel are gone, the scores are read from the gradebook and the checks'
-   messages from the graded notebook (a test cell's outputs, never its source), and
-   ``results.json`` is written: one test per graded cell, the total, and the grading notes as the
-   top-level ``output``. It is written to a new file that then replaces ``results.json`` (a file
+3. once nbgrader and the kernel are gone, the scores are read from the gradebook (a check's
+   partial credit included: such a test's ``status`` is ``failed``, ``passed`` being full points)
+   and the checks' messages from the graded notebook (a test cell's outputs, never its source), and
+   ``results.json`` is written: one test per graded cell, whose ``output`` lists each case of its
+   checks, passed or failed with its message (:mod:`.case_results`), the total, and the grading
+   notes as the top-level ``output``. It is written to a new file that then replaces ``results.json`` (a file
    or link planted there is replaced, never followed). A submission that could not be graded
    (nbgrader failed, the time ran out) gets no ``results.json`` at all: Gradescope then says the
    autograder failed and the instructor grades it again, as ``make autograde`` lists it.
@@ -56,7 +58,9 @@ from ..course.repository import ROOT, assignments, distribution_files, nbgrader,
 from ..course.settings import Settings
 from ..engine import notes as grading_notes
 from ..engine import sandbox
+from ..engine.judge import case_record
 from . import grade
+from .case_results import case_line, is_test_cell, read_judged_cell
 
 #: Gradescope's folder; AUTOGRADER_GRADESCOPE_ROOT moves it (the tests use a temporary one).
 GRADESCOPE_ROOT = Path("/autograder")
@@ -248,18 +252,39 @@ def settings(course: Path, config: dict) -> Settings:
         f"({sandbox.why_not(wanted)}); run the autograder as root, or install bubblewrap.")
 
 
-def cell_output(cell: nbformat.NotebookNode) -> str:
-    """What a graded cell showed: its printed text and its error's message, never its source or a traceback."""
+def _shown(text: str) -> str:
+    """``text`` without colours, cut at :data:`MAX_OUTPUT` characters, inert (its lines kept)."""
+    text = _ANSI.sub("", text).strip()
+    if len(text) > MAX_OUTPUT:
+        text = text[:MAX_OUTPUT] + f"\n[output cut: longer than {MAX_OUTPUT} characters]"
+    return grading_notes.inert_text(text, lines=True)
+
+
+def cell_output(cell: nbformat.NotebookNode, errors: bool = True) -> str:
+    """What a graded cell showed: its printed text and (``errors``) its error's message, never its source or a
+    traceback."""
     parts = []
     for out in cell.get("outputs", []):
         if out.get("output_type") == "stream":
             parts.append(str(out.get("text", "")))
-        elif out.get("output_type") == "error":
+        elif out.get("output_type") == "error" and errors:
             parts.append(f"{out.get('ename', 'Error')}: {out.get('evalue', '')}\n")
-    text = _ANSI.sub("", "".join(parts)).strip()
-    if len(text) > MAX_OUTPUT:
-        text = text[:MAX_OUTPUT] + f"\n[output cut: longer than {MAX_OUTPUT} characters]"
-    return grading_notes.inert_text(text, lines=True)
+    return _shown("".join(parts))
+
+
+def case_output(cell: nbformat.NotebookNode) -> str:
+    """A test's ``output`` in results.json: each case of its checks (passed, or failed with its message and the
+    mistakes it fits), then what was printed while they ran. A cell without the grader's record of its cases
+    (a visible check) is one case: :func:`cell_output`, its printed text and its error's message."""
+    if not is_test_cell(cell) or case_record(cell) is None:
+        return cell_output(cell)
+    judged = read_judged_cell(cell)
+    lines = [f"No points for these checks: {judged.stopped}"] if judged.stopped else []
+    if judged.all_or_nothing:
+        lines.append("These checks count all or nothing: every case must pass.")
+    lines += [case_line(case) for case in judged.cases]
+    printed = cell_output(cell, errors=False)
+    return _shown("\n".join(lines) + (f"\n\nPrinted while the checks ran:\n{printed}" if printed else ""))
 
 
 def results(private: Settings, config: dict, seconds: float, protection: str, extra: list[str] | None = None) -> dict:
@@ -281,9 +306,10 @@ def results(private: Settings, config: dict, seconds: float, protection: str, ex
                 for cell in nbformat.read(graded, as_version=4).cells:
                     gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
                     if gid:
-                        outputs[gid] = cell_output(cell)
+                        outputs[gid] = case_output(cell)
             for cell in graded_cells(nbformat.read(source_path, as_version=4)):
                 entry = scores[cell.grade_id]
+                # The gradebook's score, partial credit included; Gradescope's "passed" is full points only.
                 score, max_score = float(entry.score or 0.0), float(entry.max_score or 0.0)
                 passed = score >= max_score
                 text = outputs.get(cell.grade_id) or ("Passed." if passed else

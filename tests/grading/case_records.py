@@ -76,6 +76,8 @@ SDPA_CASES = [case("float64, no mask"), case("float32 inputs"), case("a batch of
 SOFT_LOOKUP_CASES = [case("one query"), case("several queries"), case("the error for a bad <mask>", HOSTILE)]
 #: Why the whole cell of soft_lookup's hidden checks scores nothing, though cases passed.
 STOPPED = "soft_lookup calls torch.softmax, which this exercise forbids."
+#: How the error output of that cell says it (the reason the page and the results show).
+STOPPED_ERROR = f"CheckFailed: {STOPPED}"
 #: hard_lookup's visible check (no record of cases) fails with what the student's own code raised.
 RAISED = f"ValueError: {HOSTILE}"
 

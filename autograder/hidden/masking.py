@@ -6,11 +6,13 @@ import math
 
 import torch
 
+from ..cases import case
 from ..diagnosis import Mistake, MistakeFound
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..references.masking import (
     INF,
+    allowed_keys,
     assert_exact_zeros,
     causal_reference,
     default_device_problem,
@@ -347,7 +349,7 @@ def check_to_additive_mask(to_additive_mask) -> None:
     for shape, dtype in [((4, 6), torch.float32), ((2, 1, 3, 5), torch.float64), ((7,), torch.float16),
                          ((3, 3), torch.bfloat16), ((2, 0, 4), torch.float32)]:
         mask = torch.rand(shape, generator=gen) < 0.6
-        cases.append(Case((mask, dtype), label=f"{dtype}"))
+        cases.append(Case((mask, dtype), label=f"a {shape} mask, {str(dtype).removeprefix('torch.')}"))
     cases.append(Case((torch.ones(2, 3, dtype=torch.bool), torch.float32), label="everything allowed"))
     cases.append(Case((torch.zeros(2, 3, dtype=torch.bool), torch.float16), label="nothing allowed, float16"))
     cases.sort(key=lambda case: case.args[1] in (torch.float16, torch.bfloat16))  # full precision first
@@ -365,6 +367,7 @@ def check_to_additive_mask(to_additive_mask) -> None:
 
 
 # n == m first, then n < m, then n > m: the simplest case that fails names the mistake.
+# One query and one key (1, 1) is allowed under every rule: almost any answer passes it, so it earns a small share.
 CAUSAL_SIZES = [(1, 1), (4, 4), (2, 2), (3, 7), (1, 6), (5, 8), (7, 3), (6, 1), (8, 5)]
 
 
@@ -372,7 +375,7 @@ CAUSAL_SIZES = [(1, 1), (4, 4), (2, 2), (3, 7), (1, 6), (5, 8), (7, 3), (6, 1), 
 def check_causal_mask(causal_mask) -> None:
     """n < m, n > m, n == m, both alignments; the mask itself against SDPA's and causal_lower_right's."""
     cases = [Case((6,), label="m left out: m = n")]
-    cases += [Case((n, m), {"align": align}, label=f"n = {n}, m = {m}, {align}")
+    cases += [Case((n, m), {"align": align}, label=f"n = {n}, m = {m}, {align}", weight=0.25 if n == m == 1 else 1.0)
               for n, m in CAUSAL_SIZES for align in ("top_left", "bottom_right")]
     cases += [Case((3, 5), {"align": align, "device": device}, label=f"{align} on the device {device!r}")
               for align in ("top_left", "bottom_right") for device in ("meta", torch.device("meta"))]
@@ -404,11 +407,12 @@ def check_padding_mask(padding_mask) -> None:
     expect_error(padding_mask, torch.tensor([[3, 1]]), 7, error=ValueError,
                  what="padding_mask(lengths of shape (1, 2), 7)", why="lengths must have shape (B,)")
     lengths, max_len = [2, 0, 6, 3], 6
-    record = probe(padding_mask_off_the_default_device, padding_mask, torch.tensor(lengths), max_len,
-                   what=f"padding_mask(tensor({lengths}), {max_len}) with the default device set to meta")
-    problem = default_device_problem(record, lengths, max_len)
-    if problem:
-        raise MistakeFound(problem, same_off_the_default_device(MISTAKES["padding_mask"], record, lengths, max_len))
+    with case("the default device set to meta: the mask is on the device of lengths"):
+        record = probe(padding_mask_off_the_default_device, padding_mask, torch.tensor(lengths), max_len,
+                       what=f"padding_mask(tensor({lengths}), {max_len}) with the default device set to meta")
+        problem = default_device_problem(record, lengths, max_len)
+        if problem:
+            raise MistakeFound(problem, same_off_the_default_device(MISTAKES["padding_mask"], record, lengths, max_len))
 
 
 
@@ -460,6 +464,19 @@ def _masked_cases(gen: torch.Generator) -> list[Case]:
 LOW_PRECISION = {torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
 
+def _exact_zeros(masked_attention, cases: list[Case]) -> None:
+    """A case per input with a row that may attend to no key: that row's weights and output are exactly 0."""
+    for input_case in cases:
+        mask = input_case.kwargs.get("mask")
+        weights = masked_attention_reference(*input_case.args, **input_case.kwargs)[1]
+        if not bool((~allowed_keys(mask, weights.shape).any(dim=-1)).any()):
+            continue  # every row has a key: nothing must be exactly zero
+        with case(f"exact zeros where no key is allowed, {input_case.label}"):
+            result = call_student(masked_attention, *input_case.args, **input_case.kwargs,
+                                  what="masked_attention(...)", forbid=ATTENTION_BUILTINS)
+            assert_exact_zeros(result, mask, f"masked_attention with {input_case.label}")
+
+
 @hidden
 def check_masked_attention(masked_attention) -> None:
     """Against SDPA with attn_mask (math backend, float64); exact zeros on rows with no key; half precision."""
@@ -467,24 +484,17 @@ def check_masked_attention(masked_attention) -> None:
     verify(masked_attention, cases, masked_attention_reference, exercise="masked_attention",
            arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["masked_attention"],
            rtol=1e-9, atol=1e-11)
-    for case in cases:
-        mask = case.kwargs.get("mask")
-        result = call_student(masked_attention, *case.args, **case.kwargs, what="masked_attention(...)",
-                              forbid=ATTENTION_BUILTINS)
-        assert_exact_zeros(result, mask, f"masked_attention with {case.label}")
+    _exact_zeros(masked_attention, cases)
     for dtype, tol in LOW_PRECISION.items():
         low = []
-        for case in (cases[0], cases[6], cases[7]):
-            mask = case.kwargs["mask"]
+        for full in (cases[0], cases[6], cases[7]):
+            mask = full.kwargs["mask"]
             mask = mask if mask.dtype == torch.bool else mask.to(dtype)
-            low.append(Case(tuple(t.to(dtype) for t in case.args), {"mask": mask}, f"{dtype} inputs, {case.label}"))
+            low.append(Case(tuple(t.to(dtype) for t in full.args), {"mask": mask}, f"{dtype} inputs, {full.label}"))
         verify(masked_attention, low, masked_attention_reference, exercise="masked_attention",
                arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["masked_attention"],
                rtol=tol, atol=tol)
-        for case in low:
-            result = call_student(masked_attention, *case.args, **case.kwargs, what="masked_attention(...)",
-                                  forbid=ATTENTION_BUILTINS)
-            assert_exact_zeros(result, case.kwargs["mask"], f"masked_attention with {case.label}")
+        _exact_zeros(masked_attention, low)
     gen = generator(331)
     expect_error(masked_attention, randn(2, 3, 4, gen=gen), randn(2, 5, 4, gen=gen), randn(2, 5, 4, gen=gen),
                  mask=torch.ones(2, 5, dtype=torch.bool), error=ValueError,

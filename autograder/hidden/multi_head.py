@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from ..cases import case, needs
 from ..diagnosis import Mistake
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
@@ -583,11 +584,12 @@ def check_merge_heads(merge_heads) -> None:
            mistakes=MISTAKES["merge_heads"], rtol=0, atol=0)
     for B, T, D, h in [(2, 5, 12, 3), (1, 7, 16, 16), (3, 2, 10, 1)]:
         x = randn(B, T, D, gen=gen)
-        merged = call_student(merge_heads, split_reference(x, h),
-                              what=f"merge_heads(split of x {(B, T, D)} into {h} heads)")
-        if not isinstance(merged, torch.Tensor) or merged.shape != x.shape or not torch.equal(merged, x):
-            fail(f"merge_heads should undo the split exactly: merging x {(B, T, D)} split into {h} heads does "
-                 "not give x back.")
+        with case(f"merge_heads undoes the split of x {(B, T, D)} into {h} heads"):
+            merged = call_student(merge_heads, split_reference(x, h),
+                                  what=f"merge_heads(split of x {(B, T, D)} into {h} heads)")
+            if not isinstance(merged, torch.Tensor) or merged.shape != x.shape or not torch.equal(merged, x):
+                fail(f"merge_heads should undo the split exactly: merging x {(B, T, D)} split into {h} heads does "
+                     "not give x back.")
     expect_error(merge_heads, randn(2, 3, 4, gen=gen), error=ValueError, what="merge_heads(x (2, 3, 4))",
                  why="x must have shape (B, h, T, d)")
 
@@ -677,40 +679,55 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
            mistakes=mistakes, rtol=1e-4, atol=1e-5)
 
     for d_model, num_heads, bias in [(12, 3, True), (8, 8, False)]:
-        check_parameters(MultiHeadAttention, d_model, num_heads, bias)
+        with case(f"the parameters of MultiHeadAttention({d_model}, {num_heads}, bias={bias})"):
+            check_parameters(MultiHeadAttention, d_model, num_heads, bias)
     torch_mha = TorchMHA(8, 2, seed=20)
-    module = call_student(MultiHeadAttention.from_torch, torch_mha.mha, what="MultiHeadAttention.from_torch(mha)")
-    expected = count_parameters(torch_mha.mha)
-    if probe(module_summary, module, what="MultiHeadAttention.from_torch(mha)")["parameters"] != expected:
-        fail("MultiHeadAttention.from_torch(mha) should return a module with as many parameters as mha "
-             f"({expected}); register the copied weights as parameters.")
+    built = "MultiHeadAttention.from_torch(mha) registers the copied weights as parameters"
+    module = None
+    with case(built):
+        module = call_student(MultiHeadAttention.from_torch, torch_mha.mha, what="MultiHeadAttention.from_torch(mha)")
+        expected = count_parameters(torch_mha.mha)
+        if probe(module_summary, module, what="MultiHeadAttention.from_torch(mha)")["parameters"] != expected:
+            fail("MultiHeadAttention.from_torch(mha) should return a module with as many parameters as mha "
+                 f"({expected}); register the copied weights as parameters.")
     x = randn(2, 3, 8, gen=gen)
-    call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
-    no_grad = probe(parameters_without_grad, module, x, what="output.sum().backward() on your module's output")
-    if no_grad:
-        fail(f"After output.sum().backward(), the parameters {no_grad} of your module have no gradient: the "
-             "output must be computed from the module's parameters, with autograd on.")
+    with case("output.sum().backward() reaches every parameter of the module of from_torch(mha)"):
+        needs(module, built)
+        call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
+        no_grad = probe(parameters_without_grad, module, x, what="output.sum().backward() on your module's output")
+        if no_grad:
+            fail(f"After output.sum().backward(), the parameters {no_grad} of your module have no gradient: the "
+                 "output must be computed from the module's parameters, with autograd on.")
 
     expect_error(MultiHeadAttention, 12, 5, error=ValueError, what="MultiHeadAttention(12, 5)",
                  why="d_model = 12 cannot be split into 5 equal heads")
     with torch.random.fork_rng(devices=[]):
         seq_first = nn.MultiheadAttention(8, 2)
         other_kdim = nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True)
-    expect_error(MultiHeadAttention.from_torch, seq_first, error=ValueError,
-                 what="MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2))",
-                 why="that module expects (T, B, D) inputs (batch_first=False)")
-    expect_error(MultiHeadAttention.from_torch, other_kdim, error=ValueError,
-                 what="MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True))",
-                 why="its keys and values have 4 features, not d_model = 8")
-    expect_error(module, x, randn(2, 4, 6, gen=gen), randn(2, 4, 6, gen=gen), error=ValueError,
-                 what="module(query (2, 3, 8), key (2, 4, 6), value (2, 4, 6)) with d_model = 8",
-                 why="key and value have 6 features, not d_model = 8")
-    expect_error(module, x, x, x, attn_mask=torch.ones(3, 4, dtype=torch.bool), error=ValueError,
-                 what="module(x, x, x, attn_mask of shape (3, 4)) with 3 queries and 3 keys",
-                 why="attn_mask must have shape (n, m) = (3, 3)")
-    expect_error(module, x, x, x, key_padding_mask=torch.ones(3, 3, dtype=torch.bool), error=ValueError,
-                 what="module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2",
-                 why="key_padding_mask must have shape (B, m) = (2, 3)")
+    for torch_module, what, why in [
+        (seq_first, "MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2))",
+         "that module expects (T, B, D) inputs (batch_first=False)"),
+        (other_kdim, "MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4, batch_first=True))",
+         "its keys and values have 4 features, not d_model = 8"),
+    ]:
+        with case(f"{what} raises ValueError"):  # reading from_torch off the student's class runs their code
+            expect_error(MultiHeadAttention.from_torch, torch_module, error=ValueError, what=what, why=why)
+    key, value = randn(2, 4, 6, gen=gen), randn(2, 4, 6, gen=gen)
+    for args, kwargs, what, why in [
+        ((x, key, value), {}, "module(query (2, 3, 8), key (2, 4, 6), value (2, 4, 6)) with d_model = 8",
+         "key and value have 6 features, not d_model = 8"),
+        ((x, x, x), {"attn_mask": torch.ones(3, 4, dtype=torch.bool)},
+         "module(x, x, x, attn_mask of shape (3, 4)) with 3 queries and 3 keys",
+         "attn_mask must have shape (n, m) = (3, 3)"),
+    ]:
+        with case(f"{what} raises ValueError"):
+            needs(module, built)
+            expect_error(module, *args, error=ValueError, what=what, why=why, **kwargs)
+    with case("module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2 raises ValueError"):
+        needs(module, built)
+        expect_error(module, x, x, x, key_padding_mask=torch.ones(3, 3, dtype=torch.bool), error=ValueError,
+                     what="module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2",
+                     why="key_padding_mask must have shape (B, m) = (2, 3)")
 
 
 @hidden
@@ -957,10 +974,10 @@ def check_graph_attention(graph_attention) -> None:
         return (randn(N, d, gen=gen, dtype=dtype) * scale, randn(d, d_k, gen=gen, dtype=dtype),
                 randn(d, d_k, gen=gen, dtype=dtype), randn(d, d_v, gen=gen, dtype=dtype))
 
-    def case(N, d, d_k, d_v, edges, label, *, self_loops=None, dtype=torch.float64, scale=1.0) -> Case:
+    def case(N, d, d_k, d_v, edges, label, *, self_loops=None, dtype=torch.float64, scale=1.0, weight=1.0) -> Case:
         X, W_Q, W_K, W_V = weights(N, d, d_k, d_v, dtype, scale)
         kwargs = {} if self_loops is None else {"self_loops": self_loops}
-        return Case((X, edges, W_Q, W_K, W_V), kwargs, label)
+        return Case((X, edges, W_Q, W_K, W_V), kwargs, label, weight)
 
     empty = torch.zeros(2, 0, dtype=torch.long)
     cases = [
@@ -973,7 +990,8 @@ def check_graph_attention(graph_attention) -> None:
              "d_v != d_k; node 4 receives only its explicit loop", self_loops=False),
         case(4, 3, 3, 2, empty, "no edge at all, self_loops=True: every node attends to itself alone"),
         case(4, 3, 3, 2, empty, "no edge at all, self_loops=False: every row is empty", self_loops=False),
-        case(1, 2, 2, 2, empty, "a single node, no edge"),
+        # One node with its self-loop: its one weight is 1 whatever the scores, so most wrong answers pass.
+        case(1, 2, 2, 2, empty, "a single node, no edge", weight=0.25),
         case(9, 6, 4, 5, random_graph(9, 20, gen, isolated=(0, 8), duplicates=4), "large scores (X * 20)",
              scale=20.0),
         case(7, 4, 8, 3, torch.tensor([[0, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 0]]),

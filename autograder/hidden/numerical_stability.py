@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from ..cases import case
 from ..diagnosis import Mistake, MistakeFound, by_id
 from ..errors import fail
 from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
@@ -534,21 +535,24 @@ def check_stable_softmax(stable_softmax) -> None:
     """Huge, tiny and -inf entries, every dim, four dtypes, against torch.softmax; gradcheck; no in-place."""
     gen = generator(401)
     with _builtins_named("stable_softmax"):
-        if not leaves_input_untouched(stable_softmax, randn(3, 5, gen=gen), "stable_softmax"):
-            _named("numerical_stability/stable_softmax/the-input-modified-in-place", input_changed_message("stable_softmax"))
+        with case("the input stays as it was"):
+            if not leaves_input_untouched(stable_softmax, randn(3, 5, gen=gen), "stable_softmax"):
+                _named("numerical_stability/stable_softmax/the-input-modified-in-place",
+                       input_changed_message("stable_softmax"))
         verify_each(stable_softmax, _softmax_like_cases(402), softmax_reference, softmax_tolerance_of,
                     forbid=SOFTMAX_BUILTINS, exercise="stable_softmax", arg_names=("x",),
                     mistakes=_by_output("stable_softmax"))
         for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1),
                        (randn(4, 3, gen=gen) * 3, 0)]:
-            problem = gradcheck_problem(stable_softmax, x, "stable_softmax", dim=dim)
-            if problem:
-                leaf = x.detach().clone().requires_grad_(True)
-                outcome, _ = attempt(stable_softmax, (leaf,), {"dim": dim}, exercise="stable_softmax",
-                                     forbid=SOFTMAX_BUILTINS)
-                if isinstance(outcome.value, torch.Tensor) and not outcome.value.requires_grad:
-                    _named("numerical_stability/stable_softmax/the-result-detached-from-autograd", problem)
-                fail(problem)
+            with case(f"gradients (gradcheck), x {tuple(x.shape)}, dim={dim}"):
+                problem = gradcheck_problem(stable_softmax, x, "stable_softmax", dim=dim)
+                if problem:
+                    leaf = x.detach().clone().requires_grad_(True)
+                    outcome, _ = attempt(stable_softmax, (leaf,), {"dim": dim}, exercise="stable_softmax",
+                                         forbid=SOFTMAX_BUILTINS)
+                    if isinstance(outcome.value, torch.Tensor) and not outcome.value.requires_grad:
+                        _named("numerical_stability/stable_softmax/the-result-detached-from-autograd", problem)
+                    fail(problem)
         _bad_dims(stable_softmax, "stable_softmax", gen)
 
 
@@ -567,14 +571,16 @@ def check_log_softmax(log_softmax) -> None:
     """Huge, far-apart and -inf entries, every dim, four dtypes, against F.log_softmax; gradcheck."""
     gen = generator(405)
     with _builtins_named("log_softmax"):
-        if not leaves_input_untouched(log_softmax, randn(3, 5, gen=gen), "log_softmax"):
-            fail(input_changed_message("log_softmax"))
+        with case("the input stays as it was"):
+            if not leaves_input_untouched(log_softmax, randn(3, 5, gen=gen), "log_softmax"):
+                fail(input_changed_message("log_softmax"))
         verify_each(log_softmax, _softmax_like_cases(406), log_softmax_reference, log_tolerance,
                     forbid=SOFTMAX_BUILTINS, exercise="log_softmax", arg_names=("x",), mistakes=_by_output("log_softmax"))
         for x, dim in [(randn(3, 5, gen=gen) * 3, -1), (randn(4, 3, 2, gen=gen) * 3, 1)]:
-            problem = gradcheck_problem(log_softmax, x, "log_softmax", dim=dim)
-            if problem:
-                fail(problem)
+            with case(f"gradients (gradcheck), x {tuple(x.shape)}, dim={dim}"):
+                problem = gradcheck_problem(log_softmax, x, "log_softmax", dim=dim)
+                if problem:
+                    fail(problem)
         _bad_dims(log_softmax, "log_softmax", gen)
 
 
@@ -620,14 +626,15 @@ def check_online_softmax(online_softmax) -> None:
                     forbid=SOFTMAX_BUILTINS, exercise=exercise, arg_names=("x", "block_size"), mistakes=_by_output(exercise))
         for shape, block in [((2, 3, 20), 3), ((4, 30), 7)]:
             x = randn(*shape, gen=gen) * 3
-            problem = streaming_problem(record_reductions(online_softmax, x, block), shape[-1], block)
-            if problem:
-                text, rule = problem
-                if rule == "whole row":
-                    _named("numerical_stability/online_softmax/the-whole-row-reduced-at-once", text)
-                if rule == "two passes":
-                    _named("numerical_stability/online_softmax/two-passes-over-the-row", text)
-                fail(text)
+            with case(f"streams block by block, x {shape}, block_size {block}"):
+                problem = streaming_problem(record_reductions(online_softmax, x, block), shape[-1], block)
+                if problem:
+                    text, rule = problem
+                    if rule == "whole row":
+                        _named("numerical_stability/online_softmax/the-whole-row-reduced-at-once", text)
+                    if rule == "two passes":
+                        _named("numerical_stability/online_softmax/two-passes-over-the-row", text)
+                    fail(text)
         for block in (0, -2):
             expect_error(online_softmax, randn(2, 5, gen=gen), block, error=ValueError,
                          what=f"online_softmax(x, block_size={block})", why="a block must hold at least one entry")

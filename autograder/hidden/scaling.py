@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..cases import case, needs
 from ..compare import describe
 from ..diagnoses import explain_number
 from ..diagnosis import Mistake, MistakeFound, by_id
@@ -678,56 +679,67 @@ ESV_CASES = [(64, 20000, 201), (512, 5000, 202), (4, 20000, 203), (1, 20000, 204
 SIGMAS = 6.0
 
 
+def _near_theory(d_k: int, n: int) -> str:
+    return f"d_k = {d_k}, {n} samples: within {SIGMAS:g} standard errors of the theory"
+
+
 @hidden
 def check_empirical_score_variance(empirical_score_variance) -> None:
     """Theory within 6 standard errors for several d_k and sample sizes; the generator is used."""
     exercise = "empirical_score_variance"
     results = []
     for d_k, n, seed in ESV_CASES:
-        got = _esv_pair(empirical_score_variance, d_k, n, seed, student=True)
-        results.append(got)
-        for value, scaled in zip(got, (False, True), strict=True):
-            theory = 1.0 if scaled else float(d_k)
-            error = score_variance_standard_error(d_k, n, scaled)
-            if abs(value - theory) <= SIGMAS * error:
-                continue
+        got = None
+        with case(_near_theory(d_k, n)):
+            values = _esv_pair(empirical_score_variance, d_k, n, seed, student=True)
+            for value, scaled in zip(values, (False, True), strict=True):
+                theory = 1.0 if scaled else float(d_k)
+                error = score_variance_standard_error(d_k, n, scaled)
+                if abs(value - theory) <= SIGMAS * error:
+                    continue
 
-            mistake = _diagnose_variance(got, d_k, n, seed)
-            _fail_named(
-                f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator) returned "
-                f"{value:.6g}, but theory says {theory:g}{' (scores divided by sqrt(d_k))' if scaled else ''}. "
-                f"With {n} samples the estimate has a standard error of {error:.3g}, and yours is off by "
-                f"{abs(value - theory) / error:.1f} standard errors (at most {SIGMAS:g} are accepted).",
-                mistake,
-            )
+                mistake = _diagnose_variance(values, d_k, n, seed)
+                _fail_named(
+                    f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator) returned "
+                    f"{value:.6g}, but theory says {theory:g}{' (scores divided by sqrt(d_k))' if scaled else ''}. "
+                    f"With {n} samples the estimate has a standard error of {error:.3g}, and yours is off by "
+                    f"{abs(value - theory) / error:.1f} standard errors (at most {SIGMAS:g} are accepted).",
+                    mistake,
+                )
+            got = values  # near the theory: the draws are compared below
+        results.append(got)
     for scaled in (False, True):
         what = f"empirical_score_variance(d_k=8, num_samples=1000, scaled={scaled}, generator)"
-        first = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
-        again = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
-        if first != again:
-            _fail_named(
-                f"Called twice with generators seeded alike, {what} returned {first!r} and then {again!r}: "
-                "the same seed must give the same result.",
-                by_id(MISTAKES[exercise], GENERATOR_IGNORED),
-            )
-        other = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(8), what=what), what)
-        if other == first:
-            _fail_named(
-                f"{what} returned {first!r} both with a generator seeded 7 and with one seeded 8: "
-                "the result must depend on the generator it is given.",
-                by_id(MISTAKES[exercise], OWN_SEED),
-            )
-    for (d_k, n, seed), got in zip(ESV_CASES, results, strict=True):
-        want = _esv_pair(score_variance_reference, d_k, n, seed, student=False)
-        for value, expected, scaled in zip(got, want, (False, True), strict=True):
-            if not reproduces(value, expected):
+        with case(f"the generator it is given decides the result, scaled={scaled}"):
+            first = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
+            again = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(7), what=what), what)
+            if first != again:
                 _fail_named(
-                    f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator seeded {seed}) "
-                    f"returned {value!r}, which agrees with the theory, but the draws the text prescribes give "
-                    f"{expected!r}.\n{SCORE_VARIANCE_DRAW}",
-                    _diagnose_random(exercise, lambda d_k=d_k, n=n, seed=seed, scaled=scaled: (d_k, n, scaled, generator(seed)),
-                                     lambda other, value=value: reproduces(value, other)),
+                    f"Called twice with generators seeded alike, {what} returned {first!r} and then {again!r}: "
+                    "the same seed must give the same result.",
+                    by_id(MISTAKES[exercise], GENERATOR_IGNORED),
                 )
+            other = _as_number(call_student(empirical_score_variance, 8, 1000, scaled, generator(8), what=what), what)
+            if other == first:
+                _fail_named(
+                    f"{what} returned {first!r} both with a generator seeded 7 and with one seeded 8: "
+                    "the result must depend on the generator it is given.",
+                    by_id(MISTAKES[exercise], OWN_SEED),
+                )
+    for (d_k, n, seed), got in zip(ESV_CASES, results, strict=True):
+        with case(f"d_k = {d_k}, {n} samples: the draws the text prescribes"):
+            needs(got, _near_theory(d_k, n))
+            want = _esv_pair(score_variance_reference, d_k, n, seed, student=False)
+            for value, expected, scaled in zip(got, want, (False, True), strict=True):
+                if not reproduces(value, expected):
+                    _fail_named(
+                        f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator seeded {seed}) "
+                        f"returned {value!r}, which agrees with the theory, but the draws the text prescribes give "
+                        f"{expected!r}.\n{SCORE_VARIANCE_DRAW}",
+                        _diagnose_random(exercise,
+                                         lambda d_k=d_k, n=n, seed=seed, scaled=scaled: (d_k, n, scaled, generator(seed)),
+                                         lambda other, value=value: reproduces(value, other)),
+                    )
     for d_k, n, why in [(64, 1, "a variance needs at least 2 samples"), (0, 100, "d_k must be at least 1")]:
         expect_error(empirical_score_variance, d_k, n, False, generator(0), error=ValueError,
                      what=f"empirical_score_variance(d_k={d_k}, num_samples={n}, ...)", why=why)
@@ -753,10 +765,11 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
         ((2, 1, 2, 3), 0.5, "three batch dimensions"),
         ((7,), 8.0, "a peaked row"),
         ((4, 2), 1.0, "two keys"),
-        ((3, 1), 1.0, "a single key (the Jacobian is [[0]])"),
+        ((3, 1), 1.0, "a single key (the Jacobian is [[0]])"),  # almost any answer of this shape: a small share
         ((1, 5), 1.0, "a batch of one row: the result has shape (1, 5, 5)"),
     ]):
-        cases.append(Case((torch.softmax(_softmax_rows(*shape, seed=300 + i, spread=spread), dim=-1),), label=label))
+        cases.append(Case((torch.softmax(_softmax_rows(*shape, seed=300 + i, spread=spread), dim=-1),), label=label,
+                          weight=0.25 if shape[-1] == 1 else 1.0))
     verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise=exercise, arg_names=("p",), outputs=None,
            forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
     one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
@@ -808,9 +821,11 @@ def check_attention_entropy(attention_entropy) -> None:
     verify(attention_entropy, [Case((rows32,), label="float32 input, two of its rows one-hot")],
            lambda w: entropy_reference(w.double()).float(), exercise=exercise, arg_names=("weights",), outputs=None,
            forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
-    result = call_student(attention_entropy, rows32, what="attention_entropy(float32 rows)", forbid=ENTROPY_BUILTINS)
-    if bool((result[-2:] != 0).any()):
-        fail(f"attention_entropy returns {result[-2:].tolist()} for one-hot float32 rows; it should be exactly 0.")
+    with case("one-hot float32 rows: the entropy is exactly 0"):
+        result = call_student(attention_entropy, rows32, what="attention_entropy(float32 rows)",
+                              forbid=ENTROPY_BUILTINS)
+        if bool((result[-2:] != 0).any()):
+            fail(f"attention_entropy returns {result[-2:].tolist()} for one-hot float32 rows; it should be exactly 0.")
     expect_error(attention_entropy, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
                  what="attention_entropy(weights of shape ())", why="weights must have a last axis (..., m)")
 
@@ -902,6 +917,10 @@ def _diagnose_curve(step: _Step, result: dict, tolerance: dict[str, torch.Tensor
     return _diagnose_random("saturation_curve", step.args, lambda value: _close_to(value, result, tolerance))
 
 
+def _within_spread(scaled: bool) -> str:
+    return f"the curves within the experiment's spread, scaled={scaled}"
+
+
 @hidden
 def check_saturation_curve(saturation_curve) -> None:
     """Edge cases that are exact, then the curves against a table of the experiment (6 standard deviations)."""
@@ -909,55 +928,63 @@ def check_saturation_curve(saturation_curve) -> None:
 
     # One key: every weight is 1, so max weight 1, entropy 0, Jacobian 0, whatever d_k.
     step = _Step((3, 200), False, 1, 50, 500)
-    result = _run_step(saturation_curve, step)
-    expected = {"max_weight": torch.ones(2, dtype=torch.float64), "entropy": torch.zeros(2, dtype=torch.float64),
-                "jacobian_norm": torch.zeros(2, dtype=torch.float64)}
-    if not _close_to(result, expected, exact):
-        _fail_named(f"With a single key every weight is 1, so {step.describe()} should return max_weight 1, "
-                    f"entropy 0 and jacobian_norm 0 for each d_k, but it returned "
-                    f"{ {k: v.tolist() for k, v in result.items()} }.", _diagnose_curve(step, result, exact))
+    with case("one key: max weight 1, entropy 0, Jacobian norm 0"):
+        result = _run_step(saturation_curve, step)
+        expected = {"max_weight": torch.ones(2, dtype=torch.float64), "entropy": torch.zeros(2, dtype=torch.float64),
+                    "jacobian_norm": torch.zeros(2, dtype=torch.float64)}
+        if not _close_to(result, expected, exact):
+            _fail_named(f"With a single key every weight is 1, so {step.describe()} should return max_weight 1, "
+                        f"entropy 0 and jacobian_norm 0 for each d_k, but it returned "
+                        f"{ {k: v.tolist() for k, v in result.items()} }.", _diagnose_curve(step, result, exact))
 
     # d_k = 1: dividing by sqrt(1) changes nothing, so the same seed gives the same curves.
-    plain = _run_step(saturation_curve, _Step((1, 1), False, 8, 100, 501))
-    step = _Step((1, 1), True, 8, 100, 501)
-    scaled = _run_step(saturation_curve, step)
-    if not _close_to(scaled, plain, exact):
-        _fail_named(f"With d_k = 1 the scale 1/sqrt(d_k) is 1, so with generators seeded alike scaled=True and "
-                    f"scaled=False should give the same curves; they give {scaled} and {plain}.",
-                    _diagnose_curve(step, scaled, exact))
+    with case("d_k = 1: scaled and unscaled curves are the same"):
+        plain = _run_step(saturation_curve, _Step((1, 1), False, 8, 100, 501))
+        step = _Step((1, 1), True, 8, 100, 501)
+        scaled = _run_step(saturation_curve, step)
+        if not _close_to(scaled, plain, exact):
+            _fail_named(f"With d_k = 1 the scale 1/sqrt(d_k) is 1, so with generators seeded alike scaled=True and "
+                        f"scaled=False should give the same curves; they give {scaled} and {plain}.",
+                        _diagnose_curve(step, scaled, exact))
 
     table_runs = []
     for is_scaled in (False, True):
         step = _Step(TABLE_D_KS, is_scaled, TABLE_NUM_KEYS, TABLE_NUM_QUERIES, 502 + is_scaled)
-        result = _run_step(saturation_curve, step)
-        table_runs.append((step, result))
-        tolerance = {key: _tolerance(is_scaled, key) for key in KEYS}
-        for key in KEYS:
-            means, sds = TABLE[is_scaled][key]
-            mean = torch.tensor(means, dtype=torch.float64)
-            off = (result[key] - mean).abs() > tolerance[key]
-            if bool(off.any()):
-                i = int(off.nonzero()[0])
-                trend = ("stays flat as d_k grows" if is_scaled else
-                         "saturates as d_k grows: max weight towards 1, entropy and Jacobian norm towards 0")
-                _fail_named(
-                    f"{step.describe()}: result[{key!r}] is {[round(v, 4) for v in result[key].tolist()]}. At "
-                    f"d_k = {TABLE_D_KS[i]} it is {result[key][i].item():.4f}, but this experiment gives "
-                    f"{means[i]:.4f} on average with a spread (standard deviation) of {sds[i]:.4f} from one seed "
-                    f"to the next; yours is further than {SIGMAS:g} of those away. With scaled={is_scaled} "
-                    f"the curve {trend}.",
-                    _diagnose_curve(step, result, tolerance),
-                )
+        within = None
+        with case(_within_spread(is_scaled)):
+            result = _run_step(saturation_curve, step)
+            tolerance = {key: _tolerance(is_scaled, key) for key in KEYS}
+            for key in KEYS:
+                means, sds = TABLE[is_scaled][key]
+                mean = torch.tensor(means, dtype=torch.float64)
+                off = (result[key] - mean).abs() > tolerance[key]
+                if bool(off.any()):
+                    i = int(off.nonzero()[0])
+                    trend = ("stays flat as d_k grows" if is_scaled else
+                             "saturates as d_k grows: max weight towards 1, entropy and Jacobian norm towards 0")
+                    _fail_named(
+                        f"{step.describe()}: result[{key!r}] is {[round(v, 4) for v in result[key].tolist()]}. At "
+                        f"d_k = {TABLE_D_KS[i]} it is {result[key][i].item():.4f}, but this experiment gives "
+                        f"{means[i]:.4f} on average with a spread (standard deviation) of {sds[i]:.4f} from one "
+                        f"seed to the next; yours is further than {SIGMAS:g} of those away. With scaled={is_scaled} "
+                        f"the curve {trend}.",
+                        _diagnose_curve(step, result, tolerance),
+                    )
+            within = result  # within the spread: the draws are compared below
+        table_runs.append((step, within))
     for step, result in table_runs:
-        want = saturation_curve_reference(*step.args())
-        if not reproduces(result, want):
-            key = next(k for k in KEYS if not reproduces({k: result[k]}, {k: want[k]}))
-            _fail_named(
-                f"{step.describe()} with a generator seeded {step.seed}: result[{key!r}] is "
-                f"{[round(v, 6) for v in result[key].tolist()]}, within the experiment's spread, but the draws the "
-                f"text prescribes give {[round(v, 6) for v in want[key].tolist()]}.\n{SATURATION_DRAW}",
-                _diagnose_random("saturation_curve", step.args, lambda other, result=result: reproduces(other, result)),
-            )
+        with case(f"the draws the text prescribes, scaled={step.scaled}"):
+            needs(result, _within_spread(step.scaled))
+            want = saturation_curve_reference(*step.args())
+            if not reproduces(result, want):
+                key = next(k for k in KEYS if not reproduces({k: result[k]}, {k: want[k]}))
+                _fail_named(
+                    f"{step.describe()} with a generator seeded {step.seed}: result[{key!r}] is "
+                    f"{[round(v, 6) for v in result[key].tolist()]}, within the experiment's spread, but the draws "
+                    f"the text prescribes give {[round(v, 6) for v in want[key].tolist()]}.\n{SATURATION_DRAW}",
+                    _diagnose_random("saturation_curve", step.args,
+                                     lambda other, result=result: reproduces(other, result)),
+                )
     for bad, why in [(dict(d_ks=[4, 0]), "every d_k must be at least 1"),
                      (dict(num_keys=0), "num_keys must be at least 1"),
                      (dict(num_queries=0), "num_queries must be at least 1")]:
@@ -1034,19 +1061,20 @@ WRONG_ANSWERS: dict[str, list[WrongAnswer]] = {
 
 
 def _check_answer(value: Any, name: str, simulated: str = "") -> None:
-    value = answer_value(value, name)
-    exact = ANSWERS[name]
-    if math.isclose(value, exact, rel_tol=ANSWER_RTOL):
-        return
-    message = f"{name} = {value:.6g} is not the exact value asked for (to four significant digits)."
-    for wrong in WRONG_ANSWERS[name]:
-        if math.isclose(value, wrong.value, rel_tol=ANSWER_RTOL):
-            raise MistakeFound(message, [wrong])
-    for note in explain_number(value, exact):
-        message += " " + note
-    if simulated and math.isclose(value, exact, rel_tol=0.05):
-        message += " " + simulated
-    fail(message)
+    with case(f"{name}, to four significant digits"):
+        value = answer_value(value, name)
+        exact = ANSWERS[name]
+        if math.isclose(value, exact, rel_tol=ANSWER_RTOL):
+            return
+        message = f"{name} = {value:.6g} is not the exact value asked for (to four significant digits)."
+        for wrong in WRONG_ANSWERS[name]:
+            if math.isclose(value, wrong.value, rel_tol=ANSWER_RTOL):
+                raise MistakeFound(message, [wrong])
+        for note in explain_number(value, exact):
+            message += " " + note
+        if simulated and math.isclose(value, exact, rel_tol=0.05):
+            message += " " + simulated
+        fail(message)
 
 
 @hidden

@@ -19,6 +19,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import __main__ as cli
+from autograder.course.repository import nbgrader
 from autograder.course.settings import Settings
 from autograder.engine.notes import Note, write_notes
 from autograder.grading import feedback, grade
@@ -384,3 +385,15 @@ def test_the_summary_escapes_every_text_it_writes():
         assert f"{where} {html.escape(hostile)}" in summary, where
     assert "<script" not in summary and "<img" not in summary
     assert 'class="exercise-score">1 / 3 points' in summary
+
+
+@pytest.mark.slow
+def test_nbgraders_own_generate_feedback_writes_the_summary_with_the_gradebooks_scores(course):
+    """What the hub hands back (``nbgrader generate_feedback``, nbgrader's converter with the course's exporter):
+    the summary comes after GetGrades, so it holds the gradebook's partial score."""
+    notebook, scores = case_records.partly_right(released(course, ASSIGNMENT))
+    case_records.place(course, ASSIGNMENT, "hub_student", notebook, scores)
+    nbgrader("generate_feedback", ASSIGNMENT, "--student", "hub_student", "--force", root=course)
+    summary = summary_of(page_of(course, "hub_student").read_text(encoding="utf-8"))
+    assert 'scaled_dot_product_attention</a></span>: <span class="exercise-score">4.25 / 5 points' in summary
+    assert '<span class="case-name">causal, n != m</span>' in summary

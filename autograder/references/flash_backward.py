@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..cases import case as case_of_check
 from ..compare import assert_close, describe, is_close
 from ..diagnosis import Mistake, MistakeFound
 from ..errors import CheckFailed, fail
@@ -298,19 +299,20 @@ def check_function_cases(FlashAttention, cases: Sequence[Case], mistakes: Sequen
         Q, K, V, dO, block_size = case.args
         causal = case.kwargs.get("is_causal", False)
         what = f"FlashAttention.apply(Q, K, V, {block_size}, {causal})"
-        record = probe(function_record, FlashAttention, Q, K, V, dO, block_size, causal, what=what,
-                       forbid=FORWARD_BUILTINS)
-        problem = function_problem(record, case)
-        if problem is None:
-            continue
-        kind, evidence, message = problem
-        message = f"With the input {case.describe(('Q', 'K', 'V', 'dO', 'block_size'))}:\n{message}"
-        for mistake in mistakes:
-            theirs = function_problem(probe(function_record, mistake.fn, Q, K, V, dO, block_size, causal,
-                                            what=what), case)
-            if theirs is not None and theirs[0] == kind and same_evidence(theirs[1], evidence):
-                raise MistakeFound(message, [mistake])
-        fail(message)
+        with case_of_check(case.label or what, case.weight):
+            record = probe(function_record, FlashAttention, Q, K, V, dO, block_size, causal, what=what,
+                           forbid=FORWARD_BUILTINS)
+            problem = function_problem(record, case)
+            if problem is None:
+                continue
+            kind, evidence, message = problem
+            message = f"With the input {case.describe(('Q', 'K', 'V', 'dO', 'block_size'))}:\n{message}"
+            for mistake in mistakes:
+                theirs = function_problem(probe(function_record, mistake.fn, Q, K, V, dO, block_size, causal,
+                                                what=what), case)
+                if theirs is not None and theirs[0] == kind and same_evidence(theirs[1], evidence):
+                    raise MistakeFound(message, [mistake])
+            fail(message)
 
 
 def check_gradcheck(FlashAttention, Q, K, V, block_size: int, is_causal: bool) -> None:  # noqa: N803

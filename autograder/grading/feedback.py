@@ -355,7 +355,8 @@ def summary_html(nb) -> str:
         items.append(f'<li class="exercise"><span class="exercise-name">{name}</span>: '
                      f'<span class="exercise-score">{score}</span><ul class="cases">'
                      + "".join(_cell_html(cell, p) for cell, _, p in cells) + "</ul></li>")
-    return ('<div class="container case-summary"><div class="panel panel-default"><div class="panel-heading">'
+    # tex2jax_ignore: MathJax leaves the summary as it is written (a message's "$" is not maths).
+    return ('<div class="container case-summary tex2jax_ignore"><div class="panel panel-default"><div class="panel-heading">'
             "<h4>Your exercises and their checks</h4></div><div class=\"panel-body\"><ol class=\"exercises\">"
             + "".join(items) + "</ol></div></div></div>")
 

@@ -71,7 +71,7 @@ NO_SCALING = "soft_lookup/scaled_dot_product_attention/no-scaling"
 #: What a student's exception can say: HTML that would run if it were written into a page as it is.
 HOSTILE = "<img src=x onerror=\"window.pwned='case message'\"><script>window.pwned='case script'</script>"
 SDPA_CASES = [case("float64, no mask"), case("float32 inputs"), case("a batch of 3 <heads>"),
-              case("causal, n != m", "With the input Q = <shape (2, 5, 8)>: the output is not what it should be.",
+              case("causal, n != m", "With the input Q = <shape (2, 5, 8)>, $n > m$: the output is not what it should be.",
                    (NO_SCALING,))]
 SOFT_LOOKUP_CASES = [case("one query"), case("several queries"), case("the error for a bad <mask>", HOSTILE)]
 #: Why the whole cell of soft_lookup's hidden checks scores nothing, though cases passed.

@@ -353,6 +353,9 @@ def test_feedback_page_lists_every_exercise_and_case(browser, tmp_path):
     page.goto((course / "feedback" / "cases" / ASSIGNMENT / f"{ASSIGNMENT}.html").as_uri())
     summary = page.locator(".case-summary")
     expect(summary).to_be_visible(timeout=60_000)
+    page.wait_for_function("() => window.MathJax && MathJax.Hub && MathJax.Hub.queue.pending === 0 "
+                           "&& document.querySelectorAll('.MathJax, .MathJax_Display').length > 0", timeout=60_000)
+    assert summary.locator(".MathJax, .MathJax_Display").count() == 0  # "$n > m$" in a message is not maths
     Steps(page, tmp_path / "screenshots").shot("feedback-summary")
     exercises = [c.metadata["nbgrader"]["grade_id"] for c in released(course, ASSIGNMENT).cells
                  if c.metadata.get("nbgrader", {}).get("solution")]

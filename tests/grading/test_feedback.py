@@ -316,7 +316,7 @@ def test_every_page_carries_a_policy_that_runs_only_the_local_mathjax(course):
 
 def summary_of(text: str) -> str:
     """The summary block of a page (what :func:`feedback.summary_html` wrote), by its first and last tags."""
-    start = text.index('<div class="container case-summary">')
+    start = text.index('<div class="container case-summary tex2jax_ignore">')
     return text[start:text.index("</ol></div></div></div>", start)]
 
 

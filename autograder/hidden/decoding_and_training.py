@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cases import case
 from ..compare import assert_close, assert_shape, assert_tensor, is_close
 from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
 from ..errors import CheckFailed, fail
@@ -848,37 +849,44 @@ def check_KVCache(KVCache) -> None:  # noqa: N802, N803 - named after the class 
     ]
     check_cache_cases(KVCache, cases, MISTAKES["KVCache"])
 
-    allocated, by_cat = probe(cache_allocations, KVCache, 2, 2, COPY_STEPS, 4, COPY_STEPS,
-                              what=f"KVCache(2, 2, {COPY_STEPS}, 4) and {COPY_STEPS} appends of one token")
-    problem = allocation_problem(allocated, 2, 2, 4, torch.float32)
-    if problem:
-        concatenated = by_id(MISTAKES["KVCache"], "decoding_and_training/KVCache/the-cache-grown-by-concatenating-a-new-tensor")
-        theirs, theirs_by_cat = cache_allocations(concatenated.fn, 2, 2, COPY_STEPS, 4, COPY_STEPS)
-        # The same bytes, allocated by torch.cat as the mistake's are: that is the mistake.
-        same = abs(allocated - theirs) <= 0.25 * theirs and abs(by_cat - theirs_by_cat) <= 0.25 * theirs_by_cat
-        raise MistakeFound(problem, [concatenated] if same else [])
+    with case(f"{COPY_STEPS} appends of one token copy nothing"):
+        allocated, by_cat = probe(cache_allocations, KVCache, 2, 2, COPY_STEPS, 4, COPY_STEPS,
+                                  what=f"KVCache(2, 2, {COPY_STEPS}, 4) and {COPY_STEPS} appends of one token")
+        problem = allocation_problem(allocated, 2, 2, 4, torch.float32)
+        if problem:
+            concatenated = by_id(MISTAKES["KVCache"],
+                                 "decoding_and_training/KVCache/the-cache-grown-by-concatenating-a-new-tensor")
+            theirs, theirs_by_cat = cache_allocations(concatenated.fn, 2, 2, COPY_STEPS, 4, COPY_STEPS)
+            # The same bytes, allocated by torch.cat as the mistake's are: that is the mistake.
+            same = abs(allocated - theirs) <= 0.25 * theirs and abs(by_cat - theirs_by_cat) <= 0.25 * theirs_by_cat
+            raise MistakeFound(problem, [concatenated] if same else [])
 
-    try:
-        check_full_cache(KVCache, 1, 2, 5, 4, 4, 3)
-        check_full_cache(KVCache, 1, 2, 7, 4, 7, 1)
-    except CheckFailed as failure:
-        student, _ = attempt(_full_cache_scenario(KVCache), (5, 4, 3), exercise="KVCache")
-        mistake = diagnose(student, _mistakes_through(_full_cache_scenario, "KVCache"), (5, 4, 3))
-        raise MistakeFound(str(failure), [mistake] if mistake else []) from None
+    for max_len, held, extra in [(5, 4, 3), (7, 7, 1)]:
+        with case(f"a full cache: {extra} more token(s) to a cache of max_len {max_len} holding {held} raise "
+                  "ValueError naming both lengths"):
+            try:
+                check_full_cache(KVCache, 1, 2, max_len, 4, held, extra)
+            except CheckFailed as failure:
+                student, _ = attempt(_full_cache_scenario(KVCache), (5, 4, 3), exercise="KVCache")
+                mistake = diagnose(student, _mistakes_through(_full_cache_scenario, "KVCache"), (5, 4, 3))
+                raise MistakeFound(str(failure), [mistake] if mistake else []) from None
 
-    cache = call_student(KVCache, 2, 3, 6, 4, what="KVCache(2, 3, 6, 4)")
     for shape_k, shape_v, why in [((2, 2, 1, 4), (2, 2, 1, 4), "the cache has 3 key/value heads, not 2"),
                                   ((2, 3, 1, 5), (2, 3, 1, 5), "the cache has d_head = 4, not 5"),
                                   ((2, 3, 2, 4), (2, 3, 1, 4), "k holds 2 tokens but v holds 1")]:
-        expect_error(cache.append, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
-                     what=f"cache.append(k {shape_k}, v {shape_v}) with a KVCache(2, 3, 6, 4)")
+        what = f"cache.append(k {shape_k}, v {shape_v}) with a KVCache(2, 3, 6, 4)"
+        with case(f"{what} raises ValueError"):  # each case builds its own cache
+            cache = call_student(KVCache, 2, 3, 6, 4, what="KVCache(2, 3, 6, 4)")
+            expect_error(cache.append, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
+                         what=what)
 
 
 @hidden
 def check_decode_step(decode_step, KVCache=None) -> None:  # noqa: N803
     """Against causal attention over the whole sequence (SDPA, float64) for many ways of cutting it into steps."""
     KVCache = ReferenceKVCache if KVCache is None else KVCache  # noqa: N806
-    require_cache(KVCache, "decode_step")
+    with case("the KVCache decode_step is checked with passes its own check"):
+        require_cache(KVCache, "decode_step")
     gen = generator(902)
     cases = [
         decode_case(gen, 2, 4, 4, 8, [5, 1, 1, 1], "a prompt of 5, then one token at a time"),
@@ -896,16 +904,18 @@ def check_decode_step(decode_step, KVCache=None) -> None:  # noqa: N803
            outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
     for (h, g, t_q, t_k), why in [((3, 2, 1, 1), "3 query heads cannot share 2 key/value heads equally"),
                                   ((2, 2, 2, 1), "q holds 2 new tokens but k_new holds 1")]:
-        cache = call_student(KVCache, 1, g, 4, 4, dtype=torch.float64, what=f"KVCache(1, {g}, 4, 4)")
-        expect_error(decode_step, randn(1, h, t_q, 4, gen=gen), randn(1, g, t_k, 4, gen=gen),
-                     randn(1, g, t_k, 4, gen=gen), cache, error=ValueError, why=why,
-                     what=f"decode_step(q (1, {h}, {t_q}, 4), k_new (1, {g}, {t_k}, 4), v_new (1, {g}, {t_k}, 4), cache)")
+        q, k_new, v_new = randn(1, h, t_q, 4, gen=gen), randn(1, g, t_k, 4, gen=gen), randn(1, g, t_k, 4, gen=gen)
+        what = f"decode_step(q (1, {h}, {t_q}, 4), k_new (1, {g}, {t_k}, 4), v_new (1, {g}, {t_k}, 4), cache)"
+        with case(f"{what} raises ValueError"):  # each case builds its own cache
+            cache = call_student(KVCache, 1, g, 4, 4, dtype=torch.float64, what=f"KVCache(1, {g}, 4, 4)")
+            expect_error(decode_step, q, k_new, v_new, cache, error=ValueError, why=why, what=what)
 
 
 @hidden
 def check_alibi_slopes(alibi_slopes) -> None:
     """Every head count from 1 to 16 and some beyond, against the paper's get_slopes; float32; h < 1 refused."""
-    cases = [Case((h,), label="a power of two" if math.log2(h).is_integer() else "not a power of two")
+    cases = [Case((h,), label=f"{h} head{'s' * (h > 1)}, " + ("a power of two" if math.log2(h).is_integer()
+                                                               else "not a power of two"))
              for h in [*range(1, 17), 20, 24, 32, 40]]
     verify(alibi_slopes, cases, slopes_reference, exercise="alibi_slopes", arg_names=("num_heads",), outputs=None,
            mistakes=MISTAKES["alibi_slopes"], rtol=1e-6, atol=0)
@@ -922,7 +932,7 @@ def check_alibi_bias(alibi_bias) -> None:
         Case((5, 5, torch.zeros(2)), label="zero slopes: a causal mask of 0 and -inf"),
         Case((2, 5, slopes_reference(6).double()), label="float64 slopes give a float64 bias"),
         Case((4, 2, slopes_reference(2)), label="more queries than keys: the first rows see no key"),
-        Case((1, 1, slopes_reference(1)), label="one query, one key"),
+        Case((1, 1, slopes_reference(1)), label="one query, one key", weight=0.25),  # a bias of 0: a small share
     ]
     verify(alibi_bias, cases, bias_reference, exercise="alibi_bias", arg_names=("n", "m", "slopes"), outputs=None,
            mistakes=MISTAKES["alibi_bias"], rtol=1e-6, atol=1e-7)
@@ -930,13 +940,14 @@ def check_alibi_bias(alibi_bias) -> None:
     slopes = slopes_reference(4)
     for n, m in [(1, 9), (3, 9), (9, 9)]:
         what = f"alibi_bias({n}, {m}, slopes of 4 heads)"
-        bias = call_student(alibi_bias, n, m, slopes, what=what)
-        assert_tensor(bias, f"The result of {what}")
-        assert_shape(bias, (4, n, m), f"The result of {what}")
         q, k, v = randn(4, n, 8, gen=gen), randn(4, m, 8, gen=gen), randn(4, m, 8, gen=gen)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(8) + bias_reference(n, m, slopes).double()
-        assert_close(math_sdpa(q, k, v, attn_mask=bias.double()), torch.softmax(scores, dim=-1) @ v,
-                     f"SDPA with {what} as its float mask", rtol=1e-10, atol=1e-12)
+        with case(f"SDPA with {what} as its float mask"):
+            bias = call_student(alibi_bias, n, m, slopes, what=what)
+            assert_tensor(bias, f"The result of {what}")
+            assert_shape(bias, (4, n, m), f"The result of {what}")
+            scores = q @ k.transpose(-2, -1) / math.sqrt(8) + bias_reference(n, m, slopes).double()
+            assert_close(math_sdpa(q, k, v, attn_mask=bias.double()), torch.softmax(scores, dim=-1) @ v,
+                         f"SDPA with {what} as its float mask", rtol=1e-10, atol=1e-12)
     expect_error(alibi_bias, 2, 3, torch.ones(2, 2), error=ValueError, what="alibi_bias(2, 3, slopes (2, 2))",
                  why="slopes must be one number per head, of shape (h,)")
 
@@ -962,11 +973,13 @@ def training_problem(result: dict) -> str | None:
 def check_DecoderBlock(DecoderBlock, KVCache=None) -> None:  # noqa: N802, N803 - named after the class it checks
     """Against the block from PyTorch functions, whole and through a cache, float64 and float32; it learns."""
     KVCache = ReferenceKVCache if KVCache is None else KVCache  # noqa: N806
-    require_cache(KVCache, "DecoderBlock")
+    with case("the KVCache DecoderBlock is checked with passes its own check"):
+        require_cache(KVCache, "DecoderBlock")
     for d_model, num_heads, d_ff in [(12, 3, 20), (8, 1, 8)]:
         what = f"DecoderBlock({d_model}, {num_heads}, {d_ff})"
-        check_parameters(call_student(DecoderBlock, d_model, num_heads, d_ff, what=what), block_shapes(d_model, d_ff),
-                         what)
+        with case(f"the parameters of {what}"):
+            check_parameters(call_student(DecoderBlock, d_model, num_heads, d_ff, what=what),
+                             block_shapes(d_model, d_ff), what)
     gen = generator(904)
     cases = [
         Case((Weights(9040, 12, 3, 20), randn(2, 6, 12, gen=gen)), label="3 heads, the whole sequence"),
@@ -985,11 +998,12 @@ def check_DecoderBlock(DecoderBlock, KVCache=None) -> None:  # noqa: N802, N803 
     verify(run_block(DecoderBlock, KVCache), float32, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
            outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
 
-    result = probe(train_block, DecoderBlock, what="training DecoderBlock(16, 2, 32) for 40 steps",
-                   forbid=ATTENTION_BUILTINS)
-    problem = training_problem(result)
-    if problem:
-        fail(problem)
+    with case("it learns: DecoderBlock(16, 2, 32) trained for 40 steps"):
+        result = probe(train_block, DecoderBlock, what="training DecoderBlock(16, 2, 32) for 40 steps",
+                       forbid=ATTENTION_BUILTINS)
+        problem = training_problem(result)
+        if problem:
+            fail(problem)
     expect_error(DecoderBlock, 10, 4, 16, error=ValueError, what="DecoderBlock(10, 4, 16)",
                  why="d_model = 10 cannot be split into 4 equal heads")
 
@@ -1001,7 +1015,8 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
     gen = generator(905)
     models = [Weights(9050, 8, 2, 16, vocab=11, num_layers=2), Weights(9051, 12, 3, 16, vocab=7, num_layers=1),
               Weights(9052, 8, 4, 8, vocab=13, num_layers=3)]
-    check_model(TinyDecoder, models[0], "generate")
+    with case("the TinyDecoder generate is checked with gives the right logits"):
+        check_model(TinyDecoder, models[0], "generate")
     cases = []
     for weights, batch, length, steps in [(models[0], 2, 5, 8), (models[1], 3, 1, 6), (models[2], 1, 3, 1),
                                           (models[0], 1, 8, 10)]:
@@ -1014,17 +1029,19 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
            arg_names=("model", "prompt", "steps"), outputs=None, mistakes=mistakes, rtol=0, atol=0)
 
     weights, prompt, steps = models[1], torch.randint(0, 7, (2, 3), generator=gen), 5
-    model = call_student(build_model, TinyDecoder, weights, what=repr(weights))
-    tokens, fed, cached = probe(model_calls, generate, model, prompt, steps, use_cache=True,
-                                what=f"generate(model, prompt (2, 3), {steps}, use_cache=True)")
-    problem = calls_problem(fed, cached, 3, steps)
-    if problem:
-        student = Outcome(value=(fed, cached))
-        mistake = diagnose(student, _mistakes_through(_calls_of, "generate", weights), (prompt, steps), rtol=0, atol=0)
-        raise MistakeFound(problem, [mistake] if mistake else [])
-    if not is_close(tokens, greedy_reference(weights, prompt, steps), 0, 0):
-        fail(f"generate(model, prompt (2, 3), {steps}, use_cache=True) returned {tokens.tolist()}, not the greedy "
-             f"tokens {greedy_reference(weights, prompt, steps).tolist()}.")
+    with case("use_cache=True: the prompt in one call, then one token per call"):
+        model = call_student(build_model, TinyDecoder, weights, what=repr(weights))
+        tokens, fed, cached = probe(model_calls, generate, model, prompt, steps, use_cache=True,
+                                    what=f"generate(model, prompt (2, 3), {steps}, use_cache=True)")
+        problem = calls_problem(fed, cached, 3, steps)
+        if problem:
+            student = Outcome(value=(fed, cached))
+            mistake = diagnose(student, _mistakes_through(_calls_of, "generate", weights), (prompt, steps), rtol=0,
+                               atol=0)
+            raise MistakeFound(problem, [mistake] if mistake else [])
+        if not is_close(tokens, greedy_reference(weights, prompt, steps), 0, 0):
+            fail(f"generate(model, prompt (2, 3), {steps}, use_cache=True) returned {tokens.tolist()}, not the greedy "
+                 f"tokens {greedy_reference(weights, prompt, steps).tolist()}.")
 
 
 def _calls_of(generate, weights):

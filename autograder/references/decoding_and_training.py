@@ -197,17 +197,15 @@ def check_full_cache(KVCache, batch, kv_heads, max_len, d_head, held, extra) -> 
     gen = generator(90)
     shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head})"
     what = f"cache.append(k, v) of {extra} tokens to a {shape} holding {held}"
-    error = None
-    with case_of_check(f"{what} raises ValueError naming both lengths"):
-        cache = call_student(KVCache, batch, kv_heads, max_len, d_head, what=shape)
-        for k, v in cache_chunks(gen, batch, kv_heads, d_head, [held], torch.float32):
-            call_student(cache.append, k, v, what=f"cache.append(k, v) of {held} tokens to an empty {shape}")
-        k, v = cache_chunks(gen, batch, kv_heads, d_head, [extra], torch.float32)[0]
-        error = expect_error(cache.append, k, v, error=ValueError, what=what,
-                             why=f"{held} + {extra} = {held + extra} tokens do not fit in max_len = {max_len}")
-        if str(max_len) not in str(error) or str(held + extra) not in str(error):
-            fail(f"{what} raised ValueError: {error}\nThe message should name both lengths: max_len = {max_len} and "
-                 f"the {held + extra} tokens the cache would hold, so that whoever reads it knows what to enlarge.")
+    cache = call_student(KVCache, batch, kv_heads, max_len, d_head, what=shape)
+    for k, v in cache_chunks(gen, batch, kv_heads, d_head, [held], torch.float32):
+        call_student(cache.append, k, v, what=f"cache.append(k, v) of {held} tokens to an empty {shape}")
+    k, v = cache_chunks(gen, batch, kv_heads, d_head, [extra], torch.float32)[0]
+    error = expect_error(cache.append, k, v, error=ValueError, what=what,
+                         why=f"{held} + {extra} = {held + extra} tokens do not fit in max_len = {max_len}")
+    if str(max_len) not in str(error) or str(held + extra) not in str(error):
+        fail(f"{what} raised ValueError: {error}\nThe message should name both lengths: max_len = {max_len} and "
+             f"the {held + extra} tokens the cache would hold, so that whoever reads it knows what to enlarge.")
     return error
 
 

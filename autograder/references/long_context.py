@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from ..cases import case as case_of_check
 from ..compare import describe
 from ..diagnosis import Mistake, MistakeFound, Outcome, matching
 from ..errors import fail
@@ -223,14 +224,16 @@ def check_rolling_cases(RollingKVCache, cases: Sequence[Case], mistakes: Sequenc
         batch, kv_heads, window, sinks, d_head, tokens = case.args
         dtype = case.kwargs.get("dtype", torch.float32)
         shape = f"RollingKVCache({batch}, {kv_heads}, window={window}, sinks={sinks}, {d_head}, dtype={dtype})"
-        got = probe(rolling_scenario, RollingKVCache, *case.args, what=f"{shape} with {len(tokens)} appends of one "
-                    "token", forbid=ATTENTION_BUILTINS, **case.kwargs)
-        problem = judge_rolling(got, rolling_expected(*case.args, **case.kwargs), window, sinks)
-        if problem is None:
-            continue
-        message = f"With a cache {shape} and {len(tokens)} tokens appended one at a time ({case.label}):\n{problem}"
-        found = matching(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
-        raise MistakeFound(message, found)
+        with case_of_check(case.label or shape, case.weight):
+            got = probe(rolling_scenario, RollingKVCache, *case.args, what=f"{shape} with {len(tokens)} appends of "
+                        "one token", forbid=ATTENTION_BUILTINS, **case.kwargs)
+            problem = judge_rolling(got, rolling_expected(*case.args, **case.kwargs), window, sinks)
+            if problem is None:
+                continue
+            message = (f"With a cache {shape} and {len(tokens)} tokens appended one at a time ({case.label}):\n"
+                       f"{problem}")
+            found = matching(Outcome(value=got), diagnosable, case.args, case.kwargs, rtol=0, atol=0)
+            raise MistakeFound(message, found)
 
 
 def held_bytes_problem(RollingKVCache, batch=1, kv_heads=2, window=3, sinks=2, d_head=4) -> str | None:  # noqa: N803
@@ -277,12 +280,14 @@ def watch_linear(fn, exercise: str, args: tuple, kwargs: dict) -> None:
 
 
 def expect_append_errors(RollingKVCache) -> None:  # noqa: N803
-    """A RollingKVCache(1, 2, 3, 1, 4) refuses a token of the wrong shape (the text's ValueError)."""
-    cache = call_student(RollingKVCache, 1, 2, 3, 1, 4, what="RollingKVCache(1, 2, 3, 1, 4)")
+    """A RollingKVCache(1, 2, 3, 1, 4) refuses a token of the wrong shape (the text's ValueError); a case each,
+    each with a cache of its own."""
     for shape, why in [((1, 2, 2, 4), "append takes one token at a time"), ((1, 3, 1, 4), "the cache has 2 "
                        "key/value heads, not 3"), ((1, 2, 1, 5), "the cache has d_head = 4, not 5")]:
-        expect_error(cache.append, torch.zeros(shape), torch.zeros(shape), error=ValueError, why=why,
-                     what=f"cache.append(k {shape}, v {shape}) with a RollingKVCache(1, 2, 3, 1, 4)")
+        what = f"cache.append(k {shape}, v {shape}) with a RollingKVCache(1, 2, 3, 1, 4)"
+        with case_of_check(f"{what} raises ValueError"):
+            cache = call_student(RollingKVCache, 1, 2, 3, 1, 4, what="RollingKVCache(1, 2, 3, 1, 4)")
+            expect_error(cache.append, torch.zeros(shape), torch.zeros(shape), error=ValueError, why=why, what=what)
 
 
 def expect_shape_errors(fn, exercise: str, gen: torch.Generator) -> None:

@@ -114,9 +114,9 @@ def _recorded_cases(record: dict, named: dict[str, str]) -> tuple[Case, ...]:
         listed = entry.get("mistakes") if isinstance(entry.get("mistakes"), list) and not passed else []
         mistakes = tuple(dict.fromkeys(str(m) for m in listed if isinstance(m, str) and m))
         cases.append(Case(
-            name=inert_text(entry.get("name", "")) or "(a case without a name)",
+            name=inert_text(entry.get("name") or "") or "(a case without a name)",
             passed=passed,
-            message="" if passed else inert_text(entry.get("message", ""), lines=True).strip(),
+            message="" if passed else inert_text(entry.get("message") or "", lines=True).strip(),
             mistakes=tuple(mistake_name(m, named) for m in mistakes), mistake_ids=mistakes,
             points=points * weight / total if shares else None,
         ))

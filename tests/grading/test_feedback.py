@@ -397,3 +397,25 @@ def test_nbgraders_own_generate_feedback_writes_the_summary_with_the_gradebooks_
     summary = summary_of(page_of(course, "hub_student").read_text(encoding="utf-8"))
     assert 'scaled_dot_product_attention</a></span>: <span class="exercise-score">4.25 / 5 points' in summary
     assert '<span class="case-name">causal, n != m</span>' in summary
+
+
+def test_a_damaged_record_still_gives_a_summary():
+    """Odd values in a record (a number for a name, no weights, an infinite one, mistakes that are not ids) are shown
+    as well as they can be, never stop the page."""
+    from autograder.engine.judge import CASES_KEY
+
+    odd = [{"exercise": 3, "points": "two", "score": None, "stopped": ["x"], "cases": [
+               {"name": 7, "weight": "heavy", "passed": "yes", "message": None, "mistakes": "no-scaling"},
+               {"weight": float("inf"), "passed": False, "message": {"a": 1}, "mistakes": [None, 3, "x/y/z", "../../a/b"]},
+               "not a case"]},
+           {"points": float("nan"), "all_or_nothing": True, "cases": []}]
+    cells = []
+    for number, record in enumerate(odd):
+        cell = nbformat.v4.new_code_cell("check(x)", metadata={"nbgrader": {
+            "grade": True, "solution": False, "grade_id": f"test_x{number}_hidden", "points": 2, "score": None}})
+        cell.outputs = [nbformat.v4.new_output("display_data", {"text/plain": ""}, metadata={CASES_KEY: record})]
+        cells.append(cell)
+    summary = feedback.summary_html(nbformat.v4.new_notebook(cells=cells))
+    assert summary.count('class="exercise"') == 2 and "2 points" in summary
+    assert '<span class="case-result">FAILED</span> <span class="case-name">7</span>' in summary  # "yes" is not True
+    assert "(a case without a name)" in summary and "The mistakes: z, b" in summary and ">None<" not in summary

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = commands.add_parser("bundle", help="zip the student bundle")
     bundle.add_argument("output", help="path of the zip to write")
     args = parser.parse_args(argv)
+    grade.tools_on_path()
     if args.command == "release":
         release.release(args.assignments)
     elif args.command == "autograde":

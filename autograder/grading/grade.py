@@ -382,6 +382,15 @@ def grade_one(assignment: str, student: str, settings: Settings, runner: Runner 
     return outcome
 
 
+def tools_on_path() -> None:
+    """Put this environment's commands first on ``PATH``: nbgrader runs ``alembic`` by name when it creates
+    or upgrades a gradebook, and a command typed as ``.venv/bin/python -m autograder ...`` has not put the
+    environment's ``bin`` there."""
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
 def prepare_gradebook(jobs: list[tuple[str, str]], settings: Settings) -> list[str]:
     """Create the gradebook's schema, every assignment graded and every student, before parallel writers start.
 
@@ -390,11 +399,7 @@ def prepare_gradebook(jobs: list[tuple[str, str]], settings: Settings) -> list[s
     """
     from nbgrader.api import Gradebook, MissingEntry
 
-    # nbgrader.api runs `alembic` by name when it creates a gradebook: this environment's first.
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
+    tools_on_path()
     root = settings.root
     missing = []
     with Gradebook(db_url(settings)) as gb:

@@ -1,10 +1,11 @@
 """A term's commands, typed as docs/term.md says, on one small class in a fresh clone.
 
-A learning platform's zip of three students of notebook 01 (its reference answers, the notebook as
-released, and catalogued mistakes) is collected with ``make collect-zip``, graded with
-``make autograde``, then ``make feedback``, ``make grades``, ``make report`` and
-``make similarity`` run on it: once, in one module fixture, so the class is graded once; each test
-asserts on what its command gave the instructor (exit status, message, files and their content).
+The grading service is started on the new course first. Then a learning platform's zip of three students
+of notebook 01 (its reference answers, the notebook as released, and catalogued mistakes) is collected
+with ``make collect-zip``, graded with ``make autograde``, then ``make feedback``, ``make grades``,
+``make report`` and ``make similarity`` run on it: once, in one module fixture, so the class is graded
+once; each test asserts on what its command gave the instructor (exit status, message, files and their
+content).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ A = "01_soft_lookup"
 CANVAS = {"reference": "1001", "untouched": "1002", "mistaken": "1003"}
 #: The term's commands, in order (docs/term.md); NO_SANDBOX=1 is added where no sandbox can be made (the manual's advice).
 COMMANDS = {
+    # the grading service on a course with no gradebook yet (docs/jupyterhub.md: "Without a hub, ..."), an empty exchange
+    "python -m autograder serve": ["-m", "autograder", "serve", "--until-idle", "--exchange", "served-exchange"],
     "collect-zip": ["collect-zip", "ZIP=submissions.zip", f"ASSIGNMENTS={A}"],
     "autograde": ["autograde", f"ASSIGNMENTS={A}"],
     # docs/term.md's command line, with its limits (01's cells take well under a second each): graded again
@@ -76,6 +79,7 @@ def term():
         for name, args in COMMANDS.items():
             if name.startswith("python"):
                 args = [*args, *(["--no-sandbox"] if sandbox.mode() == "limits only" else [])]
+                (course / "served-exchange").mkdir(exist_ok=True)
                 done[name] = subprocess.run([str(user.VENV / "bin" / "python"), *args], cwd=course, env=user.user_env(),
                                             capture_output=True, text=True, timeout=user.HANG, stdin=subprocess.DEVNULL)
                 continue
@@ -89,6 +93,15 @@ def term():
 
 def page_text(path: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", path.read_text()))
+
+
+def test_python_m_autograder_serve_starts_on_a_new_course_as_typed(term):
+    """Typed as `.venv/bin/python -m autograder ...`: nothing has put the environment's commands on PATH, yet
+    nbgrader runs `alembic` by name to create the gradebook."""
+    _, done = term
+    served = done["python -m autograder serve"]
+    assert served.returncode == 0, user.said(served)
+    assert "alembic" not in served.stderr and "could not" not in served.stderr, user.said(served)
 
 
 def test_make_collect_zip_puts_each_student_in_submitted(term):

@@ -21,10 +21,12 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograder.course.repository import assignments
 
+from ..course_copy import fill, reference_answers
 from ..notebook_code import ROOT
 from . import user
 
@@ -227,8 +229,14 @@ def test_make_student_bundle_and_the_students_commands(own_clone, tmp_path):
     validated = subprocess.run(["python3", "course.py", "--python", python, "validate", "01_soft_lookup.ipynb"],
                                cwd=folder, env=env, capture_output=True, text=True, timeout=user.HANG)
     out = validated.stdout + validated.stderr
-    # the released notebook, unanswered: every check says so (nbgrader validate exits 0 either way: the text is the verdict)
-    assert "VALIDATION FAILED ON" in out and "is not written yet" in out, out[-3000:]
+    # the released notebook, unanswered: every check says so, and the exit status too
+    assert validated.returncode == 1 and "VALIDATION FAILED ON" in out and "is not written yet" in out, out[-3000:]
+    answered = folder / "answered.ipynb"
+    nbformat.write(fill(nbformat.read(folder / "01_soft_lookup.ipynb", as_version=4), reference_answers("01_soft_lookup")),
+                   answered)
+    validated = subprocess.run(["python3", "course.py", "--python", python, "validate", answered.name],
+                               cwd=folder, env=env, capture_output=True, text=True, timeout=user.HANG)
+    assert validated.returncode == 0 and "Success" in validated.stdout, user.said(validated)
     status, page, log = served(["python3", "course.py", "--python", python], folder, env, "/lab/tree/01_soft_lookup.ipynb")
     assert status == 200 and "JupyterLab" in page, log
 

@@ -23,7 +23,9 @@ lacks:
 - **maths without a network**: MathJax 2 from the ``jupyter-server-mathjax`` package is copied
   once to ``feedback/_mathjax/``, with the pages' MathJax configuration as a file of its own
   (an inline configuration would need the policy to allow inline scripts and ``eval``), and
-  every page loads it from there (no CDN);
+  every page loads it from there (no CDN); the maths of markdown cells is also written as MathML
+  (:mod:`.feedback_maths`), which a browser renders without MathJax: a page a student fetches
+  through the exchange has no ``_mathjax/`` beside it;
 - **long lines wrap** (a check's message is one long line), and the grading notes of a
   submission are shown at the top of each of its pages;
 - **every exercise and every case at the top**: under the notes, :func:`summary_html` lists each
@@ -58,6 +60,7 @@ from traitlets import default
 from ..course.repository import ROOT, assignments
 from ..course.settings import Settings
 from ..engine import notes as grading_notes
+from . import feedback_maths
 from .case_results import Case, JudgedCell, is_test_cell, read_judged_cell
 
 #: The folder of ``feedback/`` that holds the one copy of MathJax every page loads.
@@ -246,8 +249,8 @@ class FeedbackExporter(HTMLExporter):
 
     @contextfilter
     def markdown2html(self, context, source):
-        """Render the markdown as nbconvert does, then remove whatever could run (see :func:`clean_html`)."""
-        return clean_html(super().markdown2html(context, source))
+        """Render the markdown as nbconvert does, remove whatever could run (see :func:`clean_html`), maths as MathML."""
+        return feedback_maths.markdown2html(self, context, source, clean=clean_html)
 
     def from_notebook_node(self, nb, resources=None, **kw):
         if not self._summarising:

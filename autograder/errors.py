@@ -41,8 +41,10 @@ def fail(message: str) -> NoReturn:
 
 def _show_without_traceback(shell, etype, value, tb, tb_offset=None):
     # ``_showtraceback`` is how ipykernel publishes an error output; giving it a
-    # one-entry traceback keeps the message and drops every frame.
-    shell._showtraceback(CheckFailed, value, [f"\x1b[0;31m{shown_name(value)}\x1b[0m: {value}"])
+    # one-entry traceback keeps the message and drops every frame. The output's ``ename`` is
+    # the error's own type, as in the kernel's reply: nbgrader's Execute (the Validate button)
+    # adds the reply's error as a second output when no output has the reply's ``ename``.
+    shell._showtraceback(type(value), value, [f"\x1b[0;31m{shown_name(value)}\x1b[0m: {value}"])
 
 
 def install_notebook_display() -> None:

@@ -1,4 +1,4 @@
-"""``nbgrader validate`` shows each failing check's whole message, without the kernel's TCP warning."""
+"""``nbgrader validate`` shows each failing check's whole message, once, without the kernel's TCP warning."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def test_validate_shows_every_line_whole(tmp_path):
         visible.check_scaled_dot_product_attention(mistake.fn)
     for line in str(failure.value).splitlines():
         assert line in out, f"not shown whole: {line!r}"
+    # Once: the error's output and the kernel's reply name the same error, so nbgrader does not add it again.
+    assert out.count(str(failure.value).splitlines()[-1]) == 1, out
     assert "without encryption" not in out, out
 
 

@@ -11,9 +11,10 @@ forks, reaps and reports; :class:`ForkServer` is its client, safe to share betwe
 
 The server also keeps the warm kernel pool (:mod:`autograder.engine.kernel_pool`): after a
 request, it forks waiting processes (as many as requests run at once, up to ``KernelPool.size``)
-that start a sandboxed kernel ahead and wait on a pipe; the next request like it is written to
-one of them, which then runs nbgrader as above. Closing its pipe discards it (too old, another
-course or environment, the end of the input).
+that start a submission's sandboxed kernels ahead (the notebook's, and the graded kernel where the
+checks run in the grader) and wait on a pipe; the next request like it is written to one of them,
+which then runs nbgrader as above. Closing its pipe discards it (too old, another course or
+environment, the end of the input).
 
 Protocol (one JSON object per line): the client first sends the run's settings
 (:meth:`Settings.to_json <autograder.course.settings.Settings.to_json>`: the pool's and the
@@ -43,7 +44,7 @@ from . import kernel_manager, kernel_pool, sandbox, zygote
 def _child(request: dict, prepared=None) -> None:
     """In the forked child: become ``nbgrader ARGV`` in a new session; never returns.
 
-    ``prepared``: the kernel started ahead for it (:mod:`autograder.engine.kernel_pool`), if any.
+    ``prepared``: the kernels started ahead for it (:class:`autograder.engine.kernel_pool.StartedAhead`), if any.
     """
     code = 1
     try:
@@ -63,7 +64,7 @@ def _child(request: dict, prepared=None) -> None:
         from traitlets.config import Config
 
         config = Config()
-        if prepared is not None:  # nbgrader's kernel manager adopts it
+        if prepared is not None:  # nbgrader's kernel managers adopt them
             config.SandboxedKernelManager.started_ahead = prepared
         try:
             NbGraderApp.launch_instance(config=config)  # what nbgrader's main() does, with that configuration
@@ -76,20 +77,21 @@ def _child(request: dict, prepared=None) -> None:
         traceback.print_exc()
     finally:
         try:
-            if prepared is not None and not prepared.launched:
-                prepared.discard()
+            if prepared is not None:
+                prepared.discard()  # the kernels no manager took
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
 
 
-def _waiting(like: dict, pipe: int, zygote_address: str | None, settings: Settings) -> None:
-    """In a forked waiting process: start a kernel ahead for requests ``like`` this one, wait for one, run it.
+def _waiting(like: dict, pipe: int, zygote_address: str | None, settings: Settings, kernels: int) -> None:
+    """In a forked waiting process: start ``kernels`` kernels ahead for requests ``like`` this one, wait for one
+    request, run it (its kernel managers adopt them).
 
-    ``settings``: the run's, whose kernel manager's settings the kernel is started with.
-    Reading the end of ``pipe`` instead of a request discards the kernel. ``zygote_address``: the
-    server's zygote, which forks the kernel (None: the kernel imports in its sandbox). Never returns.
+    ``settings``: the run's, whose kernel manager's settings the kernels are started with.
+    Reading the end of ``pipe`` instead of a request discards the kernels. ``zygote_address``: the
+    server's zygote, which forks them (None: each imports in its sandbox). Never returns.
     """
     prepared = None
     line = b""
@@ -102,7 +104,7 @@ def _waiting(like: dict, pipe: int, zygote_address: str | None, settings: Settin
         os.environ.clear()
         os.environ.update({k: v for k, v in like["env"].items() if k != sandbox.RUN_VARIABLE})
         try:
-            prepared = kernel_manager.prepare(settings, zygote_address)
+            prepared = kernel_manager.prepare(settings, zygote_address, kernels)
         except Exception:  # noqa: BLE001 - no kernel ahead: the request is graded with a cold one
             prepared = None
         with os.fdopen(pipe, "rb") as requests:
@@ -166,6 +168,8 @@ def serve() -> None:
     pool_settings = settings.make(kernel_pool.KernelPool)
     bubblewrap = settings.value(kernel_manager.SandboxedKernelManager, "bubblewrap")
     pool = kernel_pool.Pool(pool_settings, kernel_pool.wanted(pool_settings, bubblewrap))
+    # a submission's kernels: the notebook's, and the graded kernel where the checks run in the grader
+    kernels = 2 if settings.value(execute.ResilientExecute, "checks_in_grader") else 1
     running: dict[int, str] = {}
     last: dict | None = None  # the last request: the waiting processes are started for requests like it
     peak = 0
@@ -196,7 +200,7 @@ def serve() -> None:
                 forker = zygote.Zygote(kernel_pool.PRELOAD)
             for _ in range(missing):
                 read_end, write_end = os.pipe()
-                pid = _fork(_waiting, last, read_end, forker and forker.address, settings,
+                pid = _fork(_waiting, last, read_end, forker and forker.address, settings, kernels,
                             close=[out.fileno(), write_end, *pool.fds()])
                 os.close(read_end)
                 pool.waiting.append(kernel_pool.Waiting(pid, write_end, kernel_pool.key(last)))

@@ -3,7 +3,8 @@
 nbgrader's execution runs every cell of a submission in one kernel, for the feedback (outputs,
 errors). What a test cell's checks call (:mod:`autograder.remote`) runs elsewhere: in a
 :class:`GradedKernel`, started the same way as the first (the sandbox, its limits, its own control
-group; forked from the zygote where the first kernel was), into which the grader loads only the
+group and folder; started ahead by the fork server's pool beside the first, else forked from the zygote
+where the first kernel was: :mod:`autograder.engine.kernel_pool`), into which the grader loads only the
 sources of :mod:`autograder.engine.graded_cells`, incrementally, as test cells are reached. A scratch
 cell, a magic, a set-up cell, a registry, a patch or a buffer made by an ordinary cell is not there,
 so it can neither change a verdict nor cost one.

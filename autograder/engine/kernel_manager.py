@@ -7,7 +7,8 @@ them where a run starts: :class:`autograder.course.settings.Settings`). Its kern
 kernel provisioner :class:`~autograder.engine.provisioner.SandboxProvisioner`, which makes the
 kernel's processes (warm, forked or cold: see there); the manager holds what identifies the kernel
 for its whole life: its private folder (the connection file and sockets are there), its token and
-its control group, lent by the kernel started ahead for this process when there is one.
+its control group, lent by the kernel started ahead for it when there is one (the notebook's kernel and
+the graded kernel each have one: :class:`~autograder.engine.kernel_pool.StartedAhead`).
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ class SandboxedKernelManager(AsyncKernelManager):
                       "AUTOGRADER_SANDBOX=off overrides it (grading then refuses unless Grading.sandbox is False)."
                       ).tag(config=True)
 
-    started_ahead = Any(None, allow_none=True, help="The kernel started ahead for this submission by the fork "
-                        "server's pool (a running process, set by the fork server in the configuration of the "
-                        "nbgrader it runs, never in a file); the first manager made with it adopts it.").tag(
-                            config=True, set_by="the fork server")
+    started_ahead = Any(None, allow_none=True, help="The kernels started ahead for this submission by the fork "
+                        "server's pool (running processes, kernel_pool.StartedAhead, set by the fork server in the "
+                        "configuration of the nbgrader it runs, never in a file): each manager made with it adopts "
+                        "the next one, until none is left.").tag(config=True, set_by="the fork server")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -105,6 +106,14 @@ def prestart(manager: SandboxedKernelManager, zygote: str | None = None) -> kern
     return made.prestart(zygote)
 
 
-def prepare(settings: Settings, zygote: str | None = None) -> kernel_pool.PreparedKernel | None:
-    """In a waiting process of the pool: start its sandboxed kernel with the run's ``settings``."""
-    return prestart(settings.make(SandboxedKernelManager), zygote)
+def prepare(settings: Settings, zygote: str | None = None, kernels: int = 1) -> kernel_pool.StartedAhead:
+    """In a waiting process of the pool: start ``kernels`` sandboxed kernels with the run's ``settings``, each
+    with its own manager (its own private folder, token and control group)."""
+    started = kernel_pool.StartedAhead([])
+    try:
+        for _ in range(kernels):
+            started.kernels.append(prestart(settings.make(SandboxedKernelManager), zygote))
+    except Exception:
+        if not started.kernels:
+            raise
+    return started

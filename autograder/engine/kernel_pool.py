@@ -1,19 +1,24 @@
-"""A warm kernel pool: sandboxed kernels started ahead, one fresh kernel per submission.
+"""A warm kernel pool: sandboxed kernels started ahead, fresh kernels for each submission.
 
 Starting a sandboxed kernel and importing PyTorch costs more than most notebooks' checks. The
 fork server (:mod:`autograder.engine.forkserver`) therefore keeps, for each submission being
 graded, a forked process that waits for the next grading request, having already started its
-own sandboxed kernel process (:func:`autograder.engine.kernel_manager.prestart`). That process imports
-ipykernel, PyTorch and matplotlib (:data:`PRELOAD`), nothing of any student, and then blocks
-until it is told to become a kernel. When a request comes, the waiting process runs nbgrader as
-a fresh one would; its kernel manager adopts the waiting kernel (``SandboxedKernelManager.started_ahead``,
-set in that nbgrader's configuration): the submission's
-files are copied into the sandbox's input folder, and the kernel is told "go" (the connection
-file to use), copies them into its working folder and starts ipykernel.
+own sandboxed kernel processes (:func:`autograder.engine.kernel_manager.prepare`): one for the
+notebook's kernel and, where the checks run in the grader, one for the graded kernel
+(:mod:`autograder.engine.graded_kernel`), each in its own sandbox, private folder and control group
+(:class:`StartedAhead`). Such a process imports ipykernel, PyTorch and matplotlib (:data:`PRELOAD`),
+nothing of any student, and then blocks until it is told to become a kernel. When a request comes,
+the waiting process runs nbgrader as a fresh one would; its kernel managers adopt the waiting kernels
+in the order they are made (``SandboxedKernelManager.started_ahead``, set in that nbgrader's
+configuration): the submission's files are copied into the sandbox's input folder, and the kernel is
+told "go" (the connection file to use), copies them into its working folder and starts ipykernel.
 
 - A kernel is a child of the process whose kernel manager manages it, as jupyter_client expects.
-- Each kernel serves one submission; a restart after a crash starts a cold kernel, or one forked
-  from the zygote where the first was (:mod:`autograder.engine.kernel_manager`).
+- Each kernel serves one kernel manager of one submission: the waiting process holds the kernels
+  started for the one request it is handed, and each is handed to one manager only
+  (:meth:`PreparedKernel.take`); the graded kernel is never the notebook's. A restart after a crash
+  starts a cold kernel, or one forked from the zygote where the first was
+  (:mod:`autograder.engine.kernel_manager`).
 - A waiting process older than :attr:`KernelPool.max_idle` seconds is discarded and replaced.
 - A waiting process is only handed a request from the same course folder with the same
   environment (the run's mark aside) as the one it was started for; its kernel is only adopted
@@ -161,6 +166,32 @@ class PreparedKernel:
         self.stop()
         cgroup.remove(self.group)
         shutil.rmtree(self.private, ignore_errors=True)
+
+
+class StartedAhead:
+    """The kernels started ahead for one submission: each handed to one kernel manager, in order, then none.
+
+    The first manager of the submission (nbclient's, for the notebook's kernel) takes the first; the
+    second (the graded kernel's, :mod:`autograder.engine.graded_kernel`) the second; later ones (a
+    measured call's kernel) none, and start theirs as without the pool.
+    """
+
+    def __init__(self, kernels: list[PreparedKernel]) -> None:
+        self.kernels = list(kernels)
+
+    def __deepcopy__(self, memo: dict) -> StartedAhead:
+        return self  # running processes, as for PreparedKernel: a copy would be a second owner of each
+
+    def take(self) -> PreparedKernel | None:
+        """The next kernel not taken yet (None: each was taken)."""
+        return next((kernel for kernel in self.kernels if kernel.take() is not None), None)
+
+    def discard(self) -> None:
+        """Stop the kernels no manager launched and remove their groups and folders (a launched one is its
+        manager's, whose provisioner cleans it up)."""
+        for kernel in self.kernels:
+            if not kernel.launched:
+                kernel.discard()
 
 
 @dataclass

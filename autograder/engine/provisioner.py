@@ -8,14 +8,15 @@ It owns the sandbox around the kernel (:mod:`autograder.engine.sandbox`), its wr
 (:mod:`autograder.engine.sandbox_folders`), its control group (:mod:`autograder.engine.cgroup`),
 and the choice of how the process is made:
 
-- **warm**: the kernel started ahead for this process by the fork server's pool
-  (:mod:`autograder.engine.kernel_pool`) is adopted: the submission's files are copied into its
-  (until then empty) input folder, and it is told to become the kernel;
+- **warm**: a kernel started ahead for this submission by the fork server's pool
+  (:mod:`autograder.engine.kernel_pool`; one for the notebook's kernel, one for the graded kernel)
+  is adopted: the submission's files are copied into its (until then empty) input folder, and it
+  is told to become the kernel;
 - **forked**: after a restart, where the first kernel came from the fork server's zygote
   (:mod:`autograder.engine.zygote`), a new one is forked from it into a new sandbox made as the
   first one was (same folder, same control group, the submission's files copied in again); so is
-  the graded kernel (:mod:`autograder.engine.graded_kernel`), whose manager is given the zygote's
-  address (``zygote_address``);
+  a graded kernel (:mod:`autograder.engine.graded_kernel`) or a measured call's kernel that none was
+  started ahead for, whose manager is given the zygote's address (``zygote_address``);
 - **cold**: the kernel command, wrapped in the sandbox, is started as jupyter_client's local
   provisioner starts any kernel.
 

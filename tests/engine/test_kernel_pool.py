@@ -94,6 +94,49 @@ def test_pooled_kernels_are_fresh_per_submission_and_grade_as_cold_ones(tmp_path
     assert score["s4_untouched"] == 0
 
 
+# Added to an answer cell, which runs in the notebook's kernel and then in the graded kernel: it leaves traces (a
+# global, a file in the working folder, in TMPDIR and in the home), and an answer that finds one fails its checks
+# saying so. The graded kernel must hold none: not the notebook kernel's, not another submission's.
+LEAVES_TRACES = """
+import os
+places = ["left-by-a-kernel.txt", os.path.join(os.getenv("TMPDIR"), "left-by-a-kernel.txt"),
+          os.path.expanduser("~/left-by-a-kernel.txt")]
+try:
+    LEFT_BY_A_KERNEL
+    found = ["a global"]
+except NameError:
+    found = []
+found += [p for p in places if os.path.exists(p)]
+LEFT_BY_A_KERNEL = 1
+for p in places:
+    with open(p, "w") as f:
+        f.write("left")
+if found:
+    def hard_lookup(query, keys, values):
+        raise RuntimeError(f"this kernel holds what another one left: {found}")
+"""
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_a_graded_kernel_started_ahead_holds_nothing_of_the_notebooks_kernel_nor_of_another_submission(tmp_path):
+    course = make_course(tmp_path, [A])
+    rel, ref = released(course, A), reference_answers(A)
+    students = ("s1", "s2", "s3")  # the first kernels of a run start cold; the next submissions' come from the pool
+    for student in students:
+        submit(course, A, student, fill(rel, dict(ref, hard_lookup=ref["hard_lookup"] + LEAVES_TRACES)))
+    summary = grade.autograde([A], grading_settings(course, {"Grading.workers": 1}), progress=False)
+    assert not summary.failed, str(summary)
+    for student in students:
+        notebook = graded(course, student)
+        answer = next(c for c in notebook.cells if "LEFT_BY_A_KERNEL" in c.source)
+        assert not any(o.get("output_type") == "error" for o in answer.outputs), answer.outputs  # it ran, found none
+        failed = {c.metadata.nbgrader["grade_id"]: [f"{o['ename']}: {o['evalue']}" for o in c.outputs
+                                                    if o.get("output_type") == "error"]
+                  for c in notebook.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+        assert not {g: e for g, e in failed.items() if e}, f"{student}: {failed}"
+
+
 def header_index(rows: list[str], name: str) -> int:
     return rows[0].split(",").index(name)
 
@@ -168,6 +211,31 @@ def test_a_kernel_waiting_past_the_limit_is_discarded_and_replaced(tmp_path):
 
 @pytest.mark.slow
 @needs_bwrap
+@pytest.mark.parametrize("checks_in_grader", [True, False])
+def test_a_waiting_process_holds_a_kernel_for_the_notebook_and_one_for_the_graded_kernel(tmp_path, checks_in_grader):
+    """Where the checks run in the grader, a submission has two kernels: both started ahead, each in its own sandbox."""
+    from autograder.engine.forkserver import ForkServer
+
+    (tmp_path / "nbgrader_config.py").write_text(
+        f"c = get_config()\nc.ResilientExecute.checks_in_grader = {checks_in_grader}\n")
+    server = ForkServer(Settings.load(tmp_path))
+    expected = 2 if checks_in_grader else 1
+    try:
+        assert server.run(["--version"], tmp_path, tool_env(), 120, tmp_path)[0] == 0
+        deadline = time.monotonic() + 90
+        while len(folders := _kernel_folders(_descendants(server.process.pid))) < expected:
+            assert time.monotonic() < deadline, f"{len(folders)} kernels were started ahead, not {expected}"
+            time.sleep(0.2)
+        time.sleep(2)  # no more than that
+        waiting = [p for p in psutil.Process(server.process.pid).children() if not _is_zygote(p)]
+        assert len(waiting) == 1 and len(_kernel_folders(_descendants(waiting[0].pid))) == expected
+    finally:
+        server.close()
+    assert not any(Path(f).exists() for f in folders), "closing the server left a kernel's folder"
+
+
+@pytest.mark.slow
+@needs_bwrap
 def test_the_zygote_can_be_switched_off(tmp_path):
     from autograder.engine.forkserver import ForkServer
 
@@ -235,28 +303,39 @@ def test_a_kernel_started_ahead_is_adopted_only_for_its_command_and_limits():
         process.wait()
 
 
-def test_only_the_first_manager_of_its_submission_adopts_a_kernel_started_ahead(tmp_path):
-    """The kernel reaches nbgrader's kernel manager through the configuration, not copied, and only once."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
-    kernel = kernel_pool.PreparedKernel(process, tmp_path / "started-ahead", "token", None, sandbox.Limits(), 0.0)
-    # as the fork server's child passes it to nbgrader, whose application copies its configuration
-    app_config = copy.deepcopy(Config({"SandboxedKernelManager": {"started_ahead": kernel, "memory_mb": 1234}}))
+def test_each_manager_of_its_submission_adopts_the_next_kernel_started_ahead_once(tmp_path):
+    """The kernels reach nbgrader's kernel managers through the configuration, not copied: the notebook's manager
+    takes the first, the graded kernel's the second, any later manager none; each is adopted once."""
+    processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+                 for _ in range(2)]
+    kernels = [kernel_pool.PreparedKernel(p, tmp_path / f"started-ahead-{i}", f"token-{i}", None, sandbox.Limits(), 0.0)
+               for i, p in enumerate(processes)]
+    # as the fork server's child passes them to nbgrader, whose application copies its configuration
+    started = kernel_pool.StartedAhead(kernels)
+    app_config = copy.deepcopy(Config({"SandboxedKernelManager": {"started_ahead": started, "memory_mb": 1234}}))
     made = []
     try:
         execute = ResilientExecute(config=app_config)
         assert execute.kernel_manager_class is SandboxedKernelManager
         made.append(execute.kernel_manager_class(config=execute.config))  # as nbclient makes it
-        assert (made[0].private, made[0].token) == (kernel.private, kernel.token)
-        assert made[0].take_started_ahead() is kernel
+        made.append(execute.kernel_manager_class(config=execute.config))  # as the graded kernel's is made
+        assert [(km.private, km.token) for km in made] == [(k.private, k.token) for k in kernels]
+        assert [km.take_started_ahead() for km in made] == kernels
+        assert [km.take_started_ahead() for km in made] == [None, None]  # a restart does not adopt it again
         assert made[0].limits.memory_mb == 1234
-        made.append(SandboxedKernelManager(config=execute.config))  # a second manager of the same configuration
+        made.append(SandboxedKernelManager(config=execute.config))  # a third manager (a measured call's kernel)
         made.append(SandboxedKernelManager())
-        assert [km.private == kernel.private or km.token == kernel.token for km in made[1:]] == [False, False]
-        assert [km.take_started_ahead() for km in made[1:]] == [None, None]
+        assert [km.private in {k.private for k in kernels} or km.token in {k.token for k in kernels}
+                for km in made[2:]] == [False, False]
+        assert [km.take_started_ahead() for km in made[2:]] == [None, None]
+        kernels[0].launched = True  # adopted: its manager's provisioner ends it
+        started.discard()  # what the grading process does at its end with the kernels no manager launched
+        assert [p.poll() is None for p in processes] == [True, False]
     finally:
-        process.kill()
-        process.wait()
-        for km in made[1:]:
+        for process in processes:
+            process.kill()
+            process.wait()
+        for km in made[2:]:
             shutil.rmtree(km.private, ignore_errors=True)
 
 

@@ -52,6 +52,10 @@ ATTRIBUTES = frozenset({
 #: What an attribute's value may be: words, numbers, lengths and colours (``#a0b``, ``0.5em``, ``-1pt``).
 VALUE = re.compile(r"[A-Za-z0-9#.%+\- ]{0,64}")
 MATHML_NAMESPACE = "http://www.w3.org/1998/Math/MathML"
+#: Operator names ``latex2mathml`` does not know, written as ``\\operatorname{...}``, which it does.
+OPERATOR_NAMES = re.compile(r"\\(arg)(?![A-Za-z])")
+#: A character TeX escapes, as ``latex2mathml`` leaves it in text (``\\texttt{max\\_len}``).
+TEXT_ESCAPE = re.compile(r"\\([_&%$#{}])")
 #: A tag of cleaned HTML (its attribute values double-quoted, as the cleaner writes them), or the text between tags.
 TAG = re.compile(r"""(<[^<>"]*(?:"[^"]*"[^<>"]*)*>)""")
 
@@ -60,14 +64,16 @@ def _safe(element: Element) -> Element:
     """A copy of ``latex2mathml``'s ``element`` with only :data:`ELEMENTS` and :data:`ATTRIBUTES`, its text plain.
 
     An element not allowed becomes an ``mrow`` of its children (its content stays, it does not). The
-    converter keeps character references (``&#x0221A;``) in its texts: they are decoded here, and
-    every text is escaped again when the tree is written."""
+    converter keeps character references (``&#x0221A;``) in its texts, and TeX's escapes in text
+    (``\\_``): both are decoded here, and every text is escaped again when the tree is written."""
     tag = element.tag if element.tag in ELEMENTS else "mrow"
     safe = Element(tag, {name: value for name, value in element.attrib.items()
                          if name in ATTRIBUTES and VALUE.fullmatch(value)})
     if tag == "math":
         safe.set("xmlns", MATHML_NAMESPACE)
     safe.text = html.unescape(element.text) if element.text else None
+    if tag == "mtext" and safe.text:
+        safe.text = TEXT_ESCAPE.sub(r"\1", safe.text)
     for child in element:
         copy = _safe(child)
         copy.tail = html.unescape(child.tail) if child.tail else None
@@ -78,7 +84,7 @@ def _safe(element: Element) -> Element:
 def mathml(tex: str, display: bool) -> str | None:
     """The MathML of the formula ``tex`` (a block when ``display``), or None when ``latex2mathml`` cannot convert it."""
     try:
-        element = convert_to_element(tex, display="block" if display else "inline")
+        element = convert_to_element(OPERATOR_NAMES.sub(r"\\operatorname{\1}", tex), display="block" if display else "inline")
     except Exception:  # noqa: BLE001 - any formula it cannot read stays TeX
         return None
     return tostring(_safe(element), encoding="unicode", short_empty_elements=True)

@@ -79,3 +79,24 @@ def test_a_written_placeholder_is_not_a_formula():
     assert renderer.fill(renderer.placeholder(0)) == renderer.placeholder(0)  # nothing held: left as it is
     other = feedback_maths.MathMLRenderer(escape=False)
     assert other.token != renderer.token
+
+
+def test_every_formula_of_the_course_is_mathml_with_no_command_left_as_text():
+    """The notebooks' maths reads on a fetched page: each formula converts, and no TeX command is shown as text."""
+    from nbconvert.filters.markdown_mistune import MarkdownWithMath
+
+    from autograder.course.repository import ROOT, assignments
+
+    formulas, left = 0, []
+    for name in assignments(ROOT):
+        for cell in nbformat.read(ROOT / "source" / name / f"{name}.ipynb", as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            renderer = feedback_maths.MathMLRenderer(escape=False)
+            MarkdownWithMath(renderer=renderer).render(cell.source)
+            for tex, display in renderer.formulas:
+                formulas += 1
+                written = feedback_maths.mathml(tex, display)
+                if written is None or "\\" in written:
+                    left.append((name, tex))
+    assert formulas > 100 and not left, left

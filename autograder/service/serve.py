@@ -12,7 +12,10 @@ hidden checks show what :mod:`.visibility` allows, with the quota at its top, an
 student only (:mod:`~autograder.service.release`). A submission that could not be graded (not the student's doing)
 is released as such, never with a score, and graded again (``GradingService.retries``). A student
 is told, by a page of its own, when a submission waits for the quota, was replaced by a later one,
-came after the due date or cannot be graded.
+came after the due date or cannot be graded; and, the moment it arrives, that it is being graded
+(or waits its turn), when its feedback should be ready (from this service's recent gradings), and
+that the Assignment List shows it after its ⟳ button: nbgrader's list reloads only when it is
+opened, on ⟳ and after its own buttons, so it never shows new feedback by itself.
 
 What this does *not* do: collect a submission for the instructor's own ``make autograde`` (the
 service's ``submitted/`` holds the last submission it graded; ``nbgrader collect`` still works),
@@ -25,12 +28,14 @@ import logging
 import os
 import pwd
 import shutil
+import statistics
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nbformat
@@ -57,6 +62,11 @@ TITLES = {
     Status.REFUSED: "This submission cannot be graded",
     Status.FAILED: "This submission could not be graded",
 }
+#: How a student sees a page released after the Assignment List was drawn (it does not reload by itself).
+REFRESH = ("The Assignment List does not show new feedback by itself: click its ⟳ (refresh) button, then "
+           "Fetch Feedback again; this page is then replaced by your feedback.")
+#: How many recent gradings the estimate of when feedback is ready is taken from.
+RECENT = 20
 VISIBILITY_LINES = {
     "pass_fail": "Before the due date this page says of each hidden check only whether it passed; after it, "
                  "their messages too.",
@@ -103,6 +113,7 @@ class Service:
         self._runner = runner
         self._exporter = None
         self._due: dict[str, datetime | None] = {}
+        self._seconds: deque[float] = deque(maxlen=RECENT)  # how long the recent gradings took
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -160,8 +171,12 @@ class Service:
                     continue
                 busy.add((record.student, record.assignment))
                 record.status, record.graded_at = Status.GRADING, now.isoformat()
+                self._tell_received(record, now)  # before its grading starts: its feedback must come after
                 self.running[pool.submit(self._grade, record)] = record
                 started += 1
+            for record in self.state.records.values():
+                if record.status == Status.QUEUED:
+                    self._tell_received(record, now)
             self._tell()
             self.state.save()
             return started
@@ -223,6 +238,7 @@ class Service:
                 self._not_graded(record, outcome.error)
             return
         with self.lock:
+            self._seconds.append(outcome.seconds)
             record.status, record.reason, record.attempts = Status.GRADED, "", 0
             record.notified = Status.GRADED
             lines = self._graded_lines(record)
@@ -305,6 +321,28 @@ class Service:
                 if record.status == Status.FAILED:
                     lines.append("That is not your doing, and no score was recorded.")
                 self._release_message(record, TITLES[record.status], lines)
+
+    def _tell_received(self, record: Record, now: datetime) -> None:
+        """When a submission is first seen queued, and when its grading starts: that it was received, when its feedback
+        should be ready, and how the Assignment List shows it (a page that says it could not be graded and is
+        graded again stays until that grading starts)."""
+        if record.notified == record.status:
+            return
+        lines = [f"Your submission of {_when(record.arrived)} of {record.assignment} was received."]
+        if record.status == Status.GRADING:
+            title = "Received: being graded now"
+            if self._seconds:
+                typical = statistics.median(self._seconds)
+                ready = now + timedelta(seconds=typical)
+                lines.append(f"Its official grading started at {_when(now)}; gradings here have lately taken about "
+                             f"{typical:.0f} s, so its feedback should be ready at about {_when(ready)}.")
+            else:
+                lines.append(f"Its official grading started at {_when(now)} (the first since the grading service "
+                             "started: it takes longer than the next ones).")
+        else:
+            title = "Received: waiting for its official grading"
+            lines.append("It is graded after the submissions ahead of it; its feedback is ready soon after.")
+        self._release_message(record, title, [*lines, REFRESH])
 
     def _release_message(self, record: Record, title: str, lines: list[str]) -> None:
         path = self.inbound / record.key

@@ -12,6 +12,8 @@ import html
 import os
 import re
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
 
 import nbformat
@@ -258,6 +260,50 @@ def test_a_submission_that_could_not_be_graded_is_said_so_never_a_zero_and_grade
     assert "Score" not in page
     with Gradebook(grade.db_url(Settings.load(root))) as gb, pytest.raises(MissingEntry):
         gb.find_submission(A, "alice")  # no score at all, not a 0
+
+
+class Held(grade.Runner):
+    """A runner that grades each submission (with no notebook graded) only when the test lets it go, one at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Semaphore(0)
+
+    def __call__(self, *args, **kwargs) -> None:
+        assert self.go.acquire(timeout=300), "the test never let the grading go"
+
+
+def test_a_student_is_told_at_once_when_the_feedback_will_be_ready_and_that_the_list_needs_refreshing(tmp_path, course):
+    root, exchange = _class(tmp_path, course)
+    alice = Student("alice", tmp_path / "alice", exchange)
+    notebook = fill(alice.fetch(A), _answers())
+    runner = Held()
+    service = Service(root, exchange=exchange, settings=grading_settings(root), runner=runner)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            alice.submit(A, notebook)
+            assert service.cycle(pool) == 1
+            (first,) = alice.fetch_feedback(A).values()  # while it is graded
+            assert "being graded now" in first and "Fetch Feedback again" in first and "⟳" in first, first
+            assert "the first since the grading service started" in first and "should be ready" not in first
+
+            alice.submit(A, notebook)  # a second one while the first is graded: it waits its turn
+            assert service.cycle(pool) == 0
+            pages = alice.fetch_feedback(A)
+            second = pages[max(pages)]
+            assert "waiting for its official grading" in second and "Fetch Feedback again" in second, second
+
+            runner.go.release()  # the first is graded; the second's grading starts, estimated from the first's
+            wait(list(service.running))
+            assert service.cycle(pool) == 1
+            pages = alice.fetch_feedback(A)
+            second, first = pages[max(pages)], pages[min(pages)]
+            assert "being graded now" in second and "should be ready at about" in second, second
+            assert "being graded" not in first  # the first's feedback replaced its page
+        finally:
+            for _ in range(2):
+                runner.go.release()
+    assert all(r.status == Status.GRADED for r in service.state.records.values())
 
 
 # -- a class, graded for real ---------------------------------------------------------------

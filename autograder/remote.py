@@ -26,6 +26,7 @@ control group's peak during the call above what it held before the answer cells 
 
 from __future__ import annotations
 
+import base64
 import builtins
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -114,6 +115,10 @@ class Remote(wire.Proxy):
     def __wire_handle__(self) -> wire.Handle:
         """How :mod:`autograder.wire` sends this object back to the kernel: by its number there."""
         return wire.Handle(self._number)
+
+    def serve(self, obj: Any, methods: tuple[str, ...]) -> wire.Served:
+        """``obj`` kept in this process for this object's calls (:func:`served`): the grader counts its calls."""
+        return served(obj, methods)
 
     def _ask(self, request: dict, measured: list[int | None] | None = None) -> dict:
         resolve = self._resolver()
@@ -262,5 +267,57 @@ def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
 
 
 def reset(channel: Channel) -> None:
-    """Let the kernel forget the objects earlier requests kept."""
+    """Let the kernel forget the objects earlier requests kept, and this process the objects it served."""
+    _served.clear()
     channel.request(wire.encode({"op": "reset"}))
+
+
+#: The objects this process keeps for the kernel (:mod:`autograder.served`): number -> (object, methods allowed).
+_served: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def served(obj: Any, methods: Sequence[str] = ("__call__",)) -> wire.Served:
+    """``obj`` kept here for the kernel, which may call ``methods`` of it (``"__call__"``: the object itself)."""
+    for number, (kept, _) in _served.items():
+        if kept is obj:
+            return wire.Served(number)
+    number = len(_served) + 1
+    _served[number] = (obj, frozenset(methods))
+    return wire.Served(number)
+
+
+def answer_served(text: str) -> str:
+    """The answer to a kernel's request for a served object's call (base64 text in and out).
+
+    The call is made here, on the object this process keeps; its result goes back as plain data, or
+    as another served object (no method allowed: the kernel can only pass it back) when it is not
+    plain data. Whatever the request, the answer is an error or a value: it never stops the check.
+    """
+    if len(text) > (wire.MAX_REPLY_BYTES + 12) * 4 // 3 + 4:
+        return _encoded({"error": "the request to the model is too large"})
+    try:
+        request = wire.decode(base64.b64decode(text, validate=True), served=_served_object,
+                              limit=wire.MAX_REPLY_BYTES)
+        number, method = request["object"], request["method"]
+        obj, methods = _served[number]
+        args, kwargs = tuple(request["args"]), dict(request["kwargs"])
+    except Exception:  # noqa: BLE001 - a malformed request is the kernel's doing
+        return _encoded({"error": "the request to the model could not be read"})
+    if type(method) is not str or method not in methods:
+        return _encoded({"error": f"this object has no method {str(method)[:100]!r} that the check allows"})
+    try:
+        value = (obj if method == "__call__" else getattr(obj, method))(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the student's call was wrong: their code gets the error
+        return _encoded({"error": f"{type(error).__name__}: {error}"[:2000]})
+    try:
+        return _encoded({"value": value})
+    except (wire.WireError, RecursionError):
+        return _encoded({"value": served(value, methods=())})
+
+
+def _served_object(number: int) -> Any:
+    return _served[number][0]
+
+
+def _encoded(answer: dict) -> str:
+    return base64.b64encode(wire.encode(answer)).decode("ascii")

@@ -14,6 +14,10 @@ define probes (:data:`PROBE_MODULES`), each copy with its own copy of its module
 ``setattr`` on its module, however the module is reached; a new ``__code__`` on the function; another
 module put in ``sys.modules``) changes the original, not the copy that runs.
 
+A check that must know how the student's code calls a model (how many calls, with what) does not
+count in the kernel: it serves the model from the grader (:mod:`autograder.served`), and :func:`serve`
+lets the stand-in's calls reach the grader as input requests while a request runs.
+
 What this does not protect: everything here runs in the student's kernel, beside the student's
 code, which can replace it. The held copies are reachable too (through this module, or the garbage
 collector), and what they call is not held: the classes of their modules (a watch's methods), the
@@ -37,6 +41,7 @@ from typing import Any
 from . import INSTRUCTOR_ONLY, wire
 from .errors import CheckFailed, NotWritten
 from .guard import Forbidden, ForbiddenCall
+from .served import TRANSPORT, ServedObject
 
 _objects: dict[int, Any] = {}
 
@@ -189,14 +194,25 @@ class _Reply(str):
 
 def serve(request: str, namespace: dict | None = None) -> _Reply:
     """Answer one encoded request of the grader (base64 text in, base64 text out)."""
+    token = None
     if namespace is None:
         from IPython import get_ipython
 
-        namespace = get_ipython().user_ns
+        shell = get_ipython()
+        namespace = shell.user_ns
+        kernel = getattr(shell, "kernel", None)
+        if kernel is not None and TRANSPORT.get() is None:
+            # a served object's calls go to the grader as input requests (the request allows stdin; ipykernel has
+            # already put back the built-in input() when it evaluates the request's expression: ask the kernel)
+            token = TRANSPORT.set(lambda text: kernel.raw_input(wire.SERVED_PROMPT + text))
     try:
-        answer = _answer(wire.decode(base64.b64decode(request), resolve=lambda n, k, c: _objects[n]), namespace)
+        answer = _answer(wire.decode(base64.b64decode(request), resolve=lambda n, k, c: _objects[n],
+                                     served=ServedObject), namespace)
     except Exception as error:  # noqa: BLE001 - every failure is an answer
         answer = {"failed": f"the request could not be answered ({type(error).__name__}: {error})"}
+    finally:
+        if token is not None:
+            TRANSPORT.reset(token)
     try:
         data = wire.encode(answer, keep=_keep)
     except (wire.WireError, RecursionError) as error:
@@ -211,7 +227,14 @@ class LocalChannel:
         self.namespace = namespace
 
     def request(self, message: bytes) -> bytes:
-        return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
+        # the grader is in this process: a served object's calls go straight to it (a kernel sends them with input())
+        from .remote import answer_served
+
+        token = TRANSPORT.set(answer_served)
+        try:
+            return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
+        finally:
+            TRANSPORT.reset(token)
 
     def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
         """Nothing is read here: the grader reads the source (:mod:`autograder.engine.source_check`)."""

@@ -79,6 +79,12 @@ def attempt(
     return Outcome(value=value, mutated=mutated_arguments(originals, kw_originals, args, kwargs)), None
 
 
+def served_to(fn: Callable[..., Any], obj: Any, methods: tuple[str, ...] = ("__call__",)) -> Any:
+    """``obj`` as an argument of ``fn``: where ``fn`` runs in the student's kernel, a stand-in whose calls
+    (``methods``) the grader makes on ``obj`` and so counts itself (:mod:`autograder.served`); else ``obj``."""
+    return fn.serve(obj, methods) if isinstance(fn, Proxy) else obj
+
+
 def describe_error(what: str, error: BaseException) -> str:
     """``what`` raised ``error``, with the student's own traceback lines."""
     where = student_frames(error)

@@ -46,6 +46,10 @@ MAX_HEADER_BYTES = 4 * 2**20
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
 
+#: What a request from the kernel for a served object (:mod:`autograder.served`) starts with, as an ``input()``
+#: prompt: the grader answers such a prompt with the call's result, any other with an empty line.
+SERVED_PROMPT = "autograder-served:"
+
 DTYPES = {
     str(d).removeprefix("torch."): d
     for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128, torch.complex64,
@@ -66,6 +70,14 @@ class Handle:
     callable: bool = False
 
 
+@dataclass(frozen=True)
+class Served:
+    """An object the grader keeps and runs for the kernel (:mod:`autograder.served`): the kernel gets a stand-in
+    whose calls come back to the grader, which counts them."""
+
+    number: int
+
+
 class Proxy:
     """What stands, on the grader's side, for an object the kernel keeps (:class:`autograder.remote.Remote`).
 
@@ -76,6 +88,10 @@ class Proxy:
     description: str
 
     def __wire_handle__(self) -> Handle:
+        raise NotImplementedError
+
+    def serve(self, obj: Any, methods: tuple[str, ...]) -> Served:
+        """``obj`` kept on the grader's side for this object's calls, which may call ``methods`` of it."""
         raise NotImplementedError
 
 
@@ -143,6 +159,10 @@ class _Writer:
             return {"mha": _mha_spec(x, self)}
         if kind is Handle:
             return {"handle": x.number}
+        if kind is Served:
+            return {"served": x.number}
+        if hasattr(kind, "__wire_served__"):  # the kernel's stand-in for a served object, sent back to the grader
+            return {"served": x.__wire_served__().number}
         if hasattr(kind, "__wire_handle__"):  # an object of the other side, sent back to it (a proxy)
             return {"handle": x.__wire_handle__().number}
         if self.keep is not None:
@@ -170,8 +190,8 @@ def encode(value: Any, keep=None) -> bytes:
 
 
 class _Reader:
-    def __init__(self, data: bytes, resolve, limit: int) -> None:
-        self.resolve = resolve
+    def __init__(self, data: bytes, resolve, limit: int, served=None) -> None:
+        self.resolve, self.served = resolve, served
         self.count = 0
         if len(data) > limit + 12:
             raise WireError(f"the message is larger than {limit // 2**20} MB")
@@ -269,6 +289,8 @@ class _Reader:
                 return self.mha(body)
             if kind == "handle" and type(body) is int and self.resolve is not None:
                 return self.resolve(body, str(node.get("kind", "object"))[:200], node.get("callable") is True)
+            if kind == "served" and type(body) is int and self.served is not None:
+                return self.served(body)
         except (TypeError, ValueError, OverflowError, RuntimeError) as error:
             if isinstance(error, WireError):
                 raise
@@ -296,11 +318,12 @@ class _Reader:
         return mha.train(spec.get("training") is True)
 
 
-def decode(data: bytes, resolve=None, limit: int = MAX_BYTES) -> Any:
-    """The value :func:`encode` wrote; ``resolve(number, kind, callable)`` turns a handle into an object.
+def decode(data: bytes, resolve=None, limit: int = MAX_BYTES, served=None) -> Any:
+    """The value :func:`encode` wrote; ``resolve(number, kind, callable)`` turns a handle into an object, and
+    ``served(number)`` a served object's number (:class:`Served`) into what stands for it (refused without it).
 
     ``limit``: the largest message accepted (the grader reads a kernel's answers with :data:`MAX_REPLY_BYTES`).
     Raises :class:`WireError` on anything that is not a well-formed message within the limits.
     """
-    reader = _Reader(data, resolve, limit)
+    reader = _Reader(data, resolve, limit, served)
     return reader.value(reader.header)

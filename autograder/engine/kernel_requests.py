@@ -118,8 +118,9 @@ class KernelRequests:
         payload = base64.b64encode(message).decode("ascii")
         expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
         kc, km = kernel or self._kernel()
+        # stdin is allowed: a served object's calls come back as input requests (autograder.served)
         msg_id = kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
-                            allow_stdin=False)
+                            allow_stdin=True)
         reply = await self._async_reply_to(msg_id, kc, km)
         await self._async_collect_streams(msg_id, kc)
         if self._asks_exit(reply):
@@ -142,20 +143,37 @@ class KernelRequests:
             return remote.wire.encode({"failed": "The kernel's answer to the check's request could not be read."})
 
     async def _async_reply_to(self, msg_id: str, kc, km) -> dict:
-        """The shell reply to ``msg_id``; raises CallTimedOut or KernelDied."""
+        """The shell reply to ``msg_id``, answering the kernel's input requests meanwhile; raises CallTimedOut or
+        KernelDied."""
         while True:
             left = self._deadline - monotonic()
             if left <= 0:
                 await ensure_async(km.interrupt_kernel())
                 raise remote.CallTimedOut()
+            await self._async_answer_input(kc)
             try:
-                msg = await ensure_async(kc.shell_channel.get_msg(timeout=min(left, 0.5)))
+                msg = await ensure_async(kc.shell_channel.get_msg(timeout=min(left, 0.02)))
             except Empty:
                 if not await ensure_async(km.is_alive()):
                     raise remote.KernelDied() from None
                 continue
             if msg.get("parent_header", {}).get("msg_id") == msg_id:
                 return msg
+
+    @staticmethod
+    async def _async_answer_input(kc) -> None:
+        """Answer what the kernel asked on its stdin channel: a served object's call (:func:`remote.answer_served`),
+        made here; any other ``input()`` gets an empty line (nobody is there to type)."""
+        while True:
+            try:
+                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=0.001))
+            except Empty:
+                return
+            if msg.get("msg_type") != "input_request":
+                continue
+            prompt = str(msg.get("content", {}).get("prompt", ""))
+            served = prompt.startswith(remote.wire.SERVED_PROMPT)
+            kc.input(remote.answer_served(prompt.removeprefix(remote.wire.SERVED_PROMPT)) if served else "")
 
     async def _async_collect_streams(self, msg_id: str, kc) -> None:
         """What the student's code printed while answering ``msg_id``, into the cell's streams."""

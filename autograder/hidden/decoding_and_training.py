@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cases import case
-from ..compare import assert_close, assert_shape, assert_tensor, is_close
+from ..compare import assert_close, assert_shape, assert_tensor, describe, is_close
 from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
@@ -38,6 +38,7 @@ from ..references.decoding_and_training import (
 from ..references.masking import lower_right_pattern
 from ..references.tiny_decoder import (
     BLOCK_ARGS,
+    CountedCalls,
     Weights,
     block_reference,
     block_shapes,
@@ -46,12 +47,11 @@ from ..references.tiny_decoder import (
     check_model,
     check_parameters,
     greedy_reference,
-    model_calls,
     run_block,
     run_generate,
     train_block,
 )
-from ..student import attempt, call_student, expect_error, probe
+from ..student import attempt, call_student, expect_error, probe, served_to
 from ..verify import Case, verify
 from . import hidden
 
@@ -1030,9 +1030,14 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
 
     weights, prompt, steps = models[1], torch.randint(0, 7, (2, 3), generator=gen), 5
     with case("use_cache=True: the prompt in one call, then one token per call"):
-        model = call_student(build_model, TinyDecoder, weights, what=repr(weights))
-        tokens, fed, cached = probe(model_calls, generate, model, prompt, steps, use_cache=True,
-                                    what=f"generate(model, prompt (2, 3), {steps}, use_cache=True)")
+        # the model is served from here: its calls are counted where the student's code cannot reach
+        counted = CountedCalls(build_model(ReferenceTinyDecoder, weights))
+        what = f"generate(model, prompt (2, 3), {steps}, use_cache=True)"
+        tokens = call_student(generate, served_to(generate, counted, CountedCalls.METHODS), prompt, steps,
+                              use_cache=True, what=what)
+        if not isinstance(tokens, torch.Tensor):
+            fail(f"{what} should return a tensor of tokens, but it returned {describe(tokens)}.")
+        fed, cached = counted.calls()
         problem = calls_problem(fed, cached, 3, steps)
         if problem:
             student = Outcome(value=(fed, cached))
@@ -1046,7 +1051,8 @@ def check_generate(generate, TinyDecoder=None) -> None:  # noqa: N803
 
 def _calls_of(generate, weights):
     def calls(prompt, steps):
-        _, fed, cached = model_calls(generate, build_model(ReferenceTinyDecoder, weights), prompt, steps, use_cache=True)
-        return fed, cached
+        counted = CountedCalls(build_model(ReferenceTinyDecoder, weights))
+        generate(counted, prompt, steps, use_cache=True)
+        return counted.calls()
 
     return calls

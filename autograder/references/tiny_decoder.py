@@ -213,6 +213,41 @@ def model_calls(generate, model, prompt, steps, use_cache=True):
     return tokens, torch.tensor(fed, dtype=torch.long), torch.tensor(cached, dtype=torch.bool)
 
 
+class CountedCalls:
+    """A model whose every call is noted where it runs: the tokens given to each call, and whether the caches were.
+
+    The hidden check serves it from the grader (:func:`autograder.student.served_to`): the student's
+    ``generate`` calls a stand-in in the kernel, and the calls are made, and noted, here.
+    """
+
+    #: What ``generate`` may call: the model, its caches, and the modes a model has.
+    METHODS = ("__call__", "new_caches", "eval", "train")
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.fed: list[int] = []
+        self.cached: list[bool] = []
+
+    def __call__(self, tokens, caches=None):
+        self.fed.append(int(tokens.shape[-1]))
+        self.cached.append(caches is not None)
+        with torch.no_grad():
+            return self.model(tokens, caches)
+
+    def new_caches(self, batch: int, max_len: int):
+        return self.model.new_caches(batch, max_len)
+
+    def eval(self) -> CountedCalls:
+        return self
+
+    def train(self, mode: bool = True) -> CountedCalls:
+        return self
+
+    def calls(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens given to each call, and whether it received the caches, as :func:`model_calls` gives them."""
+        return torch.tensor(self.fed, dtype=torch.long), torch.tensor(self.cached, dtype=torch.bool)
+
+
 def calls_problem(fed: torch.Tensor, cached: torch.Tensor, prompt_len: int, steps: int) -> str | None:
     """A message when generate with use_cache=True does not feed the prompt once, then one token per call."""
     pattern = ", ".join(f"{n}{'' if c else ' (no caches)'}" for n, c in zip(fed.tolist(), cached.tolist()))

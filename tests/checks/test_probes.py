@@ -20,7 +20,7 @@ from traitlets.config import Config
 import autograder
 from autograder import serve
 from autograder.course.repository import assignments
-from autograder.engine import source_check
+from autograder.engine import judge, source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
 
@@ -123,6 +123,27 @@ REPLACEMENTS = {
 }
 
 
+#: Never caches, and writes into the probe's own lists (reached through the wrapper the probe put on the model) what a
+#: caching generate would have been counted: the held probe is not what is fooled, what it counts is.
+REWRITES_THE_COUNT = '''
+def generate(model, prompt, steps, use_cache=True):
+    noted = getattr(model, "forward", None)
+    code, closure = getattr(noted, "__code__", None), getattr(noted, "__closure__", None) or ()
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure))) if code is not None else {}
+    original = cells.get("forward", model)
+    tokens, chosen = prompt, []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = original(tokens)[:, -1].argmax(dim=-1)
+            chosen.append(token)
+            tokens = torch.cat([tokens, token[:, None]], dim=1)
+    if "fed" in cells and "cached" in cells:
+        cells["fed"][:] = [prompt.shape[-1]] + [1] * (steps - 1)
+        cells["cached"][:] = [True] * steps
+    return torch.stack(chosen, dim=1).reshape(prompt.shape[0], steps)
+'''
+
+
 def graded_generate(tmp_path, generate_cell: str) -> list:
     """09 graded as grading runs it with ``generate_cell`` as generate's answer, only its hidden test run: its outputs."""
     return graded_one(tmp_path, A, "generate", generate_cell)
@@ -153,6 +174,13 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
 
 
 def failure(outputs: list) -> str | None:
+    """What failed in a judged test cell: the messages of its failed cases (the others may keep their share of
+    the points), or its error; None when everything passed."""
+    cell = {"outputs": outputs}
+    record = judge.case_record(cell)
+    failed = [c["message"] for c in (record or {}).get("cases", []) if not c["passed"]]
+    if record and (failed or record["stopped"]):
+        return "\n".join(failed) or record["stopped"]
     return next((o["evalue"] for o in outputs if o.get("output_type") == "error"), None)
 
 
@@ -160,6 +188,13 @@ def failure(outputs: list) -> str | None:
 @pytest.mark.parametrize("style", sorted(REPLACEMENTS))
 def test_a_generate_that_never_caches_fails_with_model_calls_replaced(tmp_path, style):
     message = failure(graded_generate(tmp_path, NEVER_CACHES + FAKE + REPLACEMENTS[style]))
+    assert message is not None and "use_cache=True" in message, message
+
+
+@pytest.mark.slow
+def test_a_generate_that_rewrites_what_the_count_noted_fails(tmp_path):
+    """The model is served from the grader (autograder.served): its calls are counted where no answer reaches."""
+    message = failure(graded_generate(tmp_path, REWRITES_THE_COUNT))
     assert message is not None and "use_cache=True" in message, message
 
 

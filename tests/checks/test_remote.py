@@ -7,6 +7,7 @@ to a sandboxed kernel (every catalogued mistake through the proxies: ``test_cata
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import math
@@ -15,6 +16,7 @@ import nbformat
 import pytest
 import torch
 
+from autograder import remote as remote_module
 from autograder import wire
 from autograder.course.repository import assignments, module_name
 from autograder.engine.graded_cells import before, graded_sources
@@ -367,3 +369,52 @@ def test_the_kernel_side_imports_nothing_of_the_graders_and_the_reverse():
         "import autograder.remote, autograder.grading.grade, autograder.grading.cluster, autograder.service.serve")
     assert {"autograder.remote", "autograder.engine.judge", "autograder.hidden.complexity"} <= grader
     assert "autograder.serve" not in grader
+
+
+# -- objects the grader serves to the kernel ----------------------------------------------------------------
+
+
+def test_a_served_object_is_called_in_the_grader_and_only_through_the_methods_allowed():
+    from autograder import served as kernel_side
+
+    class Model:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, tokens, caches=None):
+            self.calls, self.caches = self.calls + 1, caches
+            return tokens * 2
+
+        def new_caches(self):
+            self.made = [object()]  # not plain data: it stays in the grader
+            return self.made
+
+        def load_state_dict(self, state):
+            raise AssertionError("the kernel may not reach this")
+
+    model = Model()
+
+    def student(m, x):
+        caches = m.new_caches()
+        return m(x, caches), type(caches).__name__
+
+    remote = proxy("student", student)
+    outcome, error = remote.attempt((remote.serve(model, ("__call__", "new_caches")), torch.ones(2)), {},
+                                    exercise="student")
+    assert error is None and torch.equal(outcome.value[0], torch.full((2,), 2.0))
+    assert outcome.value[1] == "ServedObject" and model.calls == 1 and model.caches is model.made
+
+    def forbidden(m):
+        return m.load_state_dict({})
+
+    outcome, error = proxy("forbidden", forbidden).attempt((remote.serve(model, ("__call__",)),), {}, exercise="f")
+    assert isinstance(error, RuntimeError) and "no method 'load_state_dict'" in str(error)
+    # what the kernel sends that is not a request, or not readable, is an error answer, never an exception here
+    for junk in ("", "not base64!", base64.b64encode(b"AGW1junk").decode()):
+        assert "error" in wire.decode(base64.b64decode(remote_module.answer_served(junk)))
+    # a stand-in outside a check's call has nobody to ask
+    with pytest.raises(RuntimeError, match="only a check's call"):
+        kernel_side.ServedObject(1)(torch.ones(1))
+    # and a kernel's ordinary answer cannot carry a served object to the grader
+    with pytest.raises(wire.WireError):
+        wire.decode(wire.encode({"value": wire.Served(1)}))

@@ -152,11 +152,16 @@ def judged_cells(notebook) -> list[JudgedCell]:
     return [read_judged_cell(cell) for cell in notebook.get("cells", []) if is_test_cell(cell)]
 
 
+#: How far the lines of a case after its first are indented (under its name).
+INDENT = " " * 8
+
+
 def case_line(case: Case) -> str:
-    """One case as a line of text: ``passed  name`` or ``FAILED  name: message`` (the mistakes it fits after)."""
+    """One case as text: ``passed  name``, or ``FAILED  name: message``, the message's further lines and the
+    mistakes it fits indented under it."""
     if case.passed:
         return f"passed  {case.name}"
     line = f"FAILED  {case.name}" + (f": {case.message}" if case.message else "")
     if case.mistakes:
-        line += "\n        " + ("The mistake: " if len(case.mistakes) == 1 else "The mistakes: ") + ", ".join(case.mistakes)
-    return line
+        line += "\n" + ("The mistake: " if len(case.mistakes) == 1 else "The mistakes: ") + ", ".join(case.mistakes)
+    return line.replace("\n", "\n" + INDENT)

@@ -36,7 +36,7 @@ from autograder.course.repository import module_name
 from autograder.course.settings import Settings
 from autograder.engine import notes as grading_notes
 from autograder.engine import sandbox
-from autograder.grading import gradescope
+from autograder.grading import case_results, gradescope
 
 from ..course_copy import fill, make_course, mistake_source, reference_answers, released
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
@@ -428,11 +428,20 @@ def test_untouched_scores_zero_and_the_renamed_notebook_is_noted(graded):
 
 @pytest.mark.slow
 def test_wrong_answer_loses_its_points_and_names_the_mistake(graded):
-    _, _, results = graded["wrong"]
+    """The hidden checks earn the share of the cases the mistake gets right, as the gradebook holds it, and list them."""
+    root, _, results = graded["wrong"]
     mistake = importlib.import_module(f"autograder.hidden.{module_name(ASSIGNMENT)}").MISTAKES[WRONG_EXERCISE][0]
     tests = by_grade_id(results)
     hidden = tests[f"test_{WRONG_EXERCISE}_hidden"]
-    assert hidden["score"] == 0 and mistake.name in hidden["output"]
+    assert hidden["score"] < hidden["max_score"] and hidden["status"] == "failed"
+    assert mistake.name in hidden["output"]
+    notebook = nbformat.read(root / "grading" / "autograded" / gradescope.STUDENT / ASSIGNMENT / f"{ASSIGNMENT}.ipynb",
+                             as_version=4)
+    cell = next(c for c in notebook.cells if nbgrader_meta(c).get("grade_id") == f"test_{WRONG_EXERCISE}_hidden")
+    judged = case_results.read_judged_cell(cell)
+    assert judged.recorded and judged.failed, "the grader wrote no record of the hidden checks' cases"
+    for case in judged.cases:  # every case, as the grader's record has it
+        assert case_results.case_line(case).split("\n")[0] in hidden["output"], case.name
     others = [t for gid, t in tests.items() if WRONG_EXERCISE not in gid]
     assert others and all(t["status"] == "passed" for t in others)
     assert results["score"] < sum(points().values())

@@ -7,7 +7,9 @@
   Create Assignment or the Course List: their servers read the configuration this file writes to
   ``$HUB_STATE/jupyter/student`` (the same settings the student bundle uses), and import the public
   part of ``autograder`` (the visible checks) from ``$HUB_STATE/python``, a copy made here at each
-  start: the course folder itself is closed to them (docs/jupyterhub.md). Instructors' servers open
+  start: the course folder itself is closed to them (docs/jupyterhub.md). Every user's JupyterLab
+  loads the student bundle's style sheet (``custom.css``: nbgrader's Validate dialog wraps a check's
+  message). Instructors' servers open
   in the course folder (``COURSE_ROOT``) with Formgrader, which JupyterLab shows in a frame (their
   servers allow frames of the hub's own origin: JupyterHub forbids them by default).
 - The exchange is shared as nbgrader documents it for JupyterHub: one folder every user can write
@@ -33,7 +35,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from autograder.course.bundle import INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS, TOP, bundle_files
+from autograder.course.bundle import CUSTOM_CSS, INSTRUCTOR_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS, TOP, bundle_files
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -45,6 +47,8 @@ PRIVATE = STATE / "hub"
 #: The public part of ``autograder`` that students' kernels import (the visible checks).
 PUBLIC_PYTHON = STATE / "python"
 EXCHANGE = os.environ.get("NBGRADER_EXCHANGE", "/srv/nbgrader/exchange")
+#: The folder of the style sheet every user's JupyterLab loads (``custom.css``: the student bundle's).
+CUSTOM = STATE / "jupyter" / "custom"
 COURSE_ID = "attention"
 # The Python every user's server and kernels run: the course's environment, which every user must be able to
 # read and run (a virtual environment made from a system Python; not one under /root).
@@ -102,14 +106,22 @@ _publish_public_package()
 _write(STATE / "jupyter" / "student" / "nbgrader_config.py", STUDENT_NBGRADER)
 _write(STATE / "jupyter" / "student" / "labconfig" / "page_config.json",
        json.dumps({"disabledExtensions": {plugin: True for plugin in INSTRUCTOR_PLUGINS}}, indent=2))
-_write(STATE / "jupyter" / "student" / "jupyter_server_config.json",
-       json.dumps({"ServerApp": {"jpserver_extensions": {ext: False for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}, indent=2))
+# nbgrader's Validate dialog shows a failed check's message in a <pre> that does not wrap, so its one long line ran
+# past the dialog's right edge: every user's JupyterLab loads the student bundle's style sheet, which wraps it
+# (JupyterLab's custom CSS, from the folder its web application is told: ServerApp.static_custom_path is not a setting).
+_write(CUSTOM / "custom.css", CUSTOM_CSS)
+CUSTOM.chmod(0o755)
+_write(STATE / "jupyter" / "student" / "jupyter_server_config.json", json.dumps({
+    "ServerApp": {"jpserver_extensions": {ext: False for ext in INSTRUCTOR_SERVER_EXTENSIONS},
+                  "tornado_settings": {"static_custom_path": [str(CUSTOM)]}},
+    "LabApp": {"custom_css": True}}, indent=2))
 _write(STATE / "jupyter" / "instructor" / "nbgrader_config.py", INSTRUCTOR_NBGRADER)
 # Formgrader is a frame in JupyterLab: the instructor's server allows frames of its own origin (JupyterHub 4.1+ sends
 # frame-ancestors 'none' to every user's server). Students' servers keep the hub's default.
-_write(STATE / "jupyter" / "instructor" / "jupyter_server_config.json",
-       json.dumps({"ServerApp": {"tornado_settings": {"headers": {
-           "Content-Security-Policy": "frame-ancestors 'self'"}}}}, indent=2))
+_write(STATE / "jupyter" / "instructor" / "jupyter_server_config.json", json.dumps({
+    "ServerApp": {"tornado_settings": {"headers": {"Content-Security-Policy": "frame-ancestors 'self'"},
+                                       "static_custom_path": [str(CUSTOM)]}},
+    "LabApp": {"custom_css": True}}, indent=2))
 
 # -- the hub -----------------------------------------------------------------------------------
 

@@ -10,14 +10,16 @@ this one's packages linked into a virtual environment of that Python (``make set
 them), so the guide's ``make setup PYTHON=...`` finds it made.
 
 A student logs in, fetches ``01_soft_lookup`` in the Assignment List (which has no Formgrader),
-writes ``scaled_dot_product_attention`` with a catalogued mistake, submits, fetches the feedback
-the service released and reads the mistake named (no hidden source); fixes it, submits again and
-sees full marks. Meanwhile a second student, in a shell of their own, fetches, answers and submits
-with nbgrader's command line, and is graded too. Then, from the first student's account, every
-private thing of the class is tried and must be unreadable (:func:`private_things`, and the course's
-history through ``git``); the instructor sees Formgrader inside JupyterLab, both students in it,
-and their released feedback by name; and ``make grades``'s export has both. A screenshot of each
-step is kept in ``<the test's tmp folder>/screenshots/``.
+writes ``scaled_dot_product_attention`` with a catalogued mistake, validates it (the dialog shows the
+check's message once, wrapped), submits, fetches the feedback the service released and reads the
+mistake named (no hidden source) and the maths drawn by the browser (MathML: no MathJax beside a
+fetched page); fixes it, submits again and sees full marks. Meanwhile a second student, in a shell
+of their own, fetches, answers and submits with nbgrader's command line, and is graded too. Then,
+from the first student's account, every private thing of the class is tried and must be unreadable
+(:func:`private_things`, and the course's history through ``git``); the instructor sees Formgrader
+inside JupyterLab (an assignment's link opens JupyterLab's file browser there), both students in
+it, and their released feedback by name; and ``make grades``'s export has both. A screenshot of
+each step is kept in ``<the test's tmp folder>/screenshots/``.
 
 It skips, saying why, where this machine cannot make Linux users (not root, no ``useradd``), has
 no chromium, no sandbox (the service refuses to grade without one), or cannot install the proxy
@@ -44,12 +46,14 @@ import psutil
 import pytest
 from nbgrader.utils import notebook_hash
 
+from autograder.checks.soft_lookup import check_scaled_dot_product_attention
 from autograder.engine import sandbox
+from autograder.errors import CheckFailed
 from autograder.grading import export
 
 from ..course_copy import mistake_source, reference_answers
 from ..frontdoor import user
-from ..grading.test_browser import CHROMIUM, EXERCISE, Steps, cell, free_port, no_scaling, replace_source
+from ..grading.test_browser import CHROMIUM, EXERCISE, Steps, cell, free_port, no_overflow, no_scaling, replace_source
 from ..notebook_code import ROOT
 from .user_env import runnable_by_all
 
@@ -370,7 +374,30 @@ def submit_and_read_feedback(page, hub, steps: Steps, name: str) -> str:
     page.goto(f"{hub.url}/user/{hub.alice}/files/{A}/feedback/{newest}/{A}.html")
     page.wait_for_load_state()
     steps.shot(f"{name}-feedback")
+    # The maths, drawn by the browser itself: MathML, with no MathJax beside a fetched page.
+    maths = page.locator("math")
+    assert maths.count() > 10 and maths.first.bounding_box()["width"] > 0
+    assert page.evaluate("() => typeof window.MathJax") == "undefined"
+    prose = " ".join(page.locator(".text_cell_render, .jp-RenderedMarkdown").all_inner_texts())
+    assert prose and "$" not in prose and "\\frac" not in prose and "\\sqrt" not in prose, prose[:2000]
+    maths.nth(10).scroll_into_view_if_needed()
+    steps.shot(f"{name}-feedback-maths")
     return " ".join(page.locator("body").inner_text().split())
+
+
+def validate(page, steps: Steps) -> None:
+    """Validate in the notebook's toolbar: the failed check's message once, every line inside the dialog."""
+    page.locator(".jp-Toolbar").get_by_text("Validate", exact=True).first.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("The following cell failed", timeout=300_000)
+    steps.shot("validate-dialog")
+    with pytest.raises(CheckFailed) as failure:  # what the student's visible check says (no catalogue of mistakes)
+        check_scaled_dot_product_attention(no_scaling().fn)
+    first = " ".join(str(failure.value).splitlines()[0].split())
+    shown = " ".join(dialog.inner_text().split())
+    assert shown.count(first) == 1, shown
+    assert no_overflow(dialog), "a line of the Validate dialog runs off its right edge"
+    dialog.get_by_role("button").last.click()
 
 
 def test_a_class_on_jupyterhub(hub, tmp_path):
@@ -408,6 +435,7 @@ def test_a_class_on_jupyterhub(hub, tmp_path):
             reference = reference_answers(A)
             write_answers(page, hub, dict(reference, **{EXERCISE: mistake_source(no_scaling(), EXERCISE)}))
             steps.shot("mistake-written")
+            validate(page, steps)
             text = submit_and_read_feedback(page, hub, steps, "mistake")
             assert "no scaling" in text and "sqrt(d_k)" in text, text[:2000]
             assert "Test cell" not in text and f"{EXERCISE}: hidden checks" in text, text[:2000]  # the summary's names
@@ -450,6 +478,8 @@ def test_a_class_on_jupyterhub(hub, tmp_path):
             inside = instructor.frame_locator("#formgrader-iframe iframe")  # Formgrader inside JupyterLab
             expect(inside.locator("body")).to_contain_text(A, timeout=120_000)
             teacher.shot("formgrader-in-jupyterlab")
+            inside.get_by_role("link", name=A, exact=True).first.click()  # JupyterLab's file browser, in the source
+            expect(instructor.locator(".jp-FileBrowser .jp-BreadCrumbs")).to_contain_text(A, timeout=60_000)
             instructor.goto(f"{hub.url}/user/{hub.instructor}/formgrader/manage_submissions/{A}")
             expect(instructor.locator("body")).to_contain_text(hub.bob, timeout=120_000)
             expect(instructor.locator("body")).to_contain_text(hub.alice)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..cases import case as case_of_check
 from ..compare import describe
 from ..diagnosis import Mistake, MistakeFound, run
 from ..errors import fail
@@ -255,11 +256,13 @@ def check_paged_scripts(PagedKVCache, cases: Sequence[PagedCase], mistakes: Sequ
     for case in cases:
         num_blocks, block_size, kv_heads, d_head, ops, dtype, label = case
         what = f"PagedKVCache({num_blocks}, {block_size}, {kv_heads}, {d_head}, dtype={dtype}) ({label})"
-        got = probe(paged_scenario, PagedKVCache, num_blocks, block_size, kv_heads, d_head, ops, dtype=dtype, what=what)
-        found = judge_paged(got, num_blocks, block_size, ops, dtype)
-        if found is not None:
-            kind, message = found
-            raise MistakeFound(f"With {what}:\n{message}", [m for m in mistakes if paged_kind(m.fn, case) == kind])
+        with case_of_check(label):
+            got = probe(paged_scenario, PagedKVCache, num_blocks, block_size, kv_heads, d_head, ops, dtype=dtype,
+                        what=what)
+            found = judge_paged(got, num_blocks, block_size, ops, dtype)
+            if found is not None:
+                kind, message = found
+                raise MistakeFound(f"With {what}:\n{message}", [m for m in mistakes if paged_kind(m.fn, case) == kind])
 
 
 #: Appends of one token each in the allocation probe of PagedKVCache, and what one may allocate: this many tokens of
@@ -332,20 +335,23 @@ def unknown_id_errors(PagedKVCache) -> list:  # noqa: N803
 
 def unknown_ids(PagedKVCache) -> None:  # noqa: N803
     """Every method given a freed id or an id never made raises a ValueError (the text's rule)."""
-    for what, error in probe(unknown_id_errors, PagedKVCache, what="a freed id and an id never made"):
-        expect_raised(None if error is None else [error, ""], ValueError, f"PagedKVCache: {what}",
-                      "the id is unknown to the cache")
+    with case_of_check("a freed id and an id never made raise ValueError in every method"):
+        for what, error in probe(unknown_id_errors, PagedKVCache, what="a freed id and an id never made"):
+            expect_raised(None if error is None else [error, ""], ValueError, f"PagedKVCache: {what}",
+                          "the id is unknown to the cache")
 
 
 def paged_append_errors(PagedKVCache) -> None:  # noqa: N803
-    """``append`` with ``k`` or ``v`` of the wrong shape raises a ValueError."""
-    cache = call_student(PagedKVCache, 4, 2, 2, 3, what="PagedKVCache(4, 2, 2, 3)")
-    seq = call_student(cache.new_sequence, what="cache.new_sequence()")
+    """``append`` with ``k`` or ``v`` of the wrong shape raises a ValueError; a case each, with a cache of its own."""
     for shape_k, shape_v, why in [((3, 1, 3), (3, 1, 3), "the cache has 2 key/value heads, not 3"),
                                   ((2, 1, 4), (2, 1, 4), "the cache has d_head = 3, not 4"),
                                   ((2, 2, 3), (2, 1, 3), "k holds 2 tokens but v holds 1")]:
-        expect_error(cache.append, seq, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
-                     what=f"cache.append(seq, k {shape_k}, v {shape_v}) with a PagedKVCache(4, 2, 2, 3)")
+        what = f"cache.append(seq, k {shape_k}, v {shape_v}) with a PagedKVCache(4, 2, 2, 3)"
+        with case_of_check(f"{what} raises ValueError"):
+            cache = call_student(PagedKVCache, 4, 2, 2, 3, what="PagedKVCache(4, 2, 2, 3)")
+            seq = call_student(cache.new_sequence, what="cache.new_sequence()")
+            expect_error(cache.append, seq, torch.zeros(shape_k), torch.zeros(shape_v), error=ValueError, why=why,
+                         what=what)
 
 
 def chunk(gen: torch.Generator, kv_heads: int, t: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -442,8 +448,9 @@ def paged_attention_errors(paged_attention, case: Case) -> None:
     for args, why in [((q[:, :3], seqs), f"3 query heads cannot share {keys.shape[1]} key/value heads equally"),
                       ((q, seqs[:-1]), f"q holds {q.shape[0]} queries but seqs names {len(seqs) - 1} sequences")]:
         what = f"paged_attention(q {tuple(args[0].shape)}, a cache with {keys.shape[1]} key/value heads, seqs={args[1]})"
-        expect_raised(probe(paged_attention_error, paged_attention, keys, values, sequences, *args, what=what),
-                      ValueError, what, why)
+        with case_of_check(f"{what} raises ValueError"):
+            expect_raised(probe(paged_attention_error, paged_attention, keys, values, sequences, *args, what=what),
+                          ValueError, what, why)
 
 
 def paged_case(gen, num_blocks, block_size, kv_heads, h, d_head, sequences, seqs, label, dtype=torch.float64):
@@ -684,7 +691,9 @@ def speculative_errors(speculative_generate, target: Spec) -> None:
                       ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "k = 0: a round proposes at least one token"),
                       ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "steps = 0: at least one token is asked for")]:
         what = f"speculative_generate(target, draft, prompt {tuple(args[0].shape)}, steps={args[1]}, k={args[2]})"
-        expect_raised(probe(speculative_error, speculative_generate, target, *args, what=what), ValueError, what, why)
+        with case_of_check(f"{what} raises ValueError"):
+            expect_raised(probe(speculative_error, speculative_generate, target, *args, what=what), ValueError, what,
+                          why)
 
 
 def spec_words(spec: Spec) -> str:

@@ -1,0 +1,163 @@
+"""Every hidden check as the grader judges it (:func:`autograder.cases.judging`): a list of named cases.
+
+For every notebook, in-process and through the proxies grading uses: the reference passes every
+case, and its check calls the student's code only inside a case (a call outside one would stop the
+check and score the whole cell zero); every catalogued mistake fails a case that names it, and
+the check goes on to its other cases (only a forbidden call stops it); an answer right on every
+input but one earns exactly the other cases' share of the cell's points.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import cases
+from autograder.cases import CheckRecord
+from autograder.engine.judge import case_record, error_output, scored_outputs
+from autograder.errors import CheckFailed, WholeCellFailure
+from autograder.remote import lookup
+from autograder.serve import LocalChannel
+
+from ..course_copy import catalogue
+from ..notebook_code import cell_arguments
+from .test_catalogue import exercises, mistakes, module, pasted, solution
+
+_CHECKS = str(Path(__file__).resolve().parents[2] / "autograder")
+#: Seconds one call of the student's code may take here before it counts as never returning (the grader's cell
+#: time limit, which scores the whole cell zero). Far above what any call of a check takes.
+CALL_LIMIT = 30
+
+
+class NeverReturned(BaseException):
+    """A call of the student's code ran past :data:`CALL_LIMIT` (a BaseException: no check may catch it)."""
+
+
+def _never_returned(signum, frame):
+    raise NeverReturned
+
+
+class WatchedChannel(LocalChannel):
+    """A channel to the student's namespace that notes every request a check makes outside its cases."""
+
+    def __init__(self, namespace: dict) -> None:
+        super().__init__(namespace)
+        self.outside: list[str] = []
+
+    def request(self, message: bytes) -> bytes:
+        if cases.recording():  # inside a judged check, in no case
+            ours = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack()
+                    if f.filename.startswith(_CHECKS)]
+            self.outside.append(" <- ".join(reversed(ours[-3:])))
+        previous = signal.signal(signal.SIGALRM, _never_returned)
+        signal.alarm(CALL_LIMIT)
+        try:
+            return super().request(message)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def judged(assignment: str, exercise: str, answer) -> tuple[CheckRecord, BaseException | None, list[str]]:
+    """Run the hidden check of ``exercise`` on ``answer`` as the judge does: its record, its failure (or
+    :class:`NeverReturned`), and the requests it made to the student's namespace outside every case."""
+    channel = WatchedChannel(dict(vars(solution(assignment)), **{exercise: answer}))
+    arguments = [lookup(channel, name)[1] for name in cell_arguments(assignment, True)[exercise]]
+    check = getattr(module(assignment), f"check_{exercise}")
+    failure = None
+    with warnings.catch_warnings(), cases.judging() as records:
+        warnings.simplefilter("ignore")
+        try:
+            check(*arguments)
+        except (CheckFailed, NeverReturned) as error:
+            failure = error
+    assert len(records) == 1, records
+    return records[0], failure, channel.outside
+
+
+def whole_cell(failure: BaseException | None) -> bool:
+    """Whether ``failure`` is, or was raised while handling, a whole-cell failure (a forbidden call)."""
+    while failure is not None:
+        if isinstance(failure, WholeCellFailure):
+            return True
+        failure = failure.__context__
+    return False
+
+
+@pytest.mark.parametrize(("assignment", "exercise"), list(exercises()))
+def test_reference_passes_every_case_and_calls_only_inside_cases(assignment, exercise, capsys):
+    record, failure, outside = judged(assignment, exercise, getattr(solution(assignment), exercise))
+    assert failure is None, failure
+    assert record.results, f"check_{exercise} ran no case"
+    assert record.stopped == "" and not record.failed, record
+    assert outside == [], f"check_{exercise} called the student's code outside every case: {outside}"
+    names = [r.name for r in record.results]
+    assert len(set(names)) == len(names), f"two cases of check_{exercise} have the same name: {names}"
+    assert f"{exercise} passes the hidden checks." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("assignment", "exercise", "index"), list(mistakes()))
+def test_mistake_fails_a_case_that_names_it_and_the_check_goes_on(assignment, exercise, index):
+    mistake = catalogue(assignment)[exercise][index]
+    record, failure, outside = judged(assignment, exercise, pasted(mistake, exercise))
+    assert failure is not None, f"{mistake.name!r} passed every case"
+    assert outside == [], f"check_{exercise} called the student's code outside every case: {outside}"
+    if isinstance(failure, NeverReturned):
+        # A later case never returns (a loop that adds no token when k = 0): the grader's time limit scores the
+        # cell zero. The cases before it still ran, and one named the mistake.
+        assert any(f"'{mistake.name}'" in r.message for r in record.failed), [r.message for r in record.failed]
+        return
+    if whole_cell(failure):  # a forbidden call stops the check: the whole cell scores zero
+        assert record.stopped and f"'{mistake.name}'" in record.stopped, record.stopped
+        return
+    assert record.stopped == "", f"the check stopped outside its cases: {record.stopped}"
+    assert record.failed, record
+    named = [r for r in record.failed if f"'{mistake.name}'" in r.message and mistake.section in r.message]
+    assert named, [r.message for r in record.failed]
+    assert any(m.id == mistake.id for r in named for m in r.mistakes), [r.mistakes for r in named]
+
+
+def _right_but_float32(assignment: str, exercise: str):
+    """The reference of ``exercise``, wrong (its output moved by 1) on float32 inputs only."""
+    reference = getattr(solution(assignment), exercise)
+
+    def answer(Q, K, V, *args, **kwargs):
+        output, weights = reference(Q, K, V, *args, **kwargs)
+        return (output + 1 if Q.dtype == torch.float32 else output), weights
+
+    return answer
+
+
+def _right_but_default_m(assignment: str, exercise: str):
+    """The reference of causal_mask, wrong (transposed) when m is left out."""
+    reference = getattr(solution(assignment), exercise)
+
+    def causal_mask(n, m=None, align="top_left", device=None):
+        mask = reference(n, m, align=align, device=device)
+        return mask.T.contiguous() if m is None else mask
+
+    return causal_mask
+
+
+@pytest.mark.parametrize(("assignment", "exercise", "answer", "wrong_case"), [
+    ("01_soft_lookup", "scaled_dot_product_attention", _right_but_float32, "float32 inputs"),
+    ("05_multi_head", "grouped_query_attention", _right_but_float32, "float32"),
+    ("03_masking", "causal_mask", _right_but_default_m, "m left out: m = n"),
+])
+def test_an_answer_wrong_on_one_input_earns_the_other_cases_share(assignment, exercise, answer, wrong_case):
+    record, failure, _ = judged(assignment, exercise, answer(assignment, exercise))
+    assert [r.name for r in record.failed] == [wrong_case], [(r.name, r.message) for r in record.failed]
+    assert record.stopped == ""
+    total = sum(r.weight for r in record.results)
+    wrong = next(r.weight for r in record.results if r.name == wrong_case)
+    assert len(record.results) > 2 and record.fraction() == pytest.approx((total - wrong) / total)
+    # The cell's score, as the judge writes it for nbgrader: the other cases' share of its points.
+    outputs = scored_outputs([record], error_output("CheckFailed", str(failure)), 3.0, all_or_nothing=False)
+    score = next(o for o in outputs if o.output_type == "execute_result")
+    assert float(score.data["text/plain"]) == pytest.approx(round(3.0 * (total - wrong) / total, 2))
+    assert case_record({"outputs": outputs})["score"] == pytest.approx(float(score.data["text/plain"]))

@@ -146,7 +146,7 @@ def check_speculative_generate(speculative_generate) -> None:
     ]:
         prompt = torch.tensor([prompt])
         what = f"speculative_generate(target, draft, prompt (1, 4), {steps}, {k}) ({label})"
-        got = probe(speculative_run, speculative_generate, target, draft, prompt, steps, k, what=what)
+        got = speculative_run(speculative_generate, target, draft, prompt, steps, k)
         found = speculative_problem(got, target, draft, prompt, steps, k, greedy_of(target, prompt, steps), calls)
         if found is not None:
             fail(f"{found[1]}\n({label})")

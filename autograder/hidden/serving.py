@@ -1061,8 +1061,7 @@ def check_speculative_generate(speculative_generate) -> None:
         prompt = torch.tensor([length]) if isinstance(length, list) else torch.randint(0, spec[4], (1, length), generator=gen)
         # One step: no proposal is made, so any answer with the target's first greedy token passes; a small share.
         with case(label, weight=0.25 if steps == 1 else 1.0):
-            got = probe(speculative_run, speculative_generate, spec, draft, prompt, steps, k,
-                        what=f"speculative_generate(target, draft, prompt (1, {prompt.shape[1]}), {steps}, {k}) ({label})")
+            got = speculative_run(speculative_generate, spec, draft, prompt, steps, k)
             target_model, draft_model = decoder_of(spec), decoder_of(draft)
             _, calls = speculative_reference(target_model, draft_model, prompt, steps, k)
             greedy = greedy_of(spec, prompt, steps)

@@ -25,7 +25,7 @@ from ..diagnosis import Mistake, MistakeFound, run
 from ..errors import fail
 from ..inputs import generator, math_sdpa, randn
 from ..references.tiny_decoder import Weights, decoder_reference
-from ..student import call_student, expect_error, probe
+from ..student import call_student, expect_error, probe, served_to
 from ..verify import Case
 from ..watches import AllocationMeter, watch_allocations
 
@@ -637,27 +637,23 @@ def greedy_of(spec: Spec, prompt: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def speculative_run(speculative_generate, target: Spec, draft: Spec, prompt, steps, k):
-    """Probe: ``speculative_generate`` with the two models, each in its own counting wrapper.
+    """``speculative_generate`` run with the two models, each counting its calls where the check runs.
 
-    Returns ``(tokens, target_calls as returned, calls of the target counted, calls of the draft counted)``.
+    Where the answer runs in the student's kernel, the models are served from the grader
+    (:func:`autograder.student.served_to`): the kernel gets stand-ins, and the calls are made and
+    counted here. Returns ``(tokens, target_calls as returned, calls of the target counted, calls of
+    the draft counted)``.
     """
     target_model, draft_model = decoder_of(target), decoder_of(draft)
-    result = speculative_generate(target_model, draft_model, prompt, steps, k)
+    what = f"speculative_generate(target, draft, prompt {tuple(prompt.shape)}, {steps}, {k})"
+    result = call_student(speculative_generate, served_to(speculative_generate, target_model),
+                          served_to(speculative_generate, draft_model), prompt, steps, k, what=what)
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"speculative_generate should return a pair (tokens, target_calls), not {describe(result)}")
+        fail(f"{what} should return a pair (tokens, target_calls), not {describe(result)}.")
     tokens, calls = result
     if isinstance(calls, torch.Tensor) and calls.numel() == 1 and not calls.is_floating_point():
         calls = int(calls.item())
     return tokens, calls, target_model.calls, draft_model.calls
-
-
-def speculative_error(speculative_generate, target: Spec, prompt, steps, k):
-    """Probe: the type and message of the error the call raises, or None."""
-    try:
-        speculative_generate(decoder_of(target), decoder_of(target), prompt, steps, k)
-    except Exception as error:  # noqa: BLE001 - the check wants the type
-        return [type(error).__name__, str(error)[:300]]
-    return None
 
 
 SPECULATIVE_ARGS = ("target", "draft", "prompt", "steps", "k")
@@ -691,9 +687,8 @@ def speculative_errors(speculative_generate, target: Spec) -> None:
                       ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "k = 0: a round proposes at least one token"),
                       ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "steps = 0: at least one token is asked for")]:
         what = f"speculative_generate(target, draft, prompt {tuple(args[0].shape)}, steps={args[1]}, k={args[2]})"
-        with case_of_check(f"{what} raises ValueError"):
-            expect_raised(probe(speculative_error, speculative_generate, target, *args, what=what), ValueError, what,
-                          why)
+        models = (served_to(speculative_generate, decoder_of(target)) for _ in range(2))
+        expect_error(speculative_generate, *models, *args, error=ValueError, what=what, why=why)
 
 
 def spec_words(spec: Spec) -> str:

@@ -1,7 +1,8 @@
 """What a student's feedback shows of the hidden checks before the due date (``GradingService.hidden_before_due``).
 
-``messages``: everything, as ``make feedback`` shows it (the message of every failed check, never a
-hidden test's source). ``pass_fail``: a hidden check's cell says only whether it passed. ``nothing``:
+``messages``: everything, as ``make feedback`` shows it (the message of every failed check and the
+list of its cases, never a hidden test's source). ``pass_fail``: a hidden check's cell says only
+whether it passed (not which of its cases did). ``nothing``:
 a hidden check's cell says only that it ran, and shows no points of its own. After the due date a
 student sees everything. The graded notebook is never changed: the page is made from a copy.
 
@@ -42,7 +43,11 @@ def shown(notebook: NotebookNode, mode: str) -> NotebookNode:
             continue
         if mode == "pass_fail":
             score, points = determine_grade(cell)
-            text = PASSED if score is not None and score >= points else FAILED
+            if score is None or score < points:  # an error, so that every reader of the page sees it failed
+                cell.outputs = [v4.new_output("error", ename="CheckFailed", evalue=FAILED,
+                                              traceback=[f"CheckFailed: {FAILED}"])]
+                continue
+            text = PASSED
         else:
             text = HIDDEN
             cell.metadata.nbgrader["grade"] = False  # its points are not shown beside it

@@ -56,7 +56,7 @@ def test_the_probes_are_found_in_the_code():
     for known in ("autograder.watches:watch_allocations", "autograder.references.flash_backward:function_record",
                   "autograder.references.flash_backward:gradcheck_record",
                   "autograder.references.flash_backward:backward_under_guard",
-                  "autograder.references.tiny_decoder:model_calls", "autograder.references.serving:speculative_run"):
+                  "autograder.references.tiny_decoder:model_calls"):
         assert known in found
     assert len(found) > 20
 
@@ -201,6 +201,41 @@ def test_a_generate_that_rewrites_what_the_count_noted_fails(tmp_path):
 @pytest.mark.slow
 def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path):
     assert failure(graded_generate(tmp_path, reference_answers(A)["generate"])) is None
+
+
+# -- graded: 11's speculative decoder that verifies token by token and rewrites the count of its target's calls ---
+
+#: Proposes as speculative decoding does, then verifies each proposal with a call of the target of its own (k + 1
+#: calls a round instead of one); where the models count their own calls in the kernel, it sets the target's count
+#: back to one call a round.
+VERIFIES_ONE_BY_ONE = '''
+def speculative_generate(target, draft, prompt, steps, k):
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0 or k < 1 or steps < 1:
+        raise ValueError("a batch of one non-empty prompt, k >= 1 and steps >= 1")
+    start = getattr(target, "calls", 0)
+    tokens, rounds = prompt, 0
+    while tokens.shape[1] - prompt.shape[1] < steps:
+        left = steps - (tokens.shape[1] - prompt.shape[1])
+        proposal = tokens
+        for _ in range(min(k, left - 1)):
+            proposal = torch.cat([proposal, draft(proposal)[:, -1:].argmax(dim=-1)], dim=1)
+        rounds += 1
+        for i in range(tokens.shape[1], proposal.shape[1] + 1):
+            best = target(tokens)[:, -1:].argmax(dim=-1)
+            tokens = torch.cat([tokens, best], dim=1)
+            if i == proposal.shape[1] or not bool((proposal[:, i:i + 1] == best).all()):
+                break
+    if isinstance(start, int):
+        target.calls = start + rounds
+    return tokens[:, prompt.shape[1]:], rounds
+'''
+
+
+@pytest.mark.slow
+def test_a_speculative_decoder_that_rewrites_its_targets_count_fails(tmp_path):
+    """The models are served from the grader (autograder.served): the target's calls are counted where no answer reaches."""
+    message = failure(graded_one(tmp_path, "11_serving", "speculative_generate", VERIFIES_ONE_BY_ONE))
+    assert message is not None and "target" in message, message
 
 
 # -- graded: 08's FlashAttention left as released, its three probes replaced -----------------------------------

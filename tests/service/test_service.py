@@ -21,7 +21,9 @@ import pytest
 from nbformat import v4
 from nbgrader.api import Gradebook, MissingEntry
 
+from autograder.cases import CaseResult, CheckRecord
 from autograder.course.settings import Settings
+from autograder.engine import judge
 from autograder.grading import grade
 from autograder.service import inbox, queue, visibility
 from autograder.service.serve import Service
@@ -125,7 +127,13 @@ def _graded_notebook():
                               metadata={"nbgrader": {"grade": True, "solution": False, "grade_id": "test_g_hidden",
                                                      "points": 1}})
     passed.outputs = [v4.new_output("stream", name="stdout", text="g passes the hidden checks\n")]
-    return v4.new_notebook(cells=[visible, failed, passed])
+    partial = v4.new_code_cell("### BEGIN HIDDEN TESTS\nhidden_check(h)\n### END HIDDEN TESTS",
+                               metadata={"nbgrader": {"grade": True, "solution": False, "grade_id": "test_h_hidden",
+                                                      "points": 2}})
+    partial.outputs = judge.scored_outputs([CheckRecord("h", [CaseResult("the secret case", 1.0, True),
+                                                              CaseResult("another", 1.0, False, "the secret wrong")])],
+                                           None, 2.0, False)
+    return v4.new_notebook(cells=[visible, failed, passed, partial])
 
 
 def test_hidden_checks_shown_as_the_setting_says():
@@ -133,13 +141,17 @@ def test_hidden_checks_shown_as_the_setting_says():
     assert visibility.shown(nb, "messages") == nb
     pass_fail = visibility.shown(nb, "pass_fail")
     assert pass_fail.cells[0] == nb.cells[0]  # a visible check keeps its message
-    assert pass_fail.cells[1].outputs[0].text.strip() == visibility.FAILED
+    # a failed hidden check is an error (so every reader of the page sees it failed), with the words only
+    assert [(o.output_type, o.evalue) for o in pass_fail.cells[1].outputs] == [("error", visibility.FAILED)]
     assert pass_fail.cells[2].outputs[0].text.strip() == visibility.PASSED
+    # a check that earned a share of its points did not pass: neither its cases nor their messages are shown
+    assert [(o.output_type, o.evalue) for o in pass_fail.cells[3].outputs] == [("error", visibility.FAILED)]
     nothing = visibility.shown(nb, "nothing")
-    assert [c.outputs[0].get("text", "").strip() for c in nothing.cells[1:]] == [visibility.HIDDEN] * 2
+    assert [c.outputs[0].get("text", "").strip() for c in nothing.cells[1:]] == [visibility.HIDDEN] * 3
     assert not nothing.cells[1].metadata.nbgrader["grade"]
     assert nothing.cells[1].source == "# Hidden" and nothing.cells[2].source == ""  # no hidden region left
-    assert "the secret message" in str(nb) and "the secret message" not in str(pass_fail) + str(nothing)
+    for secret in ("the secret message", "the secret case", "the secret wrong"):
+        assert secret in str(nb) and secret not in str(pass_fail) + str(nothing), secret
     with pytest.raises(ValueError, match="hidden_before_due must be one of"):
         visibility.shown(nb, "some")
 
@@ -395,6 +407,8 @@ def test_a_class_graded_on_submit(tmp_path, course):
         assert "BEGIN HIDDEN TESTS" not in page and "hidden_check" not in page, mode
     graded = nbformat.read(root / "autograded" / "alice" / A / f"{A}.ipynb", as_version=4)
     messages = {o.get("evalue", "") for c in graded.cells if visibility.is_hidden_check(c) for o in c.outputs}
+    messages |= {case["message"].split("\n")[0] for c in graded.cells if visibility.is_hidden_check(c)
+                 for case in (judge.case_record(c) or {}).get("cases", []) if not case["passed"]}
     visible = " ".join(str(c.get("outputs", "")) for c in graded.cells if not visibility.is_hidden_check(c))
     secret = [m for m in messages if len(m) > 40 and m[:60] not in visible]
     assert secret, "alice's final submission fails no hidden check with a message of its own"

@@ -161,3 +161,30 @@ def test_an_answer_wrong_on_one_input_earns_the_other_cases_share(assignment, ex
     score = next(o for o in outputs if o.output_type == "execute_result")
     assert float(score.data["text/plain"]) == pytest.approx(round(3.0 * (total - wrong) / total, 2))
     assert case_record({"outputs": outputs})["score"] == pytest.approx(float(score.data["text/plain"]))
+
+
+def test_a_case_that_needs_what_a_failed_case_builds_fails_saying_it_could_not_run():
+    """MultiHeadAttention whose from_torch raises: the cases that use the module it builds are counted as failed,
+    each saying so; the cases that build their own module still pass."""
+    reference = solution("05_multi_head").MultiHeadAttention
+
+    class MultiHeadAttention(reference):
+        @classmethod
+        def from_torch(cls, mha):
+            raise RuntimeError("from_torch is not written")
+
+    record, failure, outside = judged("05_multi_head", "MultiHeadAttention", MultiHeadAttention)
+    assert record.stopped == "" and outside == [] and failure is not None
+    built = "MultiHeadAttention.from_torch(mha) registers the copied weights as parameters"
+    could_not_run = [r for r in record.failed if r.message.startswith("This case could not run")]
+    assert [r.name for r in could_not_run] == [
+        "output.sum().backward() reaches every parameter of the module of from_torch(mha)",
+        "module(query (2, 3, 8), key (2, 4, 6), value (2, 4, 6)) with d_model = 8 raises ValueError",
+        "module(x, x, x, attn_mask of shape (3, 4)) with 3 queries and 3 keys raises ValueError",
+        "module(x, x, x, key_padding_mask of shape (3, 3)) with a batch of 2 raises ValueError",
+    ]
+    assert all(f'"{built}"' in r.message for r in could_not_run)
+    assert "RuntimeError: from_torch is not written" in next(r.message for r in record.failed if r.name == built)
+    # The cases that build their own module without from_torch still pass.
+    assert {r.name for r in record.results if r.passed} >= {"the parameters of MultiHeadAttention(12, 3, bias=True)",
+                                                             "MultiHeadAttention(12, 5) raises ValueError"}

@@ -20,7 +20,10 @@ What earns no share, and why:
 - **a failure outside every case** (the check's own code between its cases, which may need what
   an earlier case built): the check stops there, the cases it did not reach cannot be counted,
   and the cell scores zero; a check keeps every call of the student's code inside a case;
-- **a kernel that dies or hangs**: the judge's error, zero for the cell.
+- **a kernel that dies**: the judge's error, zero for the cell.
+
+A call that runs past the time the cell has left (an endless loop on one input) fails its case, and
+every case after it fails at once the same way; the cases before it keep their share.
 
 What it does not protect: a share is earned by passing a case's input, so an answer that
 recognises the hidden inputs would earn their shares; the inputs are hidden, as they are for
@@ -35,7 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from .errors import CheckFailed, WholeCellFailure, fail
+from .errors import CheckFailed, OutOfTime, WholeCellFailure, fail
 
 
 @dataclass
@@ -56,6 +59,7 @@ class CheckRecord:
     exercise: str
     results: list[CaseResult] = field(default_factory=list)
     stopped: str = ""
+    timed_out: bool = False  # a call ran past the cell's time (the kernel must be brought back before the next cell)
 
     @property
     def failed(self) -> list[CaseResult]:
@@ -68,6 +72,11 @@ class CheckRecord:
         if self.stopped or total <= 0:
             return 0.0
         return sum(r.weight for r in self.results if r.passed) / total
+
+
+#: A case whose call of the student's code ran past the time the test cell had left, or came after one that did.
+OUT_OF_TIME = ("This case did not finish: the time this test cell has was spent while it ran (an endless loop, or a "
+               "computation much slower than the exercise needs). The cases before it keep their share.")
 
 
 class CasesFailed(CheckFailed):
@@ -164,8 +173,12 @@ class case:  # noqa: N801 - used as a statement, ``with case("causal, n != m"):`
         if error is None:
             record.results.append(CaseResult(self.name, self.weight, True))
             return False
+        if isinstance(error, OutOfTime):  # the cases after it fail the same way at once: the time is spent
+            record.timed_out = True
+            record.results.append(CaseResult(self.name, self.weight, False, OUT_OF_TIME))
+            return True
         if isinstance(error, WholeCellFailure) or not isinstance(error, Exception):
-            return False  # the whole cell fails; an interrupted kernel or a stopped grader stops everything
+            return False  # the whole cell fails; a kernel that died or a stopped grader stops everything
         message = (str(error) if isinstance(error, CheckFailed) else
                    f"The hidden check could not finish this case: {type(error).__name__}: {error}")
         record.results.append(CaseResult(self.name, self.weight, False, message, tuple(getattr(error, "mistakes", ()))))

@@ -29,6 +29,11 @@ class NotWritten(WholeCellFailure):
     """The exercise still raises ``NotImplementedError``."""
 
 
+class OutOfTime(BaseException):
+    """A call of the student's code ran past the time its test cell had left (a ``BaseException``: no check
+    may swallow it; a case of a judged check records it, :mod:`autograder.cases`)."""
+
+
 def shown_name(error: BaseException) -> str:
     """The error's name as a notebook shows it: ``CheckFailed`` for every failed check, else its type's name."""
     return CheckFailed.__name__ if isinstance(error, CheckFailed) else type(error).__name__

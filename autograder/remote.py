@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from . import wire
-from .errors import CheckFailed, NotWritten, fail
+from .errors import CheckFailed, NotWritten, OutOfTime, fail
 from .guard import ACTIVE_RULES, Forbidden, ForbiddenCall
 
 
@@ -40,7 +40,7 @@ class Interrupted(BaseException):
     """The kernel stopped answering a request (a ``BaseException``: no check may swallow it)."""
 
 
-class CallTimedOut(Interrupted):
+class CallTimedOut(Interrupted, OutOfTime):
     """A request ran past the time its test cell had left."""
 
 

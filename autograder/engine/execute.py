@@ -292,6 +292,9 @@ class ResilientExecute(KernelRequests, Execute):
                 self._restart_graded()
                 return cell
             raise DeadKernelError("the kernel died while a check ran the student's code") from None
+        if any(record.timed_out for record in records) and self.graded is not None and \
+                not run_sync(self.graded.idle)(5):
+            self._restart_graded()  # a case ran out of time (recorded as failed): the kernel is brought back
         problems = self.graded.load_problems() if self.graded is not None and failure is not None else ""
         if problems:
             failure = error_output(failure.ename, failure.evalue + problems)

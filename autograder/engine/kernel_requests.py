@@ -115,6 +115,8 @@ class KernelRequests:
         raise NotImplementedError
 
     async def _async_request(self, message: bytes, kernel: tuple | None = None) -> bytes:
+        if monotonic() >= self._deadline:  # the cell's time is spent (a case that ran out of it): nothing more is sent
+            raise remote.CallTimedOut()
         payload = base64.b64encode(message).decode("ascii")
         expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
         kc, km = kernel or self._kernel()

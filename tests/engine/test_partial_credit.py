@@ -17,6 +17,7 @@ from nbformat.v4 import new_code_cell
 from nbgrader.utils import determine_grade
 from traitlets.config import Config
 
+from autograder import cases
 from autograder.cases import CaseResult, CheckRecord
 from autograder.engine import judge
 from autograder.engine.execute import ResilientExecute, is_test_cell
@@ -63,7 +64,7 @@ def graded_cells(notebook, tmp_path, **traits) -> dict:
     """grade id -> the judged test cell, graded as grading grades it (without the sandbox)."""
     config = Config()
     config.CourseDirectory.root = str(ROOT)
-    executor = ResilientExecute(timeout=120, sandbox=False, config=config, **traits)
+    executor = ResilientExecute(sandbox=False, config=config, **{"timeout": 120, **traits})
     graded, _ = executor.preprocess(notebook, {"metadata": {"path": str(tmp_path)},
                                                "nbgrader": {"assignment": A, "notebook": A}})
     return {nbgrader_meta(c)["grade_id"]: c for c in graded.cells if is_test_cell(c)}
@@ -141,3 +142,32 @@ def test_cases_of_one_name_are_told_apart_and_long_messages_are_cut():
     _, record = scored(records)
     assert [c["name"] for c in record["cases"]] == ["shape", "shape #2"]
     assert len(record["cases"][1]["message"]) <= judge.MESSAGE_CHARACTERS + len(" [cut]")
+
+
+#: Right, but endless when four keys tie.
+HANGS_ON_A_TIE = '''
+def hard_lookup(query, keys, values):
+    while keys.shape[0] == 4:
+        pass
+    return values[int(torch.argmax(keys @ query))]
+'''
+
+
+@pytest.mark.slow
+def test_a_case_that_runs_out_of_time_keeps_the_share_of_the_cases_before_it(tmp_path):
+    """The endless case and the cases after it fail; the cases before it keep their share; the next cell is graded."""
+    notebook = copy.deepcopy(instructor_notebook())
+    next(c for c in notebook.cells if nbgrader_meta(c).get("grade_id") == "hard_lookup").source = HANGS_ON_A_TIE
+    cells = graded_cells(notebook, tmp_path, timeout=30)
+
+    lookup = cells["test_hard_lookup_hidden"]
+    record = judge.case_record(lookup)
+    assert record is not None and not record["stopped"], lookup.outputs
+    names = [c["name"] for c in record["cases"]]
+    hung = names.index("all four keys tie")
+    assert all(c["passed"] for c in record["cases"][:hung]) and hung > 0
+    assert all(not c["passed"] and c["message"] == cases.OUT_OF_TIME for c in record["cases"][hung:])
+    assert 0 < record["score"] < record["points"] and determine_grade(lookup)[0] == record["score"]
+    # the kernel was brought back: the next exercise's hidden check runs and passes
+    assert judge.case_record(cells["test_soft_lookup_hidden"])["score"] == judge.case_record(
+        cells["test_soft_lookup_hidden"])["points"]

@@ -729,6 +729,9 @@ def speculative_keeps_after_disagreement(target, draft, prompt, steps, k):
 
 
 def speculative_no_bonus(target, draft, prompt, steps, k):
+    # the text's checks of its arguments, as any answer has them: with k = 0 this loop would never end
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0 or k < 1 or steps < 1:
+        raise ValueError("speculative_generate takes a prompt (1, T) with T >= 1, steps >= 1 and k >= 1")
     tokens, calls = prompt, 0
     with torch.no_grad():
         while tokens.shape[1] - prompt.shape[1] < steps:

@@ -6,7 +6,7 @@ A case is one input of :func:`~autograder.verify.verify` (and of ``verify_each``
 (even shares by default).
 
 The grader's judge (:mod:`autograder.engine.judge`) runs a test cell under :func:`judging`:
-each hidden check (:func:`autograder.hidden.hidden`) then runs under :func:`checking`, a failing
+each hidden check (made by the hidden checks' decorator, ``hidden``) then runs under :func:`checking`, a failing
 case is recorded with its message and the check goes on with the next one, and the judge turns
 the records into the cell's partial score (nbgrader's own mechanism: a number as the cell's
 result). Without :func:`judging` (a check run in a kernel, a test), nothing is recorded: the

@@ -17,7 +17,7 @@ import torch
 from autograder.course.repository import assignments, module_name
 from autograder.diagnosis import Mistake, MistakeFound, by_id
 from autograder.engine import judge
-from autograder.errors import CheckFailed
+from autograder.errors import CheckFailed, NotWritten
 from autograder.guard import SOFTMAX, SOFTMAX_BUILTINS, ForbiddenCall
 from autograder.remote import Remote, lookup
 from autograder.serve import LocalChannel
@@ -82,8 +82,8 @@ def test_mistakes_with_one_id_are_named_once_whatever_their_names():
 
 def run_cell(source: str, namespace: dict) -> list:
     streams: list = []
-    failure = judge.run_test_cell(source, LocalChannel(namespace), streams)
-    return judge.stream_outputs(streams) + ([failure] if failure is not None else [])
+    failure, records = judge.run_test_cell(source, LocalChannel(namespace), streams)
+    return judge.stream_outputs(streams) + judge.scored_outputs(records, failure, 1.0, False)
 
 
 def test_the_judge_records_the_ids_of_the_mistakes_a_failure_names():
@@ -162,11 +162,13 @@ def test_the_reading_of_the_source_raises_forbidden_call_with_the_rule_it_found(
     assert caught.value.builtin == builtin and str(caught.value) == f"f's code uses {uses}."
 
 
-def test_a_kernel_failure_that_is_not_a_forbidden_call_stays_a_plain_check_failure():
+def test_a_kernel_failure_that_is_not_a_forbidden_call_is_not_read_as_one():
     def unwritten(x):
         raise NotImplementedError
 
     found, fn = lookup(LocalChannel({"f": unwritten}), "f")
     with pytest.raises(CheckFailed) as caught:
         call_student(fn, torch.ones(2), what="f(x)", forbid=SOFTMAX_BUILTINS)
-    assert type(caught.value) is CheckFailed
+    # an unwritten exercise crosses as what it is (it costs the whole cell, as a forbidden call does), never as a
+    # forbidden call
+    assert type(caught.value) is NotWritten and not isinstance(caught.value, ForbiddenCall)

@@ -20,11 +20,12 @@ from traitlets.config import Config
 import autograder
 from autograder import serve
 from autograder.course.repository import assignments
-from autograder.engine import judge, source_check
+from autograder.engine import source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
 
 from ..course_copy import reference_answers
+from ..judged import failure
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
 
 PACKAGE = Path(autograder.__file__).parent
@@ -171,17 +172,6 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
     graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": assignment, "notebook": assignment}})
     return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == f"test_{exercise}_hidden")
-
-
-def failure(outputs: list) -> str | None:
-    """What failed in a judged test cell: the messages of its failed cases (the others may keep their share of
-    the points), or its error; None when everything passed."""
-    cell = {"outputs": outputs}
-    record = judge.case_record(cell)
-    failed = [c["message"] for c in (record or {}).get("cases", []) if not c["passed"]]
-    if record and (failed or record["stopped"]):
-        return "\n".join(failed) or record["stopped"]
-    return next((o["evalue"] for o in outputs if o.get("output_type") == "error"), None)
 
 
 @pytest.mark.slow

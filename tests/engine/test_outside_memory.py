@@ -29,6 +29,7 @@ from autograder.serve import LocalChannel
 from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, MEMORY_RISE_BOUND
 
 from ..course_copy import reference_answers
+from ..judged import failure
 from ..notebook_code import nbgrader_meta, solution_namespace, source_notebook
 
 needs_group = pytest.mark.skipif("memory" not in cgroup.controllers(),
@@ -171,9 +172,6 @@ def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sa
     return graded.cells[-1].outputs, time.monotonic() - started
 
 
-def failure(outputs: list) -> str | None:
-    errors = [o for o in outputs if o.get("output_type") == "error"]
-    return errors[0]["evalue"] if errors else None
 
 
 # -- the meter ------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Each exercise has a catalogue of :class:`Mistake`\\ s: a name, an explanation, t
 section of the notebook that teaches the right idea, and an implementation that makes
 exactly that mistake. A wrong answer is run on the same input as every mistake in the
 catalogue; the mistakes that produce the same result (or raise the same error) are named
-in the message, all of them when several give that result.
+in the message, all of them when several give that result. When none does, pairs of
+mistakes declared as variations of one reference (:mod:`autograder.variation`) are tried,
+within :data:`PAIR_BUDGET`, and the first pair that gives the result is named.
 
 The catalogue is instructor-only: the grader has it, the student's bundle does not.
 :func:`catalogue` finds it when it is there, so that the visible checks name catalogued
@@ -15,7 +17,9 @@ mistakes at grading time, while in the bundle only the generic diagnoses of
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +29,7 @@ import torch
 from .compare import is_close
 from .errors import CheckFailed
 from .guard import Forbidden, ForbiddenCall, Guard
+from .variation import combined
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,47 @@ class Mistake:
     section: str
     fn: Callable[..., Any]
     id: str = ""
+    #: The catalogued mistakes this one makes at once (:func:`together`); empty for a catalogued mistake.
+    parts: tuple[Mistake, ...] = ()
 
     def message(self) -> str:
         """The paragraph a student reads when their answer makes this mistake."""
+        if self.parts:
+            first, second = self.parts
+            return (f"This looks like two mistakes at once. The mistake '{first.name}': {first.explanation} "
+                    f"Section '{first.section}' of this notebook explains it. And the mistake '{second.name}': "
+                    f"{second.explanation} Section '{second.section}' explains it.")
         return (
             f"This looks like the mistake '{self.name}': {self.explanation} "
             f"Section '{self.section}' of this notebook explains it."
         )
+
+
+#: The most pairs of catalogued mistakes tried on one failing answer when no single mistake fits it: each costs
+#: one more call like a mistake's (a count, not a time, so that a verdict never depends on the machine's speed).
+PAIR_BUDGET = 40
+
+
+@functools.cache
+def together(first: Mistake, second: Mistake) -> Mistake | None:
+    """The two mistakes made at once, when both are variations of one reference's different decisions; else None."""
+    both = combined(first.fn, second.fn)
+    if both is None:
+        return None
+    return Mistake(f"{first.name}' and '{second.name}", f"{first.explanation} {second.explanation}", first.section,
+                   both, f"{first.id}+{second.id}", (first, second))
+
+
+def pairs(mistakes: Sequence[Mistake], budget: int = PAIR_BUDGET) -> list[Mistake]:
+    """The first ``budget`` pairs of ``mistakes`` that can be made at once, in catalogue order."""
+    found: list[Mistake] = []
+    for first, second in itertools.combinations(mistakes, 2):
+        if len(found) == budget:
+            break
+        pair = together(first, second) if not _same_mistake(first, second) else None
+        if pair is not None:
+            found.append(pair)
+    return found
 
 
 @dataclass(frozen=True)
@@ -140,23 +179,26 @@ def matching(
     the same answer (default: tensors equal within ``rtol`` and ``atol``).
     """
     same = same or (lambda a, b: is_close(a, b, rtol, atol))
-    found: list[Mistake] = []
-    for mistake in mistakes:
-        if any(_same_mistake(m, mistake) for m in found):
-            continue
+
+    def fits(mistake: Mistake) -> bool:
         theirs = run(mistake.fn, args, kwargs, forbid)
         if theirs.error is not None and theirs.error[0] == FORBIDDEN:
-            continue
+            return False
         if student.error is not None or theirs.error is not None:
-            if student.error == theirs.error:
-                found.append(mistake)
-            continue
+            return student.error == theirs.error
         if same_mutation and tuple(theirs.mutated) != tuple(student.mutated):
-            continue
+            return False
         if not same_mutation and right is not None and _is_right(right, theirs.value):
-            continue
-        if same(student.value, theirs.value):
+            return False
+        return same(student.value, theirs.value)
+
+    found: list[Mistake] = []
+    for mistake in mistakes:
+        if not any(_same_mistake(m, mistake) for m in found) and fits(mistake):
             found.append(mistake)
+    # No single mistake fits: two at once, when the catalogue declares them as variations of one reference.
+    if not found:
+        found = next(([pair] for pair in pairs(mistakes) if fits(pair)), [])
     return found
 
 

@@ -44,6 +44,7 @@ from ..references.flash_backward import (
     softmax_rows,
 )
 from ..student import call_student, expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from ..watches import (
     MEMORY_CASE_BLOCK,
@@ -194,202 +195,46 @@ def attention_backward_by_autograd(Q, K, V, dO, is_causal=False):
         return torch.autograd.grad(O, leaves, dO)
 
 
-def flash_forward_lse_unscaled(Q, K, V, block_size, is_causal=False):
+@decisions("start_max", "alignment", "keep_last_block", "lse_form", "lse_as_column", "lse_of_unscaled_scores")
+def flash_forward(Q, K, V, block_size, is_causal=False, *, start_max=float("-inf"), alignment="top-left",
+                  keep_last_block=True, lse_form="m + log(l)", lse_as_column=False, lse_of_unscaled_scores=False):
+    """The forward pass that keeps the logsumexp, with the decisions its mistakes get wrong."""
     n, m = Q.shape[-2], K.shape[-2]
     scale = 1 / math.sqrt(Q.shape[-1])
+    if not lse_of_unscaled_scores:
+        Q = Q / math.sqrt(Q.shape[-1])
     outputs, lses = [], []
     for q0 in range(0, n, block_size):
         q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
+        top = torch.full((*q.shape[:-1], 1), start_max, dtype=Q.dtype)
+        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
         raw_top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
         raw_total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            raw = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + raw.shape[-2])[:, None]
-                raw = raw.masked_fill(torch.arange(k0, k0 + raw.shape[-1]) > i, float("-inf"))
-            s = raw * scale
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-            new_raw_top = torch.maximum(raw_top, raw.amax(dim=-1, keepdim=True))
-            raw_total = torch.exp(raw_top - new_raw_top) * raw_total + torch.exp(raw - new_raw_top).sum(-1, keepdim=True)
-            raw_top = new_raw_top
-        outputs.append(acc / total)
-        lses.append((raw_top + torch.log(raw_total)).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_lse_max_only(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
+        for k0 in range(0, m if keep_last_block else m - m % block_size, block_size):
             s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
             if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n if alignment == "bottom-right" else 0)
+                j = torch.arange(k0, k0 + s.shape[-1])
+                if alignment == "block-local":
+                    i, j = i - q0, j - k0
+                s = s.masked_fill(j > i, float("-inf"))
+            if lse_of_unscaled_scores:  # the logsumexp of the scores before the scale, beside the right softmax
+                raw, s = s, s * scale
+                new_raw_top = torch.maximum(raw_top, raw.amax(dim=-1, keepdim=True))
+                raw_total = torch.exp(raw_top - new_raw_top) * raw_total + torch.exp(raw - new_raw_top).sum(-1, keepdim=True)
+                raw_top = new_raw_top
             new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
             p = torch.exp(s - new_top)
             total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
             acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
             top = new_top
         outputs.append(acc / total)
-        lses.append(top.squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_lse_without_max(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append(torch.log(total).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_lse_column(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append(top + torch.log(total))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2)
-
-
-def flash_forward_max_started_at_zero(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)  # a finite start: fine unless every score is below it
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append((top + torch.log(total)).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_bottom_right(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append((top + torch.log(total)).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_last_key_block_dropped(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m - m % block_size, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append((top + torch.log(total)).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
-
-
-def flash_forward_block_local_causal(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs, lses = [], []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        top = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        total = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(s.shape[-1]) > i, float("-inf"))
-            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_top)
-            total = torch.exp(top - new_top) * total + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(top - new_top) * acc + p @ V[..., k0:k0 + block_size, :]
-            top = new_top
-        outputs.append(acc / total)
-        lses.append((top + torch.log(total)).squeeze(-1))
-    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+        if lse_of_unscaled_scores:
+            top, total = raw_top, raw_total
+        lse = {"m + log(l)": top + torch.log(total), "m": top, "log(l)": torch.log(total)}[lse_form]
+        lses.append(lse if lse_as_column else lse.squeeze(-1))
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2 if lse_as_column else -1)
 
 
 def flash_backward_d_from_do(Q, K, V, O, dO, lse, block_size, is_causal=False):
@@ -844,28 +689,29 @@ MISTAKES: dict[str, list[Mistake]] = {
     "flash_attention_forward": [
         Mistake("the logsumexp of unscaled scores", "the weights are softmax(Q K^T / sqrt(d)), so the backward pass "
                 "recomputes them as exp(s - lse) with the scaled scores s: lse must be the logsumexp of the scaled "
-                "scores, m + log(l) of the online softmax run on them.", LSE, flash_forward_lse_unscaled,
+                "scores, m + log(l) of the online softmax run on them.", LSE, variant(flash_forward, lse_of_unscaled_scores=True),
                 id="flash_backward/flash_attention_forward/the-logsumexp-of-unscaled-scores"),
         Mistake("the running max returned as the logsumexp", "log sum_j exp(s_j) = m + log sum_j exp(s_j - m): "
-                "the logsumexp is the running max plus the log of the running sum.", LSE, flash_forward_lse_max_only,
+                "the logsumexp is the running max plus the log of the running sum.", LSE, variant(flash_forward, lse_form="m"),
                 id="flash_backward/flash_attention_forward/the-running-max-returned-as-the-logsumexp"),
         Mistake("the max not added back to log(l)", "the running sum l = sum_j exp(s_j - m) is measured against "
-                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, flash_forward_lse_without_max,
+                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, variant(flash_forward, lse_form="log(l)"),
                 id="flash_backward/flash_attention_forward/the-max-not-added-back-to-log-l"),
         Mistake("lse kept as a column (..., n, 1)", "lse has one number per query: shape (..., n), like "
-                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE, flash_forward_lse_column,
+                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE,
+                variant(flash_forward, lse_as_column=True),
                 id="flash_backward/flash_attention_forward/lse-kept-as-a-column-n-1"),
         Mistake("the running max started at 0", "start the running max at -inf: from a finite start c, a row whose "
                 "scores all lie far below c (by more than about 745 in float64) has every exp(s - c) underflow to 0, "
-                "and the row is 0/0 (its lse log 0).", LSE, flash_forward_max_started_at_zero,
+                "and the row is 0/0 (its lse log 0).", LSE, variant(flash_forward, start_max=0.0),
                 id="flash_backward/flash_attention_forward/the-running-max-started-at-0"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, flash_forward_bottom_right,
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, variant(flash_forward, alignment="bottom-right"),
                 id="flash_backward/flash_attention_forward/bottom-right-causal-alignment"),
-        Mistake("last key block dropped", LAST_BLOCK, LSE, flash_forward_last_key_block_dropped,
+        Mistake("last key block dropped", LAST_BLOCK, LSE, variant(flash_forward, keep_last_block=False),
                 id="flash_backward/flash_attention_forward/last-key-block-dropped"),
         Mistake("causal mask with indices inside the block", "in the block of queries starting at q0 and keys "
                 "starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare global "
-                "indices, not positions inside the blocks.", LSE, flash_forward_block_local_causal,
+                "indices, not positions inside the blocks.", LSE, variant(flash_forward, alignment="block-local"),
                 id="flash_backward/flash_attention_forward/causal-mask-with-indices-inside-the-block"),
     ],
     "flash_attention_backward": [

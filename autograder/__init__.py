@@ -2,7 +2,7 @@
 
 Public part (shipped to students, and the only part a student's kernel sees when a notebook
 is graded): ``errors``, ``compare``, ``guard``, ``diagnosis``, ``diagnoses``, ``student``,
-``verify``, ``inputs``, ``watches``, ``wire``, ``remote`` and ``checks``. Instructor-only part
+``verify``, ``variation``, ``inputs``, ``watches``, ``wire``, ``remote`` and ``checks``. Instructor-only part
 (:data:`INSTRUCTOR_ONLY`): ``hidden`` (hidden checks and the mistake catalogue), and the three
 layers of the instructor's tools: ``course`` (the repository, its settings, release, scaffold,
 bundle), ``engine`` (running and judging one notebook: staging, the sandbox, the kernel, the

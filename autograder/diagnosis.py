@@ -77,8 +77,9 @@ def together(first: Mistake, second: Mistake) -> Mistake | None:
                    both, f"{first.id}+{second.id}", (first, second))
 
 
-def pairs(mistakes: Sequence[Mistake], budget: int = PAIR_BUDGET) -> list[Mistake]:
-    """The first ``budget`` pairs of ``mistakes`` that can be made at once, in catalogue order."""
+def pairs(mistakes: Sequence[Mistake], budget: int | None = None) -> list[Mistake]:
+    """The first ``budget`` (default :data:`PAIR_BUDGET`) pairs of ``mistakes`` that can be made at once, in order."""
+    budget = PAIR_BUDGET if budget is None else budget
     found: list[Mistake] = []
     for first, second in itertools.combinations(mistakes, 2):
         if len(found) == budget:

@@ -41,6 +41,7 @@ class Variation:
 
     reference: Any
     changed: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""  # the variant's code, as a student would write it
 
 
 def decisions(*names: str) -> Callable[[Any], Any]:
@@ -109,7 +110,7 @@ def _written_class(node: ast.ClassDef, names: tuple[str, ...], changed: Mapping[
 def variant(reference: Any, **changed: Any) -> Any:
     """``reference`` with the decisions ``changed``: a function or class of its own, with the reference's signature.
 
-    Its source (``inspect.getsource``) is the reference's with the decisions written into it, and
+    Its source (:func:`source_of`) is the reference's with the decisions written into it, and
     ``__variation__`` says what it is.
     """
     names = getattr(reference, "__decisions__", None)
@@ -132,8 +133,18 @@ def variant(reference: Any, **changed: Any) -> Any:
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the catalogue's own code, rewritten
     made = namespace[reference.__name__]
     made.__module__ = reference.__module__
-    made.__variation__ = Variation(reference, dict(changed))
+    made.__variation__ = Variation(reference, dict(changed), source)
     return made
+
+
+def source_of(fn: Any) -> str:
+    """The code of a catalogued mistake as a student would write it: a variant's own, else its source in its module.
+
+    (``inspect.getsource`` finds a function's variant through its code object, but a class's through its module,
+    where only the reference is written.)
+    """
+    variation = getattr(fn, "__variation__", None)
+    return variation.source if variation is not None else inspect.getsource(fn)
 
 
 def combined(first: Any, second: Any) -> Any | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import inspect
 import re
 import shutil
 import symtable
@@ -20,6 +19,7 @@ from autograder.diagnosis import Mistake
 from autograder.engine import sandbox
 from autograder.engine.graded_cells import graded_sources
 from autograder.engine.source_check import definition_closure
+from autograder.variation import source_of
 
 from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
 
@@ -52,7 +52,7 @@ def reference_answers(assignment: str) -> dict[str, str]:
 
 def mistake_source(mistake: Mistake, exercise: str) -> str:
     """The mistake's code, renamed to the exercise, as a student would write it."""
-    source = inspect.getsource(mistake.fn)
+    source = source_of(mistake.fn)
     return re.sub(rf"^(def|class) {mistake.fn.__name__}\b", rf"\1 {exercise}", source, count=1, flags=re.M)
 
 

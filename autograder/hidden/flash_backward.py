@@ -199,6 +199,8 @@ def attention_backward_by_autograd(Q, K, V, dO, is_causal=False):
 def flash_forward(Q, K, V, block_size, is_causal=False, *, start_max=float("-inf"), alignment="top-left",
                   keep_last_block=True, lse_form="m + log(l)", lse_as_column=False, lse_of_unscaled_scores=False):
     """The forward pass that keeps the logsumexp, with the decisions its mistakes get wrong."""
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or block_size < 1:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} or block_size {block_size}")
     n, m = Q.shape[-2], K.shape[-2]
     scale = 1 / math.sqrt(Q.shape[-1])
     if not lse_of_unscaled_scores:

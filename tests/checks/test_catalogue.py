@@ -24,9 +24,11 @@ from torch import nn
 
 from autograder.course.repository import assignments, module_name
 from autograder.course.settings import course_config
+from autograder.diagnosis import Mistake
 from autograder.errors import CheckFailed
 from autograder.remote import lookup
 from autograder.serve import LocalChannel
+from autograder.variation import variant
 
 from ..course_copy import catalogue, mistake_source
 from ..notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -119,6 +121,23 @@ def test_reference_passes_visible_and_hidden(assignment, exercise, capsys):
     assert f"{exercise} passes the visible checks" in out.out or not callable(answer), out.out
     assert f"{exercise} passes the hidden checks" in out.out, out.out
     assert out.err == ""
+
+
+def varied_references():
+    """Every reference whose declared decisions make catalogued mistakes (:mod:`autograder.variation`)."""
+    for assignment in assignments():
+        for exercise, listed in catalogue(assignment).items():
+            references = {id(v.reference): v.reference for m in listed if (v := getattr(m.fn, "__variation__", None))}
+            for reference in references.values():
+                yield pytest.param(assignment, exercise, reference, id=f"{assignment}-{exercise}-{reference.__name__}")
+
+
+@pytest.mark.parametrize(("assignment", "exercise", "reference"), list(varied_references()))
+def test_a_reference_with_no_decision_changed_passes_its_hidden_check(assignment, exercise, reference, capsys):
+    """The mistakes are variations of a right answer: with no decision changed, it passes (pasted, as a student's)."""
+    answer = pasted(Mistake("the reference", "", "", variant(reference)), exercise)
+    getattr(module(assignment), f"check_{exercise}")(answer, *partners(assignment, exercise, True))
+    assert f"{exercise} passes the hidden checks" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("assignment", assignments())

@@ -15,6 +15,7 @@ import autograder
 from autograder.course.bundle import write_bundle
 from autograder.course.repository import assignments, module_name
 from autograder.course.student_versions import inside
+from autograder.variation import source_of
 
 from ..notebook_code import ROOT, answer_cells
 
@@ -80,8 +81,10 @@ def test_no_mistake_code(bundle, assignment):
     mistakes = importlib.import_module(f"autograder.hidden.{module_name(assignment)}").MISTAKES
     for catalogue in mistakes.values():
         for mistake in catalogue:
-            body = "\n".join(ln.strip() for ln in inspect.getsource(mistake.fn).splitlines()[1:] if ln.strip())
-            assert body not in flat, f"the code of the mistake {mistake.name!r} is in the bundle"
+            variation = getattr(mistake.fn, "__variation__", None)  # a variant: its code, and its reference's as written
+            for code in (source_of(mistake.fn), *([inspect.getsource(variation.reference)] if variation else [])):
+                body = "\n".join(ln.strip() for ln in code.splitlines()[1:] if ln.strip())
+                assert body not in flat, f"the code of the mistake {mistake.name!r} is in the bundle"
 
 
 def test_bundle_sets_itself_up(bundle):

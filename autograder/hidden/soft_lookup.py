@@ -16,6 +16,7 @@ from ..references.soft_lookup import (
     soft_lookup_reference,
 )
 from ..student import expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -26,96 +27,71 @@ KERNEL = "4. Nadaraya-Watson: attention before deep learning"
 SDPA_SECTION = "6. Scaled dot-product attention"
 
 
-# --- the mistake catalogue: each function makes exactly one mistake ----------------------
+# --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
 
 
-def hard_lookup_last_on_tie(query, keys, values):
+@decisions("similarity", "best", "soft", "returned")
+def hard_lookup(query, keys, values, *, similarity="dot product", best="first max", soft=False, returned="value"):
+    """The lookup, with the decisions its mistakes get wrong."""
     scores = keys @ query
-    best = len(scores) - 1 - int(torch.argmax(scores.flip(0)))
-    return values[best]
+    if similarity == "cosine":
+        scores = scores / (keys.norm(dim=-1) * query.norm())
+    if soft:
+        return torch.softmax(scores, dim=-1) @ values
+    if best == "first max":
+        i = int(torch.argmax(scores))
+    elif best == "last max":
+        i = len(scores) - 1 - int(torch.argmax(scores.flip(0)))
+    else:
+        i = int(torch.argmin(scores))
+    return (keys if returned == "key" else values)[i]
 
 
-def hard_lookup_returns_key(query, keys, values):
-    return keys[int(torch.argmax(keys @ query))]
+@decisions("temperature_as", "weights_by", "averaged")
+def soft_lookup(query, keys, values, temperature=1.0, *, temperature_as="divisor", weights_by="softmax",
+                averaged="values"):
+    """The soft lookup, with the decisions its mistakes get wrong."""
+    if query.shape[-1] != keys.shape[-1]:
+        raise ValueError(f"the query has {query.shape[-1]} features and the keys have {keys.shape[-1]}")
+    scores = keys @ query
+    if temperature_as == "divisor":
+        scores = scores / temperature
+    elif temperature_as == "factor":
+        scores = scores * temperature
+    if weights_by == "softmax":
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        weights = torch.exp(scores)
+        if weights_by == "exp / sum":
+            weights = weights / weights.sum()
+    return weights @ (keys if averaged == "keys" else values), weights
 
 
-def hard_lookup_argmin(query, keys, values):
-    return values[int(torch.argmin(keys @ query))]
-
-
-def hard_lookup_softmax(query, keys, values):
-    return torch.softmax(keys @ query, dim=-1) @ values
-
-
-def hard_lookup_cosine(query, keys, values):
-    scores = (keys @ query) / (keys.norm(dim=-1) * query.norm())
-    return values[int(torch.argmax(scores))]
-
-
-def soft_lookup_times_temperature(query, keys, values, temperature=1.0):
-    weights = torch.softmax(keys @ query * temperature, dim=-1)
-    return weights @ values, weights
-
-
-def soft_lookup_no_temperature(query, keys, values, temperature=1.0):
-    weights = torch.softmax(keys @ query, dim=-1)
-    return weights @ values, weights
-
-
-def soft_lookup_unnormalised(query, keys, values, temperature=1.0):
-    weights = torch.exp(keys @ query / temperature)
-    return weights @ values, weights
-
-
-def soft_lookup_overflow(query, keys, values, temperature=1.0):
-    e = torch.exp(keys @ query / temperature)
-    weights = e / e.sum()
-    return weights @ values, weights
-
-
-def soft_lookup_weights_keys(query, keys, values, temperature=1.0):
-    weights = torch.softmax(keys @ query / temperature, dim=-1)
-    return weights @ keys, weights
-
-
-def nadaraya_watson_no_two(x_query, x_train, y_train, bandwidth):
-    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / bandwidth**2, dim=-1)
+@decisions("negated", "divisor", "softmax_dim")
+def nadaraya_watson(x_query, x_train, y_train, bandwidth, *, negated=True, divisor="2 h^2", softmax_dim=-1):
+    """The Gaussian-kernel regression, with the decisions its mistakes get wrong."""
+    scores = (x_query[:, None] - x_train[None, :]) ** 2
+    if negated:
+        scores = -scores
+    scores = scores / {"2 h^2": 2 * bandwidth**2, "h^2": bandwidth**2, "2 h": 2 * bandwidth}[divisor]
+    weights = torch.softmax(scores, dim=softmax_dim)
     return weights @ y_train, weights
 
 
-def nadaraya_watson_bandwidth_not_squared(x_query, x_train, y_train, bandwidth):
-    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth), dim=-1)
-    return weights @ y_train, weights
+@decisions("divisor", "softmax_dim", "weights_transposed")
+def scaled_dot_product_attention(Q, K, V, *, divisor="sqrt(d_k)", softmax_dim=-1, weights_transposed=False):
+    """Scaled dot-product attention, with the decisions its mistakes get wrong."""
+    if K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"K has {K.shape[-2]} keys but V has {V.shape[-2]} values")
+    scale = {"sqrt(d_k)": math.sqrt(Q.shape[-1]), "d_k": Q.shape[-1], "sqrt(d_v)": math.sqrt(V.shape[-1]), "1": 1}
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / scale[divisor], dim=softmax_dim)
+    return weights @ V, weights.transpose(-2, -1) if weights_transposed else weights
 
 
-def nadaraya_watson_positive_scores(x_query, x_train, y_train, bandwidth):
-    weights = torch.softmax(((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=-1)
-    return weights @ y_train, weights
+sdpa_no_scaling = variant(scaled_dot_product_attention, divisor="1")  # the tests submit it by this name
 
 
-def nadaraya_watson_softmax_over_queries(x_query, x_train, y_train, bandwidth):
-    weights = torch.softmax(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * bandwidth**2), dim=0)
-    return weights @ y_train, weights
-
-
-def sdpa_no_scaling(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1), dim=-1)
-    return weights @ V, weights
-
-
-def sdpa_scale_by_d_k(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / Q.shape[-1], dim=-1)
-    return weights @ V, weights
-
-
-def sdpa_scale_by_sqrt_d_v(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(V.shape[-1]), dim=-1)
-    return weights @ V, weights
-
-
-def sdpa_softmax_wrong_axis(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-2)
-    return weights @ V, weights
+# Functions of their own: a check's message shows the line of the pasted copy that fails on 4-D inputs.
 
 
 def sdpa_transpose_3d(Q, K, V):
@@ -133,11 +109,6 @@ def sdpa_bmm_3d(Q, K, V):
     return torch.bmm(weights, V), weights
 
 
-def sdpa_weights_transposed(Q, K, V):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
-    return weights @ V, weights.transpose(-2, -1)
-
-
 THREE_D = (
     "a transpose (or permute, or bmm) written for 3-D inputs: with more batch dimensions it swaps the wrong "
     "axes or fails. Transpose the last two axes with K.transpose(-2, -1) (or K.mT) and multiply with @, "
@@ -147,59 +118,64 @@ THREE_D = (
 MISTAKES: dict[str, list[Mistake]] = {
     "hard_lookup": [
         Mistake("the last key wins a tie", "when two keys match equally well, the first one must win "
-                "(torch.argmax returns the first maximum).", LOOKUP, hard_lookup_last_on_tie,
+                "(torch.argmax returns the first maximum).", LOOKUP, variant(hard_lookup, best="last max"),
                 id="soft_lookup/hard_lookup/the-last-key-wins-a-tie"),
         Mistake("the key returned instead of its value", "a lookup returns the value stored under the best "
-                "key, not the key itself.", LOOKUP, hard_lookup_returns_key,
+                "key, not the key itself.", LOOKUP, variant(hard_lookup, returned="key"),
                 id="soft_lookup/hard_lookup/the-key-returned-instead-of-its-value"),
         Mistake("the worst key chosen", "the best key has the highest dot product with the query "
-                "(argmax), not the lowest.", LOOKUP, hard_lookup_argmin, id="soft_lookup/hard_lookup/the-worst-key-chosen"),
+                "(argmax), not the lowest.", LOOKUP, variant(hard_lookup, best="min"),
+                id="soft_lookup/hard_lookup/the-worst-key-chosen"),
         Mistake("softmax weights instead of one-hot weights", "a hard lookup puts all its weight on one key; "
-                "softmax spreads it over all of them.", LOOKUP, hard_lookup_softmax,
+                "softmax spreads it over all of them.", LOOKUP, variant(hard_lookup, soft=True),
                 id="soft_lookup/hard_lookup/softmax-weights-instead-of-one-hot-weights"),
         Mistake("cosine similarity instead of the dot product", "the score is the dot product k . q itself: "
                 "dividing by the lengths of the vectors (cosine similarity) ignores that a longer key matches a "
-                "query more strongly.", LOOKUP, hard_lookup_cosine,
+                "query more strongly.", LOOKUP, variant(hard_lookup, similarity="cosine"),
                 id="soft_lookup/hard_lookup/cosine-similarity-instead-of-the-dot-product"),
     ],
     "soft_lookup": [
         Mistake("scores multiplied by the temperature", "the scores are divided by the temperature, so a low "
-                "temperature sharpens the weights.", TEMPERATURE, soft_lookup_times_temperature,
+                "temperature sharpens the weights.", TEMPERATURE, variant(soft_lookup, temperature_as="factor"),
                 id="soft_lookup/soft_lookup/scores-multiplied-by-the-temperature"),
         Mistake("temperature ignored", "the scores must be divided by the temperature argument.",
-                TEMPERATURE, soft_lookup_no_temperature, id="soft_lookup/soft_lookup/temperature-ignored"),
+                TEMPERATURE, variant(soft_lookup, temperature_as="ignored"), id="soft_lookup/soft_lookup/temperature-ignored"),
         Mistake("weights not normalised", "exp of the scores must be divided by its sum so the weights sum "
-                "to one (that is what softmax does).", SOFT, soft_lookup_unnormalised,
+                "to one (that is what softmax does).", SOFT, variant(soft_lookup, weights_by="exp"),
                 id="soft_lookup/soft_lookup/weights-not-normalised"),
         Mistake("exponentials that overflow", "exp of a large score is inf in floating point, and inf / inf "
                 "is NaN. Use torch.softmax, which subtracts the largest score first.", TEMPERATURE,
-                soft_lookup_overflow, id="soft_lookup/soft_lookup/exponentials-that-overflow"),
+                variant(soft_lookup, weights_by="exp / sum"), id="soft_lookup/soft_lookup/exponentials-that-overflow"),
         Mistake("the weights average the keys", "the output is the weighted average of the values, not of "
-                "the keys.", SOFT, soft_lookup_weights_keys, id="soft_lookup/soft_lookup/the-weights-average-the-keys"),
+                "the keys.", SOFT, variant(soft_lookup, averaged="keys"),
+                id="soft_lookup/soft_lookup/the-weights-average-the-keys"),
     ],
     "nadaraya_watson": [
         Mistake("the 2 in 2h^2 forgotten", "the Gaussian kernel's score is -(x_q - x_i)^2 / (2 h^2).",
-                KERNEL, nadaraya_watson_no_two, id="soft_lookup/nadaraya_watson/the-2-in-2h-2-forgotten"),
+                KERNEL, variant(nadaraya_watson, divisor="h^2"), id="soft_lookup/nadaraya_watson/the-2-in-2h-2-forgotten"),
         Mistake("bandwidth not squared", "the Gaussian kernel divides by 2 h^2, the square of the bandwidth.",
-                KERNEL, nadaraya_watson_bandwidth_not_squared, id="soft_lookup/nadaraya_watson/bandwidth-not-squared"),
+                KERNEL, variant(nadaraya_watson, divisor="2 h"), id="soft_lookup/nadaraya_watson/bandwidth-not-squared"),
         Mistake("the minus sign of the score dropped", "close points must get high scores, so the score is "
-                "minus the squared distance.", KERNEL, nadaraya_watson_positive_scores,
+                "minus the squared distance.", KERNEL, variant(nadaraya_watson, negated=False),
                 id="soft_lookup/nadaraya_watson/the-minus-sign-of-the-score-dropped"),
         Mistake("softmax over the queries", "each query's weights over the training points must sum to one: "
                 "softmax over the last axis (the training points).", KERNEL,
-                nadaraya_watson_softmax_over_queries, id="soft_lookup/nadaraya_watson/softmax-over-the-queries"),
+                variant(nadaraya_watson, softmax_dim=0), id="soft_lookup/nadaraya_watson/softmax-over-the-queries"),
     ],
     "scaled_dot_product_attention": [
         Mistake("no scaling", "the scores Q K^T must be divided by sqrt(d_k) before the softmax.",
                 SDPA_SECTION, sdpa_no_scaling, id="soft_lookup/scaled_dot_product_attention/no-scaling"),
         Mistake("scaling by d_k instead of sqrt(d_k)", "the scores are divided by the square root of d_k, "
                 "which restores unit variance; dividing by d_k shrinks them too much.", SDPA_SECTION,
-                sdpa_scale_by_d_k, id="soft_lookup/scaled_dot_product_attention/scaling-by-d-k-instead-of-sqrt-d-k"),
+                variant(scaled_dot_product_attention, divisor="d_k"),
+                id="soft_lookup/scaled_dot_product_attention/scaling-by-d-k-instead-of-sqrt-d-k"),
         Mistake("scaling by sqrt(d_v) instead of sqrt(d_k)", "the scale comes from the dimension of the "
                 "queries and keys (d_k, the length of the dot product), not of the values.", SDPA_SECTION,
-                sdpa_scale_by_sqrt_d_v, id="soft_lookup/scaled_dot_product_attention/scaling-by-sqrt-d-v-instead-of-sqrt-d-k"),
+                variant(scaled_dot_product_attention, divisor="sqrt(d_v)"),
+                id="soft_lookup/scaled_dot_product_attention/scaling-by-sqrt-d-v-instead-of-sqrt-d-k"),
         Mistake("softmax over the wrong axis", "each query's weights over the keys must sum to one: softmax "
-                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION, sdpa_softmax_wrong_axis,
+                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION,
+                variant(scaled_dot_product_attention, softmax_dim=-2),
                 id="soft_lookup/scaled_dot_product_attention/softmax-over-the-wrong-axis"),
         Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_transpose_3d,
                 id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
@@ -208,7 +184,7 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_bmm_3d,
                 id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
         Mistake("weights returned transposed", "the weights have shape (..., n, m): one row per query, one "
-                "column per key.", SDPA_SECTION, sdpa_weights_transposed,
+                "column per key.", SDPA_SECTION, variant(scaled_dot_product_attention, weights_transposed=True),
                 id="soft_lookup/scaled_dot_product_attention/weights-returned-transposed"),
     ],
 }

@@ -22,6 +22,7 @@ from ..references.masking import (
     same_off_the_default_device,
 )
 from ..student import call_student, expect_error, probe
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -34,19 +35,24 @@ MASKED = "8. Masked attention"
 MHA_SECTION = "9. nn.MultiheadAttention says the opposite"
 
 
-# --- the mistake catalogue: each function makes exactly one mistake ----------------------
+# --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
+
+
+@decisions("fill", "inverted", "dtype_used")
+def to_additive_mask(mask, dtype, *, fill="-inf", inverted=False, dtype_used=True):
+    """The additive mask, with the decisions its mistakes get wrong."""
+    if mask.dtype != torch.bool:
+        raise ValueError("the mask must be boolean (a float mask is already additive)")
+    value = torch.finfo(dtype).min if fill == "finfo(dtype).min" else float("-inf")
+    zeros = torch.zeros(mask.shape, dtype=dtype if dtype_used else None, device=mask.device)
+    return zeros.masked_fill(mask if inverted else ~mask, value)
+
+
+# Functions of their own: other formulas than the reference's, not one of its decisions changed.
 
 
 def to_additive_mask_minus_1e9(mask, dtype):
     return torch.where(mask, 0.0, -1e9).to(dtype)
-
-
-def to_additive_mask_finfo_min(mask, dtype):
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-
-
-def to_additive_mask_inverted(mask, dtype):
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
 
 
 def to_additive_mask_cast(mask, dtype):
@@ -57,180 +63,59 @@ def to_additive_mask_zero_times_inf(mask, dtype):
     return (~mask).to(dtype) * float("-inf")
 
 
-def to_additive_mask_dtype_ignored(mask, dtype):
-    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
-
-
-def causal_mask_float(n, m=None, *, align="top_left", device=None):
+@decisions("boolean", "align_used", "shift", "diagonal_kept", "triangle", "inverted")
+def causal_mask(n, m=None, *, align="top_left", device=None, boolean=True, align_used=True, shift="m - n",
+                diagonal_kept=True, triangle="lower", inverted=False):
+    """The causal mask, with the decisions its mistakes get wrong."""
     m = n if m is None else m
     if align not in ("top_left", "bottom_right"):
         raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
-    offset = 0 if align == "top_left" else m - n
-    return torch.ones(n, m, device=device).tril(diagonal=offset)
+    offset = 0 if align == "top_left" or not align_used else m - n if shift == "m - n" else n - m
+    ones = torch.ones(n, m, dtype=torch.bool if boolean else None, device=device)
+    mask = ones.tril(diagonal=offset if diagonal_kept else offset - 1) if triangle == "lower" else ones.triu(offset)
+    return ~mask if inverted else mask
 
 
-def causal_mask_no_diagonal(n, m=None, *, align="top_left", device=None):
-    m = n if m is None else m
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
-    offset = 0 if align == "top_left" else m - n
-    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset - 1)
-
-
-def causal_mask_align_ignored(n, m=None, *, align="top_left", device=None):
-    m = n if m is None else m
-    return torch.ones(n, m, dtype=torch.bool, device=device).tril()
-
-
-def causal_mask_inverted(n, m=None, *, align="top_left", device=None):
-    m = n if m is None else m
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
-    offset = 0 if align == "top_left" else m - n
-    return ~torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset)
-
-
-def causal_mask_future(n, m=None, *, align="top_left", device=None):
-    m = n if m is None else m
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
-    offset = 0 if align == "top_left" else m - n
-    return torch.ones(n, m, dtype=torch.bool, device=device).triu(diagonal=offset)
-
-
-def causal_mask_offset_sign(n, m=None, *, align="top_left", device=None):
-    m = n if m is None else m
-    if align not in ("top_left", "bottom_right"):
-        raise ValueError(f"align must be 'top_left' or 'bottom_right', not {align!r}")
-    offset = 0 if align == "top_left" else n - m
-    return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=offset)
-
-
-def padding_mask_float(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
+@decisions("on_lengths_device", "first_position", "real", "transposed", "boolean")
+def padding_mask(lengths, max_len, *, on_lengths_device=True, first_position=0, real="j < L", transposed=False,
+                 boolean=True):
+    """The padding mask, with the decisions its mistakes get wrong."""
     if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
         raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return (torch.arange(max_len) < lengths[:, None]).float()
+    j = torch.arange(first_position, max_len + first_position, device=lengths.device if on_lengths_device else None)
+    j, L = (j[:, None], lengths[None, :]) if transposed else (j, lengths[:, None])
+    mask = {"j < L": j < L, "j <= L": j <= L, "j < L - 1": j < L - 1, "j >= L": j >= L}[real]
+    return mask if boolean else mask.float()
 
 
-def padding_mask_off_by_one(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(max_len) <= lengths[:, None]
-
-
-def padding_mask_one_short(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(max_len) < lengths[:, None] - 1
-
-
-def padding_mask_from_one(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(1, max_len + 1) < lengths[:, None]
-
-
-def padding_mask_inverted(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(max_len) >= lengths[:, None]
-
-
-def padding_mask_on_the_default_device(lengths, max_len):
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(max_len) < lengths[:, None]  # arange on the default device, not on that of lengths
-
-
-def padding_mask_transposed(lengths, max_len):
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or bool((lengths < 0).any()) or bool((lengths > max_len).any()):
-        raise ValueError(f"lengths {lengths.tolist()} do not fit in max_len = {max_len}")
-    return torch.arange(max_len)[:, None] < lengths[None, :]
-
-
-def masked_attention_inverted(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_after_softmax(Q, K, V, mask=None):
-    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0) if mask.dtype == torch.bool else weights * torch.exp(mask)
-    return weights @ V, weights
-
-
-def masked_attention_nan(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
-
-
-def masked_attention_minus_1e9(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -1e9) if mask.dtype == torch.bool else scores + mask
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_finfo_min(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_float_as_bool(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool(), float("-inf"))
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_only_inf(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        allowed = mask if mask.dtype == torch.bool else mask != float("-inf")
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_bool_added(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores + mask
-    no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
-    return weights @ V, weights
-
-
-def masked_attention_no_scaling(Q, K, V, mask=None):
+@decisions("scaled", "masked", "bool_mask", "inverted", "fill", "float_mask", "empty_rows")
+def masked_attention(Q, K, V, mask=None, *, scaled=True, masked="scores", bool_mask="selects", inverted=False,
+                     fill="-inf", float_mask="added", empty_rows="zeros"):
+    """Masked attention, with the decisions its mistakes get wrong."""
+    if Q.shape[-1] != K.shape[-1]:
+        raise ValueError(f"Q and K have different d_k ({Q.shape[-1]} and {K.shape[-1]})")
     scores = Q @ K.transpose(-2, -1)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    if scaled:
+        scores = scores / math.sqrt(Q.shape[-1])
+    if mask is not None and (mask.dim() > scores.dim() or any(
+            a not in (1, b) for a, b in zip(mask.shape[::-1], scores.shape[::-1]))):
+        raise ValueError(f"a mask of shape {tuple(mask.shape)} does not broadcast to the scores {tuple(scores.shape)}")
+    if mask is not None and masked == "weights":
+        weights = torch.softmax(scores, dim=-1)
+        weights = weights.masked_fill(~mask, 0.0) if mask.dtype == torch.bool else weights * torch.exp(mask)
+        return weights @ V, weights
+    if mask is not None and mask.dtype == torch.bool and bool_mask == "selects":
+        fills = {"-inf": float("-inf"), "-1e9": -1e9, "finfo(dtype).min": torch.finfo(scores.dtype).min}
+        scores = scores.masked_fill(mask if inverted else ~mask, fills[fill])
+    elif mask is not None and float_mask == "as bool()":
+        scores = scores.masked_fill(~mask.bool(), float("-inf"))
+    elif mask is not None and float_mask == "its -inf only":
+        scores = scores.masked_fill(mask == float("-inf"), float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    if empty_rows != "zeros":
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ V, weights
     no_key = (scores == float("-inf")).all(dim=-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(no_key, 0.0), dim=-1).masked_fill(no_key, 0.0)
     return weights @ V, weights
@@ -254,10 +139,10 @@ MISTAKES: dict[str, list[Mistake]] = {
                 BOOL_VS_ADDITIVE, to_additive_mask_minus_1e9, id="masking/to_additive_mask/1e9-instead-of-inf"),
         Mistake("torch.finfo(dtype).min instead of -inf", "the most negative finite number is still finite: a score "
                 "added to it can round back to it, and a row of them gets uniform weights. Use -inf.",
-                BOOL_VS_ADDITIVE, to_additive_mask_finfo_min,
+                BOOL_VS_ADDITIVE, variant(to_additive_mask, fill="finfo(dtype).min"),
                 id="masking/to_additive_mask/torch-finfo-dtype-min-instead-of-inf"),
         Mistake("inverted boolean convention", INVERTED + " So True becomes 0 and False becomes -inf.",
-                MHA_SECTION, to_additive_mask_inverted, id="masking/to_additive_mask/inverted-boolean-convention"),
+                MHA_SECTION, variant(to_additive_mask, inverted=True), id="masking/to_additive_mask/inverted-boolean-convention"),
         Mistake("1 and 0 instead of 0 and -inf", "mask.to(dtype) gives 1.0 and 0.0; an additive mask must add 0 "
                 "to allowed scores and -inf to forbidden ones.", BOOL_VS_ADDITIVE, to_additive_mask_cast,
                 id="masking/to_additive_mask/1-and-0-instead-of-0-and-inf"),
@@ -265,75 +150,79 @@ MISTAKES: dict[str, list[Mistake]] = {
                 "position. Fill the forbidden positions instead (masked_fill or torch.where).", BOOL_VS_ADDITIVE,
                 to_additive_mask_zero_times_inf, id="masking/to_additive_mask/nan-from-0-inf"),
         Mistake("the dtype argument ignored", "the additive mask is added to the scores, so it must have the "
-                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, to_additive_mask_dtype_ignored,
+                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, variant(to_additive_mask, dtype_used=False),
                 id="masking/to_additive_mask/the-dtype-argument-ignored"),
     ],
     "causal_mask": [
         Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor: a float mask is added "
                 "to the scores, so ones and zeros would shift scores instead of masking them.", BOOL_VS_ADDITIVE,
-                causal_mask_float, id="masking/causal_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
+                variant(causal_mask, boolean=False), id="masking/causal_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a causal mask that excludes the diagonal", "a token may attend to itself: query i sees keys "
                 "0..i, the diagonal included (otherwise the first query sees nothing).", CAUSAL,
-                causal_mask_no_diagonal, id="masking/causal_mask/a-causal-mask-that-excludes-the-diagonal"),
+                variant(causal_mask, diagonal_kept=False), id="masking/causal_mask/a-causal-mask-that-excludes-the-diagonal"),
         Mistake("bottom-right alignment ignored", "with align='bottom_right' the diagonal ends in the bottom-right "
                 "corner: query i sees keys 0..i + (m - n), as when new queries are decoded against a KV cache. "
-                "The align argument must change the mask.", CORNER, causal_mask_align_ignored,
+                "The align argument must change the mask.", CORNER, variant(causal_mask, align_used=False),
                 id="masking/causal_mask/bottom-right-alignment-ignored"),
         Mistake("inverted boolean convention", INVERTED + " A causal mask is True on the past and the present.",
-                MHA_SECTION, causal_mask_inverted, id="masking/causal_mask/inverted-boolean-convention"),
+                MHA_SECTION, variant(causal_mask, inverted=True), id="masking/causal_mask/inverted-boolean-convention"),
         Mistake("the future instead of the past", "query i may attend to keys j <= i (lower triangle), not j >= i "
-                "(upper triangle).", CAUSAL, causal_mask_future, id="masking/causal_mask/the-future-instead-of-the-past"),
+                "(upper triangle).", CAUSAL, variant(causal_mask, triangle="upper"),
+                id="masking/causal_mask/the-future-instead-of-the-past"),
         Mistake("the diagonal shifted the wrong way", "bottom-right alignment shifts the diagonal by m - n (to the "
-                "right when there are more keys than queries), not by n - m.", CORNER, causal_mask_offset_sign,
+                "right when there are more keys than queries), not by n - m.", CORNER, variant(causal_mask, shift="n - m"),
                 id="masking/causal_mask/the-diagonal-shifted-the-wrong-way"),
     ],
     "padding_mask": [
         Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor (True = real token).",
-                PADDING, padding_mask_float, id="masking/padding_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
+                PADDING, variant(padding_mask, boolean=False),
+                id="masking/padding_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_off_by_one, id="masking/padding_mask/a-padding-mask-off-by-one"),
+                variant(padding_mask, real="j <= L"), id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_one_short, id="masking/padding_mask/a-padding-mask-off-by-one"),
+                variant(padding_mask, real="j < L - 1"), id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
                 "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                padding_mask_from_one, id="masking/padding_mask/a-padding-mask-off-by-one"),
+                variant(padding_mask, first_position=1), id="masking/padding_mask/a-padding-mask-off-by-one"),
         Mistake("inverted boolean convention", INVERTED + " A padding mask is True on real tokens.", MHA_SECTION,
-                padding_mask_inverted, id="masking/padding_mask/inverted-boolean-convention"),
+                variant(padding_mask, real="j >= L"), id="masking/padding_mask/inverted-boolean-convention"),
         Mistake("the mask transposed", "the mask has one row per sequence: shape (B, max_len), not (max_len, B).",
-                PADDING, padding_mask_transposed, id="masking/padding_mask/the-mask-transposed"),
+                PADDING, variant(padding_mask, transposed=True), id="masking/padding_mask/the-mask-transposed"),
         Mistake("the mask made on the default device", "torch.arange(max_len) goes to PyTorch's default device, "
                 "which a program may set elsewhere (torch.set_default_device(\"cuda\")); the mask belongs on the "
                 "device of lengths: torch.arange(max_len, device=lengths.device).", PADDING,
-                padding_mask_on_the_default_device, id="masking/padding_mask/the-mask-made-on-the-default-device"),
+                variant(padding_mask, on_lengths_device=False), id="masking/padding_mask/the-mask-made-on-the-default-device"),
     ],
     "masked_attention": [
-        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, masked_attention_inverted,
+        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, variant(masked_attention, inverted=True),
                 id="masking/masked_attention/inverted-boolean-convention"),
         Mistake("mask applied after softmax", "the mask must change the scores before the softmax, so the "
                 "weights of the allowed keys are renormalised to sum to one; zeroing weights afterwards leaves "
-                "rows that sum to less than one.", BOOL_VS_ADDITIVE, masked_attention_after_softmax,
+                "rows that sum to less than one.", BOOL_VS_ADDITIVE, variant(masked_attention, masked="weights"),
                 id="masking/masked_attention/mask-applied-after-softmax"),
         Mistake("NaN on rows with no allowed key", "when every key of a row is masked the row is all -inf and "
                 "softmax computes 0/0 = NaN. Detect those rows and give them zero weights and zero output.",
-                NO_KEY, masked_attention_nan, id="masking/masked_attention/nan-on-rows-with-no-allowed-key"),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_minus_1e9,
+                NO_KEY, variant(masked_attention, empty_rows="NaN"),
+                id="masking/masked_attention/nan-on-rows-with-no-allowed-key"),
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, variant(masked_attention, fill="-1e9"),
                 id="masking/masked_attention/1e9-instead-of-inf"),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, masked_attention_finfo_min,
+        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, variant(masked_attention, fill="finfo(dtype).min"),
                 id="masking/masked_attention/1e9-instead-of-inf"),
         Mistake("a float mask treated as boolean", "a float mask is added to the scores (0 keeps a score, -inf "
                 "removes it, other values shift it); converting it with .bool() makes 0 False and -inf True, "
-                "the opposite of what it means.", BOOL_VS_ADDITIVE, masked_attention_float_as_bool,
+                "the opposite of what it means.", BOOL_VS_ADDITIVE, variant(masked_attention, float_mask="as bool()"),
                 id="masking/masked_attention/a-float-mask-treated-as-boolean"),
         Mistake("a float mask used only for its -inf entries", "a float mask is added to the scores: its finite "
                 "entries (biases such as ALiBi's) change the weights too.", BOOL_VS_ADDITIVE,
-                masked_attention_only_inf, id="masking/masked_attention/a-float-mask-used-only-for-its-inf-entries"),
+                variant(masked_attention, float_mask="its -inf only"),
+                id="masking/masked_attention/a-float-mask-used-only-for-its-inf-entries"),
         Mistake("a boolean mask added to the scores", "adding a bool mask adds 1 to allowed scores and 0 to the "
                 "others; a boolean mask must select (masked_fill with -inf where it is False).", BOOL_VS_ADDITIVE,
-                masked_attention_bool_added, id="masking/masked_attention/a-boolean-mask-added-to-the-scores"),
+                variant(masked_attention, bool_mask="added"), id="masking/masked_attention/a-boolean-mask-added-to-the-scores"),
         Mistake("no scaling", "the scores Q K^T are divided by sqrt(d_k) before the mask and the softmax, as in "
-                "notebook 01.", MASKED, masked_attention_no_scaling, id="masking/masked_attention/no-scaling"),
+                "notebook 01.", MASKED, variant(masked_attention, scaled=False), id="masking/masked_attention/no-scaling"),
     ],
 }
 

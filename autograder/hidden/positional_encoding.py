@@ -13,6 +13,7 @@ from ..diagnosis import Mistake
 from ..errors import fail
 from ..inputs import generator, randn
 from ..student import call_student, expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -50,197 +51,71 @@ def _rope(x, positions, base=10000.0):
     return torch.view_as_real(rotated).reshape(x.shape).to(x.dtype)
 
 
-# --- the mistake catalogue: each function makes exactly one mistake ----------------------------
+# --- the mistake catalogue: each mistake is a reference with one decision changed ---------------
 
 
-def sinusoidal_exponent_i_over_d(max_len, d_model, base=10000.0, *, dtype=torch.float32):
+@decisions("first_position", "exponent", "base_used", "divided", "layout")
+def sinusoidal_encoding(max_len, d_model, base=10000.0, *, dtype=torch.float32, first_position=0, exponent="2i/d",
+                        base_used=True, divided=True, layout="sin, cos"):
+    """The sinusoidal encoding, with the decisions its mistakes get wrong."""
     if d_model % 2:
         raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    pos = torch.arange(first_position, max_len + first_position, dtype=torch.float64)[:, None]
     i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos / base ** (i / d_model)
+    power = (base if base_used else 10000.0) ** {"2i/d": 2 * i / d_model, "i/d": i / d_model, "2j/d": 4 * i / d_model}[exponent]
+    angles = pos / power if divided else pos * power
+    if layout == "halves":
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).to(dtype)
+    even, odd = (torch.sin, torch.cos) if layout == "sin, cos" else (torch.cos, torch.sin)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles)
+    pe[:, 0::2] = even(angles)
+    pe[:, 1::2] = odd(angles)
     return pe.to(dtype)
 
 
-def sinusoidal_column_index_doubled(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    j = torch.arange(0, d_model, 2, dtype=torch.float64)
-    angles = pos / base ** (2 * j / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles)
-    return pe.to(dtype)
-
-
-def sinusoidal_halves(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos / base ** (2 * i / d_model)
-    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).to(dtype)
-
-
-def sinusoidal_swapped(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos / base ** (2 * i / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.cos(angles)
-    pe[:, 1::2] = torch.sin(angles)
-    return pe.to(dtype)
-
-
-def sinusoidal_positions_from_one(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(1, max_len + 1, dtype=torch.float64)[:, None]
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos / base ** (2 * i / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles)
-    return pe.to(dtype)
-
-
-def sinusoidal_multiplied(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos * base ** (2 * i / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles)
-    return pe.to(dtype)
-
-
-def sinusoidal_base_ignored(max_len, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    i = torch.arange(d_model // 2, dtype=torch.float64)
-    angles = pos / 10000.0 ** (2 * i / d_model)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles)
-    return pe.to(dtype)
-
-
-def shift_transposed(k, d_model, base=10000.0, *, dtype=torch.float32):
+@decisions("exponent", "steps", "transposed", "pairs")
+def relative_shift_matrix(k, d_model, base=10000.0, *, dtype=torch.float32, exponent="2i/d", steps="k",
+                          transposed=False, pairs="adjacent"):
+    """The shift matrix, with the decisions its mistakes get wrong."""
     if d_model % 2:
         raise ValueError(f"d_model must be even, got {d_model}")
     M = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i in range(d_model // 2):
-        phi = k / base ** (2 * i / d_model)
-        M[2 * i, 2 * i] = math.cos(phi)
-        M[2 * i, 2 * i + 1] = -math.sin(phi)
-        M[2 * i + 1, 2 * i] = math.sin(phi)
-        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
+        phi = (k if steps == "k" else 1) / base ** ((2 * i if exponent == "2i/d" else i) / d_model)
+        a, b = (2 * i, 2 * i + 1) if pairs == "adjacent" else (i, i + d_model // 2)
+        sin = -math.sin(phi) if transposed else math.sin(phi)
+        M[a, a] = math.cos(phi)
+        M[a, b] = sin
+        M[b, a] = -sin
+        M[b, b] = math.cos(phi)
     return M.to(dtype)
 
 
-def shift_exponent_i_over_d(k, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    M = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for i in range(d_model // 2):
-        phi = k / base ** (i / d_model)
-        M[2 * i, 2 * i] = math.cos(phi)
-        M[2 * i, 2 * i + 1] = math.sin(phi)
-        M[2 * i + 1, 2 * i] = -math.sin(phi)
-        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
-    return M.to(dtype)
-
-
-def shift_by_one(k, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    M = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for i in range(d_model // 2):
-        phi = 1 / base ** (2 * i / d_model)
-        M[2 * i, 2 * i] = math.cos(phi)
-        M[2 * i, 2 * i + 1] = math.sin(phi)
-        M[2 * i + 1, 2 * i] = -math.sin(phi)
-        M[2 * i + 1, 2 * i + 1] = math.cos(phi)
-    return M.to(dtype)
-
-
-def shift_halves(k, d_model, base=10000.0, *, dtype=torch.float32):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    h = d_model // 2
-    M = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for i in range(h):
-        phi = k / base ** (2 * i / d_model)
-        M[i, i] = math.cos(phi)
-        M[i, i + h] = math.sin(phi)
-        M[i + h, i] = -math.sin(phi)
-        M[i + h, i + h] = math.cos(phi)
-    return M.to(dtype)
-
-
-def rope_rotate_half(x, positions, base=10000.0):
+@decisions("exponent", "positions_used", "opposite", "pairs", "tables")
+def apply_rope(x, positions, base=10000.0, *, exponent="2i/d", positions_used=True, opposite=False, pairs="adjacent",
+               tables="per pair"):
+    """RoPE, with the decisions its mistakes get wrong."""
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"the last dimension of x must be even, got {d}")
-    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[:, None] * freqs
+    if positions.dim() != 1 or positions.shape[0] != x.shape[-2]:
+        raise ValueError(f"positions must be 1-D, one per token of x, not of shape {tuple(positions.shape)}")
+    exponents = torch.arange(0, d, 2, dtype=torch.float64) if exponent == "2i/d" else torch.arange(d // 2, dtype=torch.float64)
+    freqs = base ** (-exponents / d)
+    at = positions.to(torch.float64) if positions_used else torch.arange(x.shape[-2], dtype=torch.float64)
+    angles = at[:, None] * freqs
+    if tables == "rotate-half":  # the tables cat([angles, angles]) of the rotate-half layout
+        emb = torch.cat([angles, angles], dim=-1)
+        partner = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+        return x * emb.cos().to(x.dtype) + partner * emb.sin().to(x.dtype)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def rope_opposite_direction(x, positions, base=10000.0):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"the last dimension of x must be even, got {d}")
-    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[:, None] * freqs
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
-def rope_exponent_i_over_d(x, positions, base=10000.0):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"the last dimension of x must be even, got {d}")
-    freqs = base ** (-torch.arange(d // 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[:, None] * freqs
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if opposite:
+        sin = -sin
+    if pairs == "halves":
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
-def rope_positions_ignored(x, positions, base=10000.0):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"the last dimension of x must be even, got {d}")
-    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.arange(x.shape[-2], dtype=torch.float64)[:, None] * freqs
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
-def rope_half_layout_tables(x, positions, base=10000.0):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"the last dimension of x must be even, got {d}")
-    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[:, None] * freqs
-    emb = torch.cat([angles, angles], dim=-1)  # the table of the rotate-half layout
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    partner = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-    return x * cos + partner * sin
 
 
 MISTAKES: dict[str, list[Mistake]] = {
@@ -248,63 +123,70 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("exponent i/d instead of 2i/d", "pair i (columns 2i and 2i+1) has the frequency "
                 "base^(-2i/d_model): the exponent runs from 0 up to almost 1 across the pairs. With i/d_model "
                 "it stops near 1/2, so the slowest hand turns far too fast.", SINUSOIDAL,
-                sinusoidal_exponent_i_over_d, id="positional_encoding/sinusoidal_encoding/exponent-i-d-instead-of-2i-d"),
+                variant(sinusoidal_encoding, exponent="i/d"),
+                id="positional_encoding/sinusoidal_encoding/exponent-i-d-instead-of-2i-d"),
         Mistake("the column index doubled in the exponent", "the exponent is 2i/d_model where i is the pair "
                 "index, which is the same as j/d_model where j = 2i is the column of the sine. Writing "
-                "2j/d_model with the column j counts the 2 twice.", SINUSOIDAL, sinusoidal_column_index_doubled,
+                "2j/d_model with the column j counts the 2 twice.", SINUSOIDAL, variant(sinusoidal_encoding, exponent="2j/d"),
                 id="positional_encoding/sinusoidal_encoding/the-column-index-doubled-in-the-exponent"),
         Mistake("sin and cos concatenated in halves instead of interleaved", "this exercise asks for the "
                 "interleaved layout of the paper: column 2i is the sine and column 2i+1 the cosine of the same "
-                "angle, not all the sines followed by all the cosines.", SINUSOIDAL, sinusoidal_halves,
+                "angle, not all the sines followed by all the cosines.", SINUSOIDAL,
+                variant(sinusoidal_encoding, layout="halves"),
                 id="positional_encoding/sinusoidal_encoding/sin-and-cos-concatenated-in-halves-instead-of"),
         Mistake("sin and cos swapped", "even columns hold the sine, odd columns the cosine, so that "
-                "PE[0] = [0, 1, 0, 1, ...].", SINUSOIDAL, sinusoidal_swapped,
+                "PE[0] = [0, 1, 0, 1, ...].", SINUSOIDAL, variant(sinusoidal_encoding, layout="cos, sin"),
                 id="positional_encoding/sinusoidal_encoding/sin-and-cos-swapped"),
         Mistake("positions counted from 1", "the first position is 0, so the first row of the encoding is "
-                "[0, 1, 0, 1, ...].", SINUSOIDAL, sinusoidal_positions_from_one,
+                "[0, 1, 0, 1, ...].", SINUSOIDAL, variant(sinusoidal_encoding, first_position=1),
                 id="positional_encoding/sinusoidal_encoding/positions-counted-from-1"),
         Mistake("position multiplied by base^(2i/d) instead of divided", "the angle is pos / base^(2i/d_model): "
                 "the frequencies go from 1 (fast) down to about 1/base (slow), never above 1.", SINUSOIDAL,
-                sinusoidal_multiplied,
+                variant(sinusoidal_encoding, divided=False),
                 id="positional_encoding/sinusoidal_encoding/position-multiplied-by-base-2i-d-instead-of"),
         Mistake("the base argument ignored", "use the base you are given instead of a fixed 10000.",
-                SINUSOIDAL, sinusoidal_base_ignored, id="positional_encoding/sinusoidal_encoding/the-base-argument-ignored"),
+                SINUSOIDAL, variant(sinusoidal_encoding, base_used=False),
+                id="positional_encoding/sinusoidal_encoding/the-base-argument-ignored"),
     ],
     "relative_shift_matrix": [
         Mistake("M_k transposed (a rotation by -k)", "on a pair (sin a, cos a) the angle-addition formulas give "
                 "sin(a + b) = cos(b) sin(a) + sin(b) cos(a) and cos(a + b) = -sin(b) sin(a) + cos(b) cos(a), so "
                 "the block is [[cos b, sin b], [-sin b, cos b]]. The textbook rotation [[cos b, -sin b], "
                 "[sin b, cos b]] is meant for pairs (cos, sin); on (sin, cos) it moves the position back by k.",
-                SHIFT, shift_transposed, id="positional_encoding/relative_shift_matrix/m-k-transposed-a-rotation-by-k"),
+                SHIFT, variant(relative_shift_matrix, transposed=True),
+                id="positional_encoding/relative_shift_matrix/m-k-transposed-a-rotation-by-k"),
         Mistake("exponent i/d instead of 2i/d", "block i turns by k * base^(-2i/d_model), the angle that pair i "
-                "of the encoding advances in k steps.", SINUSOIDAL, shift_exponent_i_over_d,
+                "of the encoding advances in k steps.", SINUSOIDAL, variant(relative_shift_matrix, exponent="i/d"),
                 id="positional_encoding/relative_shift_matrix/exponent-i-d-instead-of-2i-d"),
         Mistake("a shift of one position whatever k", "the angle of block i is k times the frequency of pair "
                 "i: shifting by k positions turns every hand k times as far as one step does.", SHIFT,
-                shift_by_one, id="positional_encoding/relative_shift_matrix/a-shift-of-one-position-whatever-k"),
+                variant(relative_shift_matrix, steps="1"),
+                id="positional_encoding/relative_shift_matrix/a-shift-of-one-position-whatever-k"),
         Mistake("blocks on pairs (i, i + d/2)", "the encoding is interleaved: the sine and the cosine of pair i "
                 "sit in columns 2i and 2i+1, so each 2x2 block sits on the diagonal at rows and columns "
-                "2i, 2i+1.", SHIFT, shift_halves, id="positional_encoding/relative_shift_matrix/blocks-on-pairs-i-i-d-2"),
+                "2i, 2i+1.", SHIFT, variant(relative_shift_matrix, pairs="halves"),
+                id="positional_encoding/relative_shift_matrix/blocks-on-pairs-i-i-d-2"),
     ],
     "apply_rope": [
         Mistake("RoPE in the rotate-half convention", "this exercise rotates the adjacent pairs (2i, 2i+1). "
                 "Some codebases instead pair dimension i with dimension i + d/2 (rotate_half); both are valid "
                 "but they are different functions, and weights trained with one do not work with the other.",
-                ROPE, rope_rotate_half, id="positional_encoding/apply_rope/rope-in-the-rotate-half-convention"),
+                ROPE, variant(apply_rope, pairs="halves"),
+                id="positional_encoding/apply_rope/rope-in-the-rotate-half-convention"),
         Mistake("rotation in the opposite direction", "the pair (x_2i, x_2i+1) becomes "
                 "(x_2i cos t - x_2i+1 sin t, x_2i sin t + x_2i+1 cos t): the complex number x_2i + i x_2i+1 "
-                "multiplied by e^(i t). Swapping the signs rotates by -t.", ROPE, rope_opposite_direction,
+                "multiplied by e^(i t). Swapping the signs rotates by -t.", ROPE, variant(apply_rope, opposite=True),
                 id="positional_encoding/apply_rope/rotation-in-the-opposite-direction"),
         Mistake("exponent i/d instead of 2i/d", "pair i turns at the frequency base^(-2i/d), as in the "
-                "sinusoidal encoding.", ROPE, rope_exponent_i_over_d,
+                "sinusoidal encoding.", ROPE, variant(apply_rope, exponent="i/d"),
                 id="positional_encoding/apply_rope/exponent-i-d-instead-of-2i-d"),
         Mistake("positions argument ignored", "rotate row t by the angle positions[t] * frequency, not by its "
                 "index t: with a cache of earlier tokens, the rows of x are not at positions 0, 1, 2, ...",
-                ROPE, rope_positions_ignored, id="positional_encoding/apply_rope/positions-argument-ignored"),
+                ROPE, variant(apply_rope, positions_used=False), id="positional_encoding/apply_rope/positions-argument-ignored"),
         Mistake("cos/sin tables of the rotate-half layout used with adjacent pairs", "the angle table "
                 "cat([angles, angles]) belongs to the rotate-half layout; with adjacent pairs the two members "
                 "of a pair must share one angle, so the table is angles.repeat_interleave(2, dim=-1).",
-                ROPE, rope_half_layout_tables,
+                ROPE, variant(apply_rope, tables="rotate-half"),
                 id="positional_encoding/apply_rope/cos-sin-tables-of-the-rotate-half-layout-used"),
     ],
 }

@@ -49,6 +49,7 @@ from ..references.serving import (
 )
 from ..references.tiny_decoder import module_parameters
 from ..student import call_student, probe
+from ..variation import decisions, variant
 from ..verify import Case, verify, verify_number
 from . import hidden
 
@@ -60,462 +61,154 @@ LATENT = "5. Multi-head latent attention"
 SPECULATIVE = "6. Speculative decoding"
 
 
-# --- references that are solutions -------------------------------------------------------------------------------
+# --- references, each with the decisions its catalogued mistakes get wrong ----------------------------------------
+# The default of every decision is the right choice: with none changed, each reference is a right answer.
 
 
-def bytes_reference(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
+@decisions("kv_factor", "heads_cached", "latent_factor", "bytes_per_number")
+def bytes_reference(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None, *, kv_factor=2,
+                    heads_cached="kv_heads", latent_factor=1, bytes_per_number=None):
     """2 L g d bytes-per-number (keys and values), or L d_latent bytes-per-number (MLA's latent)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return num_layers * d_latent * itemsize if d_latent is not None else 2 * num_layers * kv_heads * d_head * itemsize
-
-
-def speculative_reference(target, draft, prompt, steps, k):
-    """Greedy speculative decoding as the notebook specifies it (the number of target calls is exact)."""
-    tokens, calls = prompt, 0
-    while tokens.shape[1] - prompt.shape[1] < steps:
-        left = steps - (tokens.shape[1] - prompt.shape[1])
-        proposed = tokens
-        for _ in range(min(k, left - 1)):
-            proposed = torch.cat([proposed, draft(proposed)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-        n = tokens.shape[1]
-        choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-        calls += 1
-        accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
-        tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
-    return tokens[:, prompt.shape[1]:], calls
-
-
-# --- the catalogue: cache_bytes_per_token ---------------------------------------------------------------------------
-
-
-def bytes_keys_only(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    sizes = {"num_layers": num_layers, "num_heads": num_heads, "kv_heads": kv_heads, "d_head": d_head}
     if d_latent is not None:
-        return num_layers * d_latent * itemsize
-    return num_layers * kv_heads * d_head * itemsize  # the values forgotten
-
-
-def bytes_query_heads(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
-    itemsize = torch.empty((), dtype=dtype).element_size()
+        sizes["d_latent"] = d_latent
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} = {value}: every size must be at least 1")
+    if num_heads % kv_heads:
+        raise ValueError(f"num_heads = {num_heads} is not a multiple of kv_heads = {kv_heads}")
+    itemsize = torch.empty((), dtype=dtype).element_size() if bytes_per_number is None else bytes_per_number
     if d_latent is not None:
-        return num_layers * d_latent * itemsize
-    return 2 * num_layers * num_heads * d_head * itemsize  # every query head counted
+        return latent_factor * num_layers * d_latent * itemsize
+    return kv_factor * num_layers * (kv_heads if heads_cached == "kv_heads" else num_heads) * d_head * itemsize
 
 
-def bytes_latent_twice(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if d_latent is not None:
-        return 2 * num_layers * d_latent * itemsize  # the latent counted as keys and as values
-    return 2 * num_layers * kv_heads * d_head * itemsize
+@decisions("blocks_from", "freed_blocks_returned", "gather_order", "pool_copied", "room_counted_first", "ids_from")
+class PagedKVCache:
+    """The paged cache, with the decisions its mistakes get wrong (class attributes its methods read)."""
 
-
-def bytes_four_per_number(num_layers, num_heads, kv_heads, d_head, dtype, d_latent=None):
-    if d_latent is not None:
-        return num_layers * d_latent * 4
-    return 2 * num_layers * kv_heads * d_head * 4  # float32 assumed
-
-
-# --- the catalogue: PagedKVCache (each class is a whole answer with one mistake) ------------------------------------
-
-
-class CacheCounterAllocation:
-    """Blocks handed out by a counter that free() winds back: a block still in use is handed out again."""
+    blocks_from = "the free blocks"  # or "a counter": wound back by free(), it hands out blocks still in use
+    freed_blocks_returned = True
+    gather_order = "table"  # or "pool": the block ids sorted
+    pool_copied = False  # True: every append writes into a copy of the pool
+    room_counted_first = True  # False: blocks taken token by token, so a failing append keeps what it took
+    ids_from = "a counter"  # or "live sequences": a freed sequence's id given again
 
     def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
         self.block_size, self.kv_heads, self.d_head, self.num_blocks = block_size, kv_heads, d_head, num_blocks
         self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        self.used = 0
-        self.tables, self.lengths, self.next_id = {}, {}, 0
+        self.free_blocks = list(range(num_blocks - 1, -1, -1))
+        self.tables, self.lengths, self.next_id, self.used = {}, {}, 0, 0
+
+    def _known(self, seq):
+        if seq not in self.tables:
+            raise ValueError(f"no sequence {seq}")
+
+    def _free(self):
+        return len(self.free_blocks) if self.blocks_from == "the free blocks" else self.num_blocks - self.used
+
+    def _take(self):
+        if self.blocks_from == "the free blocks":
+            return self.free_blocks.pop()
+        self.used += 1
+        return self.used - 1
 
     def new_sequence(self):
-        seq, self.next_id = self.next_id, self.next_id + 1
+        seq = self.next_id if self.ids_from == "a counter" else len(self.tables)
+        self.next_id += 1
         self.tables[seq], self.lengths[seq] = [], 0
         return seq
 
     def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
+        self._known(seq)
         if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
         start, end, table = self.lengths[seq], self.lengths[seq] + k.shape[1], self.tables[seq]
-        needed = -(-end // self.block_size) - len(table)
-        if self.used + needed > self.num_blocks:
-            raise ValueError(f"the pool has {self.num_blocks - self.used} free blocks, {needed} are needed")
-        for _ in range(needed):
-            table.append(self.used)
-            self.used += 1
+        if self.room_counted_first:
+            needed = -(-end // self.block_size) - len(table)
+            if needed > self._free():
+                raise ValueError(f"the pool has {self._free()} free blocks, {needed} are needed")
+            for _ in range(needed):
+                table.append(self._take())
+        if self.pool_copied:
+            self.keys, self.values = self.keys.clone(), self.values.clone()
         for pos in range(start, end):
+            if pos // self.block_size == len(table):  # a block taken only when a token needs it
+                if not self._free():
+                    raise ValueError("the pool has no free block left")
+                table.append(self._take())
             self.keys[table[pos // self.block_size], :, pos % self.block_size] = k[:, pos - start]
             self.values[table[pos // self.block_size], :, pos % self.block_size] = v[:, pos - start]
-        self.lengths[seq] = end
-
-    def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        self.used -= len(self.tables.pop(seq))  # the next block handed out may be another sequence's
-        del self.lengths[seq]
-
-    def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return list(self.tables[seq])
-
-    def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return self.lengths[seq]
-
-    def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        table, n = self.tables[seq], self.lengths[seq]
-        return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :n],
-                self.values[table].transpose(0, 1).flatten(1, 2)[:, :n])
-
-
-class CacheNeverReused:
-    """free() forgets the sequence but never gives its blocks back."""
-
-    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
-        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
-        self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
-        self.tables, self.lengths, self.next_id = {}, {}, 0
-
-    def new_sequence(self):
-        seq, self.next_id = self.next_id, self.next_id + 1
-        self.tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
-        start, end, table = self.lengths[seq], self.lengths[seq] + k.shape[1], self.tables[seq]
-        needed = -(-end // self.block_size) - len(table)
-        if needed > len(self.free_blocks):
-            raise ValueError(f"the pool has {len(self.free_blocks)} free blocks, {needed} are needed")
-        for _ in range(needed):
-            table.append(self.free_blocks.pop())
-        for pos in range(start, end):
-            self.keys[table[pos // self.block_size], :, pos % self.block_size] = k[:, pos - start]
-            self.values[table[pos // self.block_size], :, pos % self.block_size] = v[:, pos - start]
-        self.lengths[seq] = end
-
-    def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        del self.tables[seq], self.lengths[seq]  # its blocks are lost to the pool
-
-    def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return list(self.tables[seq])
-
-    def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return self.lengths[seq]
-
-    def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        table, n = self.tables[seq], self.lengths[seq]
-        return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :n],
-                self.values[table].transpose(0, 1).flatten(1, 2)[:, :n])
-
-
-class CacheGatherPoolOrder:
-    """gather reads the sequence's blocks in the order of the pool (sorted ids), not of the block table."""
-
-    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
-        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
-        self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
-        self.tables, self.lengths, self.next_id = {}, {}, 0
-
-    def new_sequence(self):
-        seq, self.next_id = self.next_id, self.next_id + 1
-        self.tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
-        start, end, table = self.lengths[seq], self.lengths[seq] + k.shape[1], self.tables[seq]
-        needed = -(-end // self.block_size) - len(table)
-        if needed > len(self.free_blocks):
-            raise ValueError(f"the pool has {len(self.free_blocks)} free blocks, {needed} are needed")
-        for _ in range(needed):
-            table.append(self.free_blocks.pop())
-        for pos in range(start, end):
-            self.keys[table[pos // self.block_size], :, pos % self.block_size] = k[:, pos - start]
-            self.values[table[pos // self.block_size], :, pos % self.block_size] = v[:, pos - start]
-        self.lengths[seq] = end
-
-    def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        self.free_blocks.extend(reversed(self.tables.pop(seq)))
-        del self.lengths[seq]
-
-    def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return list(self.tables[seq])
-
-    def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return self.lengths[seq]
-
-    def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        blocks, n = sorted(self.tables[seq]), self.lengths[seq]  # pool order
-        return (self.keys[blocks].transpose(0, 1).flatten(1, 2)[:, :n],
-                self.values[blocks].transpose(0, 1).flatten(1, 2)[:, :n])
-
-
-class CachePoolCopied:
-    """Each append writes with an out-of-place index_put: a new pool, a copy of everything, at every append."""
-
-    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
-        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
-        self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
-        self.tables, self.lengths, self.next_id = {}, {}, 0
-
-    def new_sequence(self):
-        seq, self.next_id = self.next_id, self.next_id + 1
-        self.tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
-        start, end, table = self.lengths[seq], self.lengths[seq] + k.shape[1], self.tables[seq]
-        needed = -(-end // self.block_size) - len(table)
-        if needed > len(self.free_blocks):
-            raise ValueError(f"the pool has {len(self.free_blocks)} free blocks, {needed} are needed")
-        for _ in range(needed):
-            table.append(self.free_blocks.pop())
-        positions = torch.arange(start, end)
-        blocks = torch.tensor(table)[positions // self.block_size]
-        slots = positions % self.block_size
-        self.keys = self._put(self.keys, blocks, slots, k)
-        self.values = self._put(self.values, blocks, slots, v)
-        self.lengths[seq] = end
-
-    def _put(self, pool, blocks, slots, x):
-        pool = pool.clone()  # a new pool at every append
-        pool[blocks, :, slots] = x.transpose(0, 1).to(pool.dtype)
-        return pool
-
-    def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        self.free_blocks.extend(reversed(self.tables.pop(seq)))
-        del self.lengths[seq]
-
-    def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return list(self.tables[seq])
-
-    def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return self.lengths[seq]
-
-    def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        table, n = self.tables[seq], self.lengths[seq]
-        return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :n],
-                self.values[table].transpose(0, 1).flatten(1, 2)[:, :n])
-
-
-class CachePartialWrite:
-    """Blocks taken token by token: an append that runs out of blocks fails half-way, keeping what it took."""
-
-    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
-        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
-        self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
-        self.tables, self.lengths, self.next_id = {}, {}, 0
-
-    def new_sequence(self):
-        seq, self.next_id = self.next_id, self.next_id + 1
-        self.tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
-        table = self.tables[seq]
-        for i in range(k.shape[1]):
-            pos = self.lengths[seq]
-            if pos % self.block_size == 0:
-                if not self.free_blocks:
-                    raise ValueError("the pool has no free block left")  # after writing part of the append
-                table.append(self.free_blocks.pop())
-            self.keys[table[pos // self.block_size], :, pos % self.block_size] = k[:, i]
-            self.values[table[pos // self.block_size], :, pos % self.block_size] = v[:, i]
             self.lengths[seq] = pos + 1
 
     def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        self.free_blocks.extend(reversed(self.tables.pop(seq)))
+        self._known(seq)
+        table = self.tables.pop(seq)
         del self.lengths[seq]
+        if self.blocks_from != "the free blocks":
+            self.used -= len(table)
+        elif self.freed_blocks_returned:
+            self.free_blocks.extend(reversed(table))
 
     def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
+        self._known(seq)
         return list(self.tables[seq])
 
     def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
+        self._known(seq)
         return self.lengths[seq]
 
     def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
+        self._known(seq)
         table, n = self.tables[seq], self.lengths[seq]
+        if self.gather_order != "table":
+            table = sorted(table)
         return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :n],
                 self.values[table].transpose(0, 1).flatten(1, 2)[:, :n])
 
 
-class CacheIdsReused:
-    """new_sequence numbers sequences by how many are live: a freed sequence's id is given again."""
-
-    def __init__(self, num_blocks, block_size, kv_heads, d_head, dtype=torch.float32, device=None):
-        self.block_size, self.kv_heads, self.d_head = block_size, kv_heads, d_head
-        self.keys = torch.zeros(num_blocks, kv_heads, block_size, d_head, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
-        self.tables, self.lengths = {}, {}
-
-    def new_sequence(self):
-        seq = len(self.tables)  # the number of live sequences: an id already given comes back
-        self.tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def append(self, seq, k, v):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        if k.dim() != 3 or k.shape != v.shape or k.shape[0] != self.kv_heads or k.shape[2] != self.d_head:
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be ({self.kv_heads}, t, {self.d_head})")
-        start, end, table = self.lengths[seq], self.lengths[seq] + k.shape[1], self.tables[seq]
-        needed = -(-end // self.block_size) - len(table)
-        if needed > len(self.free_blocks):
-            raise ValueError(f"the pool has {len(self.free_blocks)} free blocks, {needed} are needed")
-        for _ in range(needed):
-            table.append(self.free_blocks.pop())
-        for pos in range(start, end):
-            self.keys[table[pos // self.block_size], :, pos % self.block_size] = k[:, pos - start]
-            self.values[table[pos // self.block_size], :, pos % self.block_size] = v[:, pos - start]
-        self.lengths[seq] = end
-
-    def free(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        self.free_blocks.extend(reversed(self.tables.pop(seq)))
-        del self.lengths[seq]
-
-    def block_table(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return list(self.tables[seq])
-
-    def length(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        return self.lengths[seq]
-
-    def gather(self, seq):
-        if seq not in self.tables:
-            raise ValueError(f"no sequence {seq}")
-        table, n = self.tables[seq], self.lengths[seq]
-        return (self.keys[table].transpose(0, 1).flatten(1, 2)[:, :n],
-                self.values[table].transpose(0, 1).flatten(1, 2)[:, :n])
-
-
-# --- the catalogue: paged_attention -----------------------------------------------------------------------------------
-
-
-def paged_pool_order(q, cache, seqs):
+@decisions("blocks_read_in", "heads_shared_by", "slots_read", "scaled")
+def paged_attention(q, cache, seqs, *, blocks_read_in="table order", heads_shared_by="repeat_interleave",
+                    slots_read="the filled ones", scaled=True):
+    """Attention through the block tables, with the decisions its mistakes get wrong."""
     S, h, d = q.shape
-    outputs = []
-    for i, seq in enumerate(seqs):
-        n, table = cache.length(seq), sorted(cache.block_table(seq))  # the blocks in pool order
-        keys = cache.keys[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat_interleave(h // cache.kv_heads, dim=0)
-        values = cache.values[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat_interleave(h // cache.kv_heads, dim=0)
-        weights = torch.softmax((keys @ q[i, :, :, None]).squeeze(-1) / math.sqrt(d), dim=-1)
-        outputs.append((weights[:, None, :] @ values).squeeze(1))
-    return torch.stack(outputs)
-
-
-def paged_heads_tiled(q, cache, seqs):
-    S, h, d = q.shape
+    g = cache.kv_heads
+    if len(seqs) != S:
+        raise ValueError(f"q holds {S} queries but seqs names {len(seqs)} sequences")
+    if h % g:
+        raise ValueError(f"{h} query heads cannot share {g} key/value heads equally")
     outputs = []
     for i, seq in enumerate(seqs):
         n, table = cache.length(seq), cache.block_table(seq)
-        repeats = h // cache.kv_heads
-        keys = cache.keys[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat(repeats, 1, 1)  # head i reads i % g
-        values = cache.values[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat(repeats, 1, 1)
-        weights = torch.softmax((keys @ q[i, :, :, None]).squeeze(-1) / math.sqrt(d), dim=-1)
+        if blocks_read_in != "table order":
+            table = sorted(table)
+        keys = cache.keys[table].transpose(0, 1).flatten(1, 2)
+        values = cache.values[table].transpose(0, 1).flatten(1, 2)
+        if slots_read == "the filled ones":
+            keys, values = keys[:, :n], values[:, :n]
+        if heads_shared_by == "repeat_interleave":
+            keys, values = keys.repeat_interleave(h // g, dim=0), values.repeat_interleave(h // g, dim=0)
+        else:
+            keys, values = keys.repeat(h // g, 1, 1), values.repeat(h // g, 1, 1)
+        scores = (keys @ q[i, :, :, None]).squeeze(-1)
+        weights = torch.softmax(scores / math.sqrt(d) if scaled else scores, dim=-1)
         outputs.append((weights[:, None, :] @ values).squeeze(1))
     return torch.stack(outputs)
 
 
-def paged_whole_blocks(q, cache, seqs):
-    S, h, d = q.shape
-    outputs = []
-    for i, seq in enumerate(seqs):
-        table = cache.block_table(seq)  # every slot of the last block, filled or not
-        keys = cache.keys[table].transpose(0, 1).flatten(1, 2).repeat_interleave(h // cache.kv_heads, dim=0)
-        values = cache.values[table].transpose(0, 1).flatten(1, 2).repeat_interleave(h // cache.kv_heads, dim=0)
-        weights = torch.softmax((keys @ q[i, :, :, None]).squeeze(-1) / math.sqrt(d), dim=-1)
-        outputs.append((weights[:, None, :] @ values).squeeze(1))
-    return torch.stack(outputs)
+@decisions("cached", "absorbed_scale", "absorbed_path_folds", "alignment")
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head latent attention, with the decisions its mistakes get wrong (class attributes)."""
 
-
-def paged_unscaled(q, cache, seqs):
-    S, h, d = q.shape
-    outputs = []
-    for i, seq in enumerate(seqs):
-        n, table = cache.length(seq), cache.block_table(seq)
-        keys = cache.keys[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat_interleave(h // cache.kv_heads, dim=0)
-        values = cache.values[table].transpose(0, 1).flatten(1, 2)[:, :n].repeat_interleave(h // cache.kv_heads, dim=0)
-        weights = torch.softmax((keys @ q[i, :, :, None]).squeeze(-1), dim=-1)  # no 1/sqrt(d)
-        outputs.append((weights[:, None, :] @ values).squeeze(1))
-    return torch.stack(outputs)
-
-
-# --- the catalogue: MultiHeadLatentAttention ----------------------------------------------------------------------------
-
-
-class LatentAbsorbedUnscaled(nn.Module):
-    """The absorbed path forgets 1/sqrt(d_head)."""
+    cached = "latent"  # or "keys and values": the cache holds the up-projected keys and values
+    absorbed_scale = "d_head"  # or "d_latent", or None
+    absorbed_path_folds = True  # False: absorbed=True expands the cache as the other path does
+    alignment = "bottom-right"  # or "top-left"
 
     def __init__(self, d_model, num_heads, d_head, d_latent):
         super().__init__()
-        self.num_heads, self.d_head = num_heads, d_head
+        self.num_heads, self.d_head, self.d_latent = num_heads, d_head, d_latent
         self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
         self.kv_down = nn.Linear(d_model, d_latent, bias=False)
         self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
@@ -527,24 +220,34 @@ class LatentAbsorbedUnscaled(nn.Module):
         h, d = self.num_heads, self.d_head
         q = self.q_proj(x).unflatten(-1, (h, d)).transpose(1, 2)
         c = self.kv_down(x)
+        if self.cached != "latent":
+            c = torch.cat([self.k_up(c), self.v_up(c)], dim=-1)
         if latent_cache is not None:
             latent_cache.append(c)
             c = torch.cat(list(latent_cache), dim=1)
         m = c.shape[1]
-        future = torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None]
-        if absorbed:
+        first = m - T if self.alignment == "bottom-right" else 0
+        future = torch.arange(m)[None, :] > torch.arange(first, first + T)[:, None]
+        if absorbed and self.absorbed_path_folds and self.cached == "latent":
             w_k, w_v = self.k_up.weight.unflatten(0, (h, d)), self.v_up.weight.unflatten(0, (h, d))
-            scores = (q @ w_k) @ c[:, None].transpose(-2, -1)  # the scale forgotten
+            scores = (q @ w_k) @ c[:, None].transpose(-2, -1)
+            if self.absorbed_scale is not None:
+                scores = scores / math.sqrt(d if self.absorbed_scale == "d_head" else self.d_latent)
             weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
             out = (weights @ c[:, None]) @ w_v.transpose(-2, -1)
         else:
-            k = self.k_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-            v = self.v_up(c).unflatten(-1, (h, d)).transpose(1, 2)
+            if self.cached == "latent":
+                k, v = self.k_up(c), self.v_up(c)
+            else:
+                k, v = c[..., :h * d], c[..., h * d:]
+            k, v = k.unflatten(-1, (h, d)).transpose(1, 2), v.unflatten(-1, (h, d)).transpose(1, 2)
             weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(future, float("-inf")), dim=-1)
             out = weights @ v
         return self.out_proj(out.transpose(1, 2).flatten(-2))
 
 
+# A class of its own, not a variant: the visible check's message for this mistake quotes its source by the
+# class's name and the line that fails, which a variant's rewritten source would not keep.
 class LatentAbsorbedTransposed(nn.Module):
     """The absorbed path multiplies the query by W_k_up transposed (possible only when d_head = d_latent)."""
 
@@ -580,229 +283,39 @@ class LatentAbsorbedTransposed(nn.Module):
         return self.out_proj(out.transpose(1, 2).flatten(-2))
 
 
-class LatentAbsorbedLatentScale(nn.Module):
-    """The absorbed scores divided by sqrt(d_latent): the dot product is in latent space, the scale is not."""
-
-    def __init__(self, d_model, num_heads, d_head, d_latent):
-        super().__init__()
-        self.num_heads, self.d_head, self.d_latent = num_heads, d_head, d_latent
-        self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
-        self.kv_down = nn.Linear(d_model, d_latent, bias=False)
-        self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.v_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.out_proj = nn.Linear(num_heads * d_head, d_model, bias=False)
-
-    def forward(self, x, latent_cache=None, absorbed=False):
-        B, T, _ = x.shape
-        h, d = self.num_heads, self.d_head
-        q = self.q_proj(x).unflatten(-1, (h, d)).transpose(1, 2)
-        c = self.kv_down(x)
-        if latent_cache is not None:
-            latent_cache.append(c)
-            c = torch.cat(list(latent_cache), dim=1)
-        m = c.shape[1]
-        future = torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None]
-        if absorbed:
-            w_k, w_v = self.k_up.weight.unflatten(0, (h, d)), self.v_up.weight.unflatten(0, (h, d))
-            scores = (q @ w_k) @ c[:, None].transpose(-2, -1) / math.sqrt(self.d_latent)  # the latent's width
-            weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-            out = (weights @ c[:, None]) @ w_v.transpose(-2, -1)
-        else:
-            k = self.k_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-            v = self.v_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-            weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(future, float("-inf")), dim=-1)
-            out = weights @ v
-        return self.out_proj(out.transpose(1, 2).flatten(-2))
-
-
-class LatentCachedExpanded(nn.Module):
-    """The cache holds the up-projected keys and values instead of the latent: right outputs, h d_head numbers each."""
-
-    def __init__(self, d_model, num_heads, d_head, d_latent):
-        super().__init__()
-        self.num_heads, self.d_head = num_heads, d_head
-        self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
-        self.kv_down = nn.Linear(d_model, d_latent, bias=False)
-        self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.v_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.out_proj = nn.Linear(num_heads * d_head, d_model, bias=False)
-
-    def forward(self, x, latent_cache=None, absorbed=False):
-        B, T, _ = x.shape
-        h, d = self.num_heads, self.d_head
-        q = self.q_proj(x).unflatten(-1, (h, d)).transpose(1, 2)
-        c = self.kv_down(x)
-        kv = torch.cat([self.k_up(c), self.v_up(c)], dim=-1)  # cached after the up-projection
-        if latent_cache is not None:
-            latent_cache.append(kv)
-            kv = torch.cat(list(latent_cache), dim=1)
-        m = kv.shape[1]
-        future = torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None]
-        k = kv[..., :h * d].unflatten(-1, (h, d)).transpose(1, 2)
-        v = kv[..., h * d:].unflatten(-1, (h, d)).transpose(1, 2)
-        weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(future, float("-inf")), dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).flatten(-2))
-
-
-class LatentTopLeft(nn.Module):
-    """The causal mask aligned top-left: with a cache, the new queries see only the first keys."""
-
-    def __init__(self, d_model, num_heads, d_head, d_latent):
-        super().__init__()
-        self.num_heads, self.d_head = num_heads, d_head
-        self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
-        self.kv_down = nn.Linear(d_model, d_latent, bias=False)
-        self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.v_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.out_proj = nn.Linear(num_heads * d_head, d_model, bias=False)
-
-    def forward(self, x, latent_cache=None, absorbed=False):
-        B, T, _ = x.shape
-        h, d = self.num_heads, self.d_head
-        q = self.q_proj(x).unflatten(-1, (h, d)).transpose(1, 2)
-        c = self.kv_down(x)
-        if latent_cache is not None:
-            latent_cache.append(c)
-            c = torch.cat(list(latent_cache), dim=1)
-        m = c.shape[1]
-        future = torch.ones(T, m, dtype=torch.bool).triu(1)  # top-left
-        if absorbed:
-            w_k, w_v = self.k_up.weight.unflatten(0, (h, d)), self.v_up.weight.unflatten(0, (h, d))
-            scores = (q @ w_k) @ c[:, None].transpose(-2, -1) / math.sqrt(d)
-            weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-            out = (weights @ c[:, None]) @ w_v.transpose(-2, -1)
-        else:
-            k = self.k_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-            v = self.v_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-            weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(future, float("-inf")), dim=-1)
-            out = weights @ v
-        return self.out_proj(out.transpose(1, 2).flatten(-2))
-
-
-class LatentAbsorbedExpands(nn.Module):
-    """absorbed=True computes the expanded keys and values of the whole cache: right outputs, none of the saving."""
-
-    def __init__(self, d_model, num_heads, d_head, d_latent):
-        super().__init__()
-        self.num_heads, self.d_head = num_heads, d_head
-        self.q_proj = nn.Linear(d_model, num_heads * d_head, bias=False)
-        self.kv_down = nn.Linear(d_model, d_latent, bias=False)
-        self.k_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.v_up = nn.Linear(d_latent, num_heads * d_head, bias=False)
-        self.out_proj = nn.Linear(num_heads * d_head, d_model, bias=False)
-
-    def forward(self, x, latent_cache=None, absorbed=False):
-        B, T, _ = x.shape
-        h, d = self.num_heads, self.d_head
-        q = self.q_proj(x).unflatten(-1, (h, d)).transpose(1, 2)
-        c = self.kv_down(x)
-        if latent_cache is not None:
-            latent_cache.append(c)
-            c = torch.cat(list(latent_cache), dim=1)
-        m = c.shape[1]
-        future = torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None]
-        k = self.k_up(c).unflatten(-1, (h, d)).transpose(1, 2)  # the same on both paths: the cache expanded
-        v = self.v_up(c).unflatten(-1, (h, d)).transpose(1, 2)
-        weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(future, float("-inf")), dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).flatten(-2))
-
-
-# --- the catalogue: speculative_generate -----------------------------------------------------------------------------
-
-
-def speculative_keeps_after_disagreement(target, draft, prompt, steps, k):
-    tokens, calls = prompt, 0
-    with torch.no_grad():
-        while tokens.shape[1] - prompt.shape[1] < steps:
-            left = steps - (tokens.shape[1] - prompt.shape[1])
-            proposed = tokens
-            for _ in range(min(k, left - 1)):
-                proposed = torch.cat([proposed, draft(proposed)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-            n = tokens.shape[1]
-            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-            calls += 1
-            agree = choices[:, :-1] == proposed[:, n:]
-            kept = proposed[:, n:][agree][None, :]  # every agreeing token, also after a disagreement
-            accepted = int(agree.sum())
-            tokens = torch.cat([tokens, kept, choices[:, accepted:accepted + 1]], dim=1)
-    return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
-
-
-def speculative_no_bonus(target, draft, prompt, steps, k):
-    # the text's checks of its arguments, as any answer has them: with k = 0 this loop would never end
+@decisions("only_the_agreeing_prefix", "bonus_token", "targets_token_at_disagreement", "draft_sees_proposals",
+           "draft_calls_counted")
+def speculative_reference(target, draft, prompt, steps, k, *, only_the_agreeing_prefix=True, bonus_token=True,
+                          targets_token_at_disagreement=True, draft_sees_proposals=True, draft_calls_counted=False):
+    """Greedy speculative decoding as the notebook specifies it (the number of target calls is exact)."""
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0 or k < 1 or steps < 1:
         raise ValueError("speculative_generate takes a prompt (1, T) with T >= 1, steps >= 1 and k >= 1")
     tokens, calls = prompt, 0
     with torch.no_grad():
         while tokens.shape[1] - prompt.shape[1] < steps:
             left = steps - (tokens.shape[1] - prompt.shape[1])
-            proposed = tokens
-            for _ in range(min(k, left)):
-                proposed = torch.cat([proposed, draft(proposed)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
             n = tokens.shape[1]
+            proposed = tokens
+            for _ in range(min(k, left - 1 if bonus_token else left)):
+                guess = draft(proposed if draft_sees_proposals else tokens)[:, -1].argmax(dim=-1, keepdim=True)
+                proposed = torch.cat([proposed, guess], dim=1)
+                calls += 1 if draft_calls_counted else 0
             choices = target(proposed)[:, n - 1:].argmax(dim=-1)
             calls += 1
             guesses = proposed[:, n:]
-            accepted = int((choices[:, :-1] == guesses)[0].long().cumprod(0).sum())
-            tokens = torch.cat([tokens, guesses[:, :accepted]], dim=1)
-            if accepted < guesses.shape[1]:  # the target's own token only at a disagreement: the bonus dropped
-                tokens = torch.cat([tokens, choices[:, accepted:accepted + 1]], dim=1)
-    return tokens[:, prompt.shape[1]:], calls
-
-
-def speculative_draft_token_at_disagreement(target, draft, prompt, steps, k):
-    tokens, calls = prompt, 0
-    with torch.no_grad():
-        while tokens.shape[1] - prompt.shape[1] < steps:
-            left = steps - (tokens.shape[1] - prompt.shape[1])
-            proposed = tokens
-            for _ in range(min(k, left - 1)):
-                proposed = torch.cat([proposed, draft(proposed)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-            n = tokens.shape[1]
-            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-            calls += 1
-            guesses = proposed[:, n:]
-            accepted = int((choices[:, :-1] == guesses)[0].long().cumprod(0).sum())
-            if accepted < guesses.shape[1]:
-                tokens = torch.cat([tokens, guesses[:, :accepted + 1]], dim=1)  # the draft's token, not the target's
+            agree = choices[:, :-1] == guesses
+            if only_the_agreeing_prefix:
+                accepted = int(agree[0].long().cumprod(0).sum())
+                kept = guesses[:, :accepted]
             else:
-                tokens = torch.cat([tokens, guesses, choices[:, -1:]], dim=1)
-    return tokens[:, prompt.shape[1]:], calls
-
-
-def speculative_draft_blind_to_its_proposals(target, draft, prompt, steps, k):
-    tokens, calls = prompt, 0
-    with torch.no_grad():
-        while tokens.shape[1] - prompt.shape[1] < steps:
-            left = steps - (tokens.shape[1] - prompt.shape[1])
-            n = tokens.shape[1]
-            guesses = []
-            for _ in range(min(k, left - 1)):  # every proposal made from the accepted tokens alone
-                guesses.append(draft(tokens)[:, -1].argmax(dim=-1, keepdim=True))
-            proposed = torch.cat([tokens, *guesses], dim=1)
-            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-            calls += 1
-            accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
-            tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
-    return tokens[:, prompt.shape[1]:], calls
-
-
-def speculative_counts_draft_calls(target, draft, prompt, steps, k):
-    tokens, calls = prompt, 0
-    with torch.no_grad():
-        while tokens.shape[1] - prompt.shape[1] < steps:
-            left = steps - (tokens.shape[1] - prompt.shape[1])
-            proposed = tokens
-            for _ in range(min(k, left - 1)):
-                proposed = torch.cat([proposed, draft(proposed)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-                calls += 1  # a call of the draft counted as a call of the target
-            n = tokens.shape[1]
-            choices = target(proposed)[:, n - 1:].argmax(dim=-1)
-            calls += 1
-            accepted = int((choices[:, :-1] == proposed[:, n:])[0].long().cumprod(0).sum())
-            tokens = torch.cat([tokens, proposed[:, n:n + accepted], choices[:, accepted:accepted + 1]], dim=1)
-    return tokens[:, prompt.shape[1]:], calls
-
+                accepted, kept = int(agree.sum()), guesses[agree][None, :]
+            last = choices[:, accepted:accepted + 1]
+            if accepted < guesses.shape[1] and not targets_token_at_disagreement:
+                last = guesses[:, accepted:accepted + 1]
+            if accepted == guesses.shape[1] and not bonus_token:
+                last = last[:, :0]
+            tokens = torch.cat([tokens, kept, last], dim=1)
+    return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
 
 ABSORB = ("scores are q_h . (W_h c_j) = (W_h^T q_h) . c_j, where W_h = k_up.weight[h d_head:(h+1) d_head] is "
           "(d_head, d_latent): the absorbed query is q_h @ W_h, d_latent numbers, and the scale is still "
@@ -811,89 +324,101 @@ ABSORB = ("scores are q_h . (W_h c_j) = (W_h^T q_h) . c_j, where W_h = k_up.weig
 MISTAKES: dict[str, list[Mistake]] = {
     "cache_bytes_per_token": [
         Mistake("the values forgotten: only the keys counted", "the cache holds a key and a value per token, per "
-                "layer and per key/value head: 2 L g d numbers.", BYTES, bytes_keys_only,
+                "layer and per key/value head: 2 L g d numbers.", BYTES, variant(bytes_reference, kv_factor=1),
                 id="serving/cache_bytes_per_token/the-values-forgotten"),
         Mistake("query heads counted instead of key/value heads", "with grouped-query attention only the g = kv_heads "
                 "key/value heads are cached; the h query heads are computed for the new token and never stored.",
-                BYTES, bytes_query_heads, id="serving/cache_bytes_per_token/query-heads-counted"),
+                BYTES, variant(bytes_reference, heads_cached="num_heads"),
+                id="serving/cache_bytes_per_token/query-heads-counted"),
         Mistake("MLA's latent counted twice, as keys and as values", "the latent c is one vector of d_latent numbers "
                 "per token and per layer, from which both keys and values are up-projected: L d_latent numbers.",
-                BYTES, bytes_latent_twice, id="serving/cache_bytes_per_token/the-latent-counted-twice"),
+                BYTES, variant(bytes_reference, latent_factor=2), id="serving/cache_bytes_per_token/the-latent-counted-twice"),
         Mistake("four bytes per number whatever the dtype", "the bytes of one number are the dtype's: "
                 "torch.empty((), dtype=dtype).element_size(), 2 for float16 and bfloat16.", BYTES,
-                bytes_four_per_number, id="serving/cache_bytes_per_token/four-bytes-per-number"),
+                variant(bytes_reference, bytes_per_number=4), id="serving/cache_bytes_per_token/four-bytes-per-number"),
     ],
     "PagedKVCache": [
         Mistake("a block still in use handed out again", "blocks come from the free blocks only; a counter wound back "
                 "by free() hands out a block another sequence still holds, and its tokens get overwritten.", PAGED,
-                CacheCounterAllocation, id="serving/PagedKVCache/a-block-still-in-use-handed-out-again"),
+                variant(PagedKVCache, blocks_from="a counter"), id="serving/PagedKVCache/a-block-still-in-use-handed-out-again"),
         Mistake("a freed sequence's blocks never reused", "free(seq) must give the sequence's blocks back to the "
-                "pool; otherwise the pool runs dry though most of it holds no live token.", PAGED, CacheNeverReused,
+                "pool; otherwise the pool runs dry though most of it holds no live token.", PAGED,
+                variant(PagedKVCache, freed_blocks_returned=False),
                 id="serving/PagedKVCache/freed-blocks-never-reused"),
         Mistake("paged gather in pool order instead of table order", "token p of a sequence is in block table[p // "
                 "block_size]: the table's order is the sequence's order; sorting the block ids (the pool's order) "
-                "scrambles a sequence whose blocks were reused.", PAGED, CacheGatherPoolOrder,
+                "scrambles a sequence whose blocks were reused.", PAGED, variant(PagedKVCache, gather_order="pool"),
                 id="serving/PagedKVCache/gather-in-pool-order"),
         Mistake("the pool copied at every append", "an out-of-place update (x = x.index_put(...), x = x.clone() then "
                 "write) makes a new pool at every append: O(pool) copies per token. Write into the pool in place.",
-                PAGED, CachePoolCopied, id="serving/PagedKVCache/the-pool-copied-at-every-append"),
+                PAGED, variant(PagedKVCache, pool_copied=True), id="serving/PagedKVCache/the-pool-copied-at-every-append"),
         Mistake("a failed append that keeps what it took", "an append the pool cannot hold must change nothing: count "
                 "the blocks it needs first and raise before taking any block or writing any token.", PAGED,
-                CachePartialWrite, id="serving/PagedKVCache/a-failed-append-that-keeps-what-it-took"),
+                variant(PagedKVCache, room_counted_first=False),
+                id="serving/PagedKVCache/a-failed-append-that-keeps-what-it-took"),
         Mistake("sequence ids reused", "an id numbered by the live sequences comes back after a free, and an old "
                 "holder of the id reads or writes the new sequence. Count ids up, never reuse one.", PAGED,
-                CacheIdsReused, id="serving/PagedKVCache/sequence-ids-reused"),
+                variant(PagedKVCache, ids_from="live sequences"), id="serving/PagedKVCache/sequence-ids-reused"),
     ],
     "paged_attention": [
         Mistake("blocks read in pool order instead of table order", "token p of a sequence is in block "
-                "table[p // block_size]: read the blocks in the table's order.", PAGED_ATTENTION, paged_pool_order,
+                "table[p // block_size]: read the blocks in the table's order.", PAGED_ATTENTION,
+                variant(paged_attention, blocks_read_in="pool order"),
                 id="serving/paged_attention/blocks-read-in-pool-order"),
         Mistake("grouped heads mapped with repeat instead of repeat_interleave", "query head i reads key/value head "
                 "i // (h // kv_heads): consecutive query heads share one. repeat tiles the heads (0, 1, 0, 1, ...).",
-                PAGED_ATTENTION, paged_heads_tiled, id="serving/paged_attention/grouped-heads-mapped-wrongly"),
+                PAGED_ATTENTION, variant(paged_attention, heads_shared_by="repeat"),
+                id="serving/paged_attention/grouped-heads-mapped-wrongly"),
         Mistake("the unused slots of the last block attended", "a sequence of length n uses the first n slots of its "
                 "blocks; the rest of the last block holds stale tokens of earlier sequences or zeros.",
-                PAGED_ATTENTION, paged_whole_blocks, id="serving/paged_attention/the-unused-slots-attended"),
+                PAGED_ATTENTION, variant(paged_attention, slots_read="every slot"),
+                id="serving/paged_attention/the-unused-slots-attended"),
         Mistake("scores not scaled by 1/sqrt(d_head)", "attention divides q . k by sqrt(d_head), as in notebook 02.",
-                PAGED_ATTENTION, paged_unscaled, id="serving/paged_attention/scores-not-scaled"),
+                PAGED_ATTENTION, variant(paged_attention, scaled=False), id="serving/paged_attention/scores-not-scaled"),
     ],
     "MultiHeadLatentAttention": [
-        Mistake("the absorbed path without the scale", ABSORB, LATENT, LatentAbsorbedUnscaled,
+        Mistake("the absorbed path without the scale", ABSORB, LATENT, variant(MultiHeadLatentAttention, absorbed_scale=None),
                 id="serving/MultiHeadLatentAttention/the-absorbed-path-without-the-scale"),
         Mistake("W_k_up transposed in the absorbed path", ABSORB, LATENT, LatentAbsorbedTransposed,
                 id="serving/MultiHeadLatentAttention/w-k-up-transposed"),
-        Mistake("the absorbed scores scaled by 1/sqrt(d_latent)", ABSORB, LATENT, LatentAbsorbedLatentScale,
+        Mistake("the absorbed scores scaled by 1/sqrt(d_latent)", ABSORB, LATENT,
+                variant(MultiHeadLatentAttention, absorbed_scale="d_latent"),
                 id="serving/MultiHeadLatentAttention/scaled-by-the-latent-width"),
         Mistake("the latent cached after the up-projection", "latent_cache holds c = kv_down(x), (B, T, d_latent) per "
                 "call: caching the up-projected keys and values stores 2 h d_head numbers per token and undoes what "
-                "MLA is for.", LATENT, LatentCachedExpanded,
+                "MLA is for.", LATENT, variant(MultiHeadLatentAttention, cached="keys and values"),
                 id="serving/MultiHeadLatentAttention/the-latent-cached-after-the-up-projection"),
         Mistake("top-left causal alignment with a cache", "the T new queries are the last T of the m positions: query "
-                "i sees the keys j <= i + m - T (bottom-right, as in notebook 09).", LATENT, LatentTopLeft,
+                "i sees the keys j <= i + m - T (bottom-right, as in notebook 09).", LATENT,
+                variant(MultiHeadLatentAttention, alignment="top-left"),
                 id="serving/MultiHeadLatentAttention/top-left-causal-alignment"),
         Mistake("an absorbed path that expands the cache", "absorbed=True must never make per-head keys or values of "
                 "the cached tokens: fold W_k_up into the query and W_v_up into the output.", LATENT,
-                LatentAbsorbedExpands, id="serving/MultiHeadLatentAttention/an-absorbed-path-that-expands"),
+                variant(MultiHeadLatentAttention, absorbed_path_folds=False),
+                id="serving/MultiHeadLatentAttention/an-absorbed-path-that-expands"),
     ],
     "speculative_generate": [
         Mistake("draft tokens kept after the first disagreement", "only the longest agreeing prefix is kept: after "
                 "the first proposal the target disagrees with, the draft's later tokens were proposed after a wrong "
-                "token and mean nothing.", SPECULATIVE, speculative_keeps_after_disagreement,
+                "token and mean nothing.", SPECULATIVE, variant(speculative_reference, only_the_agreeing_prefix=False),
                 id="serving/speculative_generate/draft-tokens-kept-after-the-first-disagreement"),
         Mistake("the target's bonus token dropped", "when every proposal is accepted, the target's call has also "
                 "given its choice after the last one: keep it. Each call then yields accepted + 1 tokens, and "
-                "draft = target needs ceil(steps / (k + 1)) calls.", SPECULATIVE, speculative_no_bonus,
+                "draft = target needs ceil(steps / (k + 1)) calls.", SPECULATIVE,
+                variant(speculative_reference, bonus_token=False),
                 id="serving/speculative_generate/the-target-s-bonus-token-dropped"),
         Mistake("the draft's token kept at the first disagreement", "where the target disagrees, its own choice is "
-                "the next token, not the draft's.", SPECULATIVE, speculative_draft_token_at_disagreement,
+                "the next token, not the draft's.", SPECULATIVE,
+                variant(speculative_reference, targets_token_at_disagreement=False),
                 id="serving/speculative_generate/the-draft-s-token-kept-at-the-disagreement"),
         Mistake("the draft never sees its own proposals", "the draft proposes one token at a time, each after the "
                 "tokens before it, its own earlier proposals of the round included: y_2 is the draft's choice after "
                 "the sequence and y_1, not after the sequence again.", SPECULATIVE,
-                speculative_draft_blind_to_its_proposals,
+                variant(speculative_reference, draft_sees_proposals=False),
                 id="serving/speculative_generate/the-draft-never-sees-its-own-proposals"),
         Mistake("calls of the draft counted as calls of the target", "target_calls counts the forward passes of the "
-                "target only: the draft's are the cheap ones.", SPECULATIVE, speculative_counts_draft_calls,
+                "target only: the draft's are the cheap ones.", SPECULATIVE,
+                variant(speculative_reference, draft_calls_counted=True),
                 id="serving/speculative_generate/draft-calls-counted"),
     ],
 }

@@ -28,6 +28,7 @@ from ..references.multi_head import (
     torch_mha_reference,
 )
 from ..student import call_student, expect_error, probe
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -38,161 +39,59 @@ MODULE = "5. Multi-head attention as a module"
 GROUPS = "8. Fewer key/value heads: multi-query and grouped-query attention"
 
 
-# --- the mistake catalogue: each function (or class) makes exactly one mistake ---------------
+# --- the mistake catalogue: each reference names the decisions its mistakes get wrong -------------
 
 
-def split_heads_view(x, num_heads):
+@decisions("layout")
+def split_heads(x, num_heads, *, layout="(B, T, h, d) transposed"):
+    """split_heads, with the layout of the features as a decision: (B, T, h, d) transposed to (B, h, T, d)."""
+    if x.dim() != 3:
+        raise ValueError(f"split_heads expects x of shape (B, T, D), got shape {tuple(x.shape)}")
     B, T, D = x.shape
-    if D % num_heads != 0:
+    if num_heads <= 0 or D % num_heads != 0:
         raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads}")
-    return x.reshape(B, num_heads, T, D // num_heads)
+    if layout == "(B, h, T, d)":  # a plain view: the memory order is token by token
+        return x.reshape(B, num_heads, T, D // num_heads)
+    if layout == "(B, T, d, h)":  # every h-th feature to one head
+        return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)
+    return x.reshape(B, T, num_heads, D // num_heads).transpose(1, 2)
 
 
-def split_heads_interleaved(x, num_heads):
-    B, T, D = x.shape
-    if D % num_heads != 0:
-        raise ValueError(f"D = {D} is not divisible by num_heads = {num_heads}")
-    return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)
-
-
-def merge_heads_view(x):
+@decisions("layout")
+def merge_heads(x, *, layout="transposed to (B, T, h, d)"):
+    """merge_heads, with the layout the heads are put back in as a decision."""
+    if x.dim() != 4:
+        raise ValueError(f"merge_heads expects x of shape (B, h, T, d), got shape {tuple(x.shape)}")
     B, h, T, d = x.shape
-    return x.reshape(B, T, h * d)
+    if layout == "(B, h, T, d)":
+        return x.reshape(B, T, h * d)
+    if layout == "(B, T, d, h)":
+        return x.permute(0, 2, 3, 1).reshape(B, T, h * d)
+    return x.transpose(1, 2).reshape(B, T, h * d)
 
 
+# Its own function: the check's message shows the line of the pasted code that raises.
 def merge_heads_view_non_contiguous(x):
     B, h, T, d = x.shape
     return x.transpose(1, 2).view(B, T, h * d)
 
 
-def merge_heads_interleaved(x):
-    B, h, T, d = x.shape
-    return x.permute(0, 2, 3, 1).reshape(B, T, h * d)
+@decisions("split_transposed", "merge_transposed", "scaled_by", "mask_true_means", "output_projection",
+           "weights_averaged", "weights_copied_transposed")
+class MultiHeadAttention(nn.Module):
+    """The module, with the decisions its mistakes get wrong as class attributes (read through self)."""
 
+    split_transposed = True  # False: a plain view to (B, h, T, d)
+    merge_transposed = True  # False: a plain view back to (B, T, D)
+    scaled_by = "d_head"  # or "d_model"
+    mask_true_means = "may attend"  # or "masked", nn.MultiheadAttention's convention
+    output_projection = True
+    weights_averaged = False  # over the heads, as nn.MultiheadAttention does by default
+    weights_copied_transposed = False  # nn.Linear's (out, in) weights copied as (in, out): x @ W instead of x @ W.T
 
-class MHASplitWithView(nn.Module):
     def __init__(self, d_model, num_heads, bias=True):
         super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-            module.out_proj.weight.copy_(mha.out_proj.weight)
-            if bias:
-                module.out_proj.bias.copy_(mha.out_proj.bias)
-        return module
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, h, -1, d)
-        k = self.k_proj(key).reshape(B, h, -1, d)
-        v = self.v_proj(value).reshape(B, h, -1, d)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
-
-
-class MHAMergeWithView(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-            module.out_proj.weight.copy_(mha.out_proj.weight)
-            if bias:
-                module.out_proj.bias.copy_(mha.out_proj.bias)
-        return module
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return self.out_proj((weights @ v).reshape(B, -1, h * d)), weights
-
-
-class MHANoOutputProjection(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-        return module
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return (weights @ v).transpose(1, 2).reshape(B, -1, h * d), weights
-
-
-class MHAScaleByDModel(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
+        if num_heads <= 0 or d_model % num_heads != 0:
             raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
         self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -202,157 +101,52 @@ class MHAScaleByDModel(nn.Module):
 
     @classmethod
     def from_torch(cls, mha):
+        if not mha.batch_first:
+            raise ValueError("from_torch needs an nn.MultiheadAttention built with batch_first=True")
+        if mha.kdim != mha.embed_dim or mha.vdim != mha.embed_dim:
+            raise ValueError(f"from_torch needs kdim == vdim == embed_dim, got kdim = {mha.kdim}, vdim = {mha.vdim}")
         bias = mha.in_proj_bias is not None
         module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
+        projections = (module.q_proj, module.k_proj, module.v_proj, module.out_proj)
         with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-            module.out_proj.weight.copy_(mha.out_proj.weight)
+            for proj, w in zip(projections, (*mha.in_proj_weight.chunk(3), mha.out_proj.weight), strict=True):
+                proj.weight.copy_(w.T if cls.weights_copied_transposed else w)
             if bias:
-                module.out_proj.bias.copy_(mha.out_proj.bias)
+                for proj, b in zip(projections, (*mha.in_proj_bias.chunk(3), mha.out_proj.bias), strict=True):
+                    proj.bias.copy_(b)
         return module
 
+    def split(self, x):
+        B, h, d = x.shape[0], self.num_heads, self.d_head
+        return x.reshape(B, -1, h, d).transpose(1, 2) if self.split_transposed else x.reshape(B, h, -1, d)
+
+    def masked(self, mask):
+        return mask if self.mask_true_means == "masked" else ~mask
+
     def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)
+        B, n, m, h, d = query.shape[0], query.shape[1], key.shape[1], self.num_heads, self.d_head
+        if query.shape[-1] != self.d_model or key.shape[-1] != self.d_model or value.shape[-1] != self.d_model:
+            raise ValueError(f"query, key and value must have d_model = {self.d_model} features")
+        if attn_mask is not None and tuple(attn_mask.shape) != (n, m):
+            raise ValueError(f"attn_mask should have shape (n, m) = {(n, m)}, got {tuple(attn_mask.shape)}")
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, m):
+            raise ValueError(f"key_padding_mask should have shape (B, m) = {(B, m)}")
+        q, k, v = self.split(self.q_proj(query)), self.split(self.k_proj(key)), self.split(self.v_proj(value))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(h * d if self.scaled_by == "d_model" else d)
         if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            scores = scores.masked_fill(self.masked(attn_mask), float("-inf"))
         elif attn_mask is not None:
             scores = scores + attn_mask
         if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+            scores = scores.masked_fill(self.masked(key_padding_mask[:, None, None, :]), float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
+        heads = weights @ v
+        merged = (heads.transpose(1, 2) if self.merge_transposed else heads).reshape(B, -1, h * d)
+        output = self.out_proj(merged) if self.output_projection else merged
+        return output, (weights.mean(dim=1) if self.weights_averaged else weights)
 
 
-class MHATorchMaskConvention(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-            module.out_proj.weight.copy_(mha.out_proj.weight)
-            if bias:
-                module.out_proj.bias.copy_(mha.out_proj.bias)
-        return module
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:  # nn.MultiheadAttention's: True = masked
-            scores = scores.masked_fill(attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
-
-
-class MHAWeightsAveraged(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-                proj.weight.copy_(mha.in_proj_weight.chunk(3)[i])
-                if bias:
-                    proj.bias.copy_(mha.in_proj_bias.chunk(3)[i])
-            module.out_proj.weight.copy_(mha.out_proj.weight)
-            if bias:
-                module.out_proj.bias.copy_(mha.out_proj.bias)
-        return module
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.q_proj(query).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.k_proj(key).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.v_proj(value).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights.mean(dim=1)
-
-
-class MHAWeightsNotTransposed(nn.Module):
-    def __init__(self, d_model, num_heads, bias=True):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.W = nn.ParameterList([nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model)) for _ in range(4)])
-        self.b = nn.ParameterList([nn.Parameter(torch.zeros(d_model)) for _ in range(4)]) if bias else None
-
-    @classmethod
-    def from_torch(cls, mha):
-        bias = mha.in_proj_bias is not None
-        module = cls(mha.embed_dim, mha.num_heads, bias=bias).to(mha.in_proj_weight.dtype)
-        with torch.no_grad():
-            weights = list(mha.in_proj_weight.chunk(3)) + [mha.out_proj.weight]
-            for W, w in zip(module.W, weights, strict=True):
-                W.copy_(w)  # x @ W needs the transpose of nn.Linear's (out, in) weight
-            if bias:
-                for b, w in zip(module.b, list(mha.in_proj_bias.chunk(3)) + [mha.out_proj.bias], strict=True):
-                    b.copy_(w)
-        return module
-
-    def project(self, x, i):
-        return x @ self.W[i] + (self.b[i] if self.b is not None else 0)
-
-    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None):
-        B, h, d = query.shape[0], self.num_heads, self.d_head
-        q = self.project(query, 0).reshape(B, -1, h, d).transpose(1, 2)
-        k = self.project(key, 1).reshape(B, -1, h, d).transpose(1, 2)
-        v = self.project(value, 2).reshape(B, -1, h, d).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return self.project((weights @ v).transpose(1, 2).reshape(B, -1, h * d), 3), weights
-
-
+# Its own class: the check's message shows the line of the pasted code that raises.
 class MHAParametersStayFloat32(nn.Module):
     def __init__(self, d_model, num_heads, bias=True):
         super().__init__()
@@ -394,59 +188,34 @@ class MHAParametersStayFloat32(nn.Module):
         return self.out_proj((weights @ v).transpose(1, 2).reshape(B, -1, h * d)), weights
 
 
-def gqa_repeat(Q, K, V, mask=None):
-    r = Q.shape[1] // K.shape[1]
-    K, V = K.repeat(1, r, 1, 1), V.repeat(1, r, 1, 1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+@decisions("heads_shared_by", "scaled_by", "mask_true_means", "masked_score", "zero_empty_rows")
+def grouped_query_attention(Q, K, V, mask=None, *, heads_shared_by="repeat_interleave", scaled_by="d_head",
+                            mask_true_means="may attend", masked_score="-inf", zero_empty_rows=True):
+    """grouped_query_attention, with the decisions its mistakes get wrong."""
+    if Q.dim() != 4 or K.dim() != 4 or V.dim() != 4:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)} must be 4-D: (B, heads, T, d)")
+    B, h, n, d = Q.shape
+    g, m = K.shape[1], K.shape[2]
+    if K.shape[0] != B or V.shape[0] != B or V.shape[1] != g or V.shape[2] != m or K.shape[3] != d:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)} do not fit")
+    if h % g != 0:
+        raise ValueError(f"Q has {h} heads, K has {g}: h must be divisible by g")
+    r = h // g
+    if heads_shared_by == "repeat":  # the whole group tiled: query head i gets key/value head i % g
+        K, V = K.repeat(1, r, 1, 1), V.repeat(1, r, 1, 1)
+    else:
+        K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(h * d if scaled_by == "d_model" else d)
+    if mask is not None and mask.dtype == torch.bool:
+        fill = torch.finfo(scores.dtype).min if masked_score == "torch.finfo(dtype).min" else float("-inf")
+        scores = scores.masked_fill(mask if mask_true_means == "masked" else ~mask, fill)
+    elif mask is not None:
+        scores = scores + mask
+    if not zero_empty_rows:  # a row of -inf scores: softmax computes 0 / 0
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ V, weights
     has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
     weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
-    return weights @ V, weights
-
-
-def gqa_scale_by_d_model(Q, K, V, mask=None):
-    r = Q.shape[1] // K.shape[1]
-    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[1] * Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
-    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
-    return weights @ V, weights
-
-
-def gqa_mask_inverted(Q, K, V, mask=None):
-    r = Q.shape[1] // K.shape[1]
-    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:  # True = masked, the opposite of this course's convention
-        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    has_key = scores.amax(dim=-1, keepdim=True) > float("-inf")
-    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
-    return weights @ V, weights
-
-
-def gqa_nan_rows(Q, K, V, mask=None):
-    r = Q.shape[1] // K.shape[1]
-    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
-
-
-def gqa_large_negative(Q, K, V, mask=None):
-    r = Q.shape[1] // K.shape[1]
-    K, V = K.repeat_interleave(r, dim=1), V.repeat_interleave(r, dim=1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
-    weights = torch.softmax(scores, dim=-1)
     return weights @ V, weights
 
 
@@ -483,41 +252,49 @@ REPEAT = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "split_heads": [
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, split_heads_view,
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT,
+                variant(split_heads, layout="(B, h, T, d)"),
                 id="multi_head/split_heads/a-plain-view-to-b-h-t-d-without-the-transpose"),
-        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT, split_heads_interleaved,
-                id="multi_head/split_heads/features-dealt-out-to-the-heads-in-turn"),
+        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT,
+                variant(split_heads, layout="(B, T, d, h)"), id="multi_head/split_heads/features-dealt-out-to-the-heads-in-turn"),
     ],
     "merge_heads": [
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, merge_heads_view,
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT,
+                variant(merge_heads, layout="(B, h, T, d)"),
                 id="multi_head/merge_heads/a-plain-view-back-to-b-t-d-without-the-transpose"),
         Mistake("view on a non-contiguous tensor", NON_CONTIGUOUS + " After transpose(1, 2) the heads are no "
                 "longer contiguous.", SPLIT, merge_heads_view_non_contiguous,
                 id="multi_head/merge_heads/view-on-a-non-contiguous-tensor"),
-        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, merge_heads_interleaved,
+        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, variant(merge_heads, layout="(B, T, d, h)"),
                 id="multi_head/merge_heads/heads-merged-feature-by-feature"),
     ],
     "MultiHeadAttention": [
         Mistake("a missing output projection", "after the heads are merged, multi-head attention multiplies by "
                 "W_O (and adds its bias): concat(head_1, ..., head_h) W_O. Without it every output feature comes "
                 "from one head only, and the weights of mha.out_proj are never used.", OUTPUT,
-                MHANoOutputProjection, id="multi_head/MultiHeadAttention/a-missing-output-projection"),
-        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP, MHAScaleByDModel,
+                variant(MultiHeadAttention, output_projection=False),
+                id="multi_head/MultiHeadAttention/a-missing-output-projection"),
+        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP,
+                variant(MultiHeadAttention, scaled_by="d_model"),
                 id="multi_head/MultiHeadAttention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
         Mistake("masks in nn.MultiheadAttention's convention (True = masked)", MASKS, MODULE,
-                MHATorchMaskConvention, id="multi_head/MultiHeadAttention/masks-in-nn-multiheadattention-s-convention"),
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT, MHASplitWithView,
+                variant(MultiHeadAttention, mask_true_means="masked"),
+                id="multi_head/MultiHeadAttention/masks-in-nn-multiheadattention-s-convention"),
+        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT,
+                variant(MultiHeadAttention, split_transposed=False),
                 id="multi_head/MultiHeadAttention/a-plain-view-to-b-h-t-d-without-the-transpose"),
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT, MHAMergeWithView,
+        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT,
+                variant(MultiHeadAttention, merge_transposed=False),
                 id="multi_head/MultiHeadAttention/a-plain-view-back-to-b-t-d-without-the-transpose"),
         Mistake("weights averaged over the heads", "the module returns the weights of every head, shape "
                 "(B, h, n, m). nn.MultiheadAttention averages them over the heads unless you pass "
-                "average_attn_weights=False; this exercise asks for them per head.", MODULE, MHAWeightsAveraged,
+                "average_attn_weights=False; this exercise asks for them per head.", MODULE,
+                variant(MultiHeadAttention, weights_averaged=True),
                 id="multi_head/MultiHeadAttention/weights-averaged-over-the-heads"),
         Mistake("nn.Linear weights used without their transpose", "nn.Linear (and nn.MultiheadAttention's "
                 "in_proj_weight and out_proj.weight) store W as (out_features, in_features) and compute "
                 "x @ W.T + b. If your module computes x @ W, copy W.T, or keep nn.Linear layers and copy W "
-                "as it is.", MODULE, MHAWeightsNotTransposed,
+                "as it is.", MODULE, variant(MultiHeadAttention, weights_copied_transposed=True),
                 id="multi_head/MultiHeadAttention/nn-linear-weights-used-without-their-transpose"),
         Mistake("parameters left in float32", "from_torch must give the module the dtype (and device) of "
                 "mha's weights, for example with .to(mha.in_proj_weight.dtype): copying float64 weights into "
@@ -525,22 +302,25 @@ MISTAKES: dict[str, list[Mistake]] = {
                 MHAParametersStayFloat32, id="multi_head/MultiHeadAttention/parameters-left-in-float32"),
     ],
     "grouped_query_attention": [
-        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS, gqa_repeat,
+        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS,
+                variant(grouped_query_attention, heads_shared_by="repeat"),
                 id="multi_head/grouped_query_attention/repeat-instead-of-repeat-interleave"),
         Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE + " Here d_head is Q.shape[-1].",
-                LOOP, gqa_scale_by_d_model,
+                LOOP, variant(grouped_query_attention, scaled_by="d_model"),
                 id="multi_head/grouped_query_attention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
         Mistake("mask with the opposite convention (True = masked)", "in this course a boolean mask means "
                 "True = may attend, as in F.scaled_dot_product_attention: positions where the mask is False get "
-                "-inf.", GROUPS, gqa_mask_inverted,
+                "-inf.", GROUPS, variant(grouped_query_attention, mask_true_means="masked"),
                 id="multi_head/grouped_query_attention/mask-with-the-opposite-convention-true-masked"),
         Mistake("NaN for a query with no allowed key", "when every key of a query is masked, all its scores "
                 "are -inf and softmax computes 0 / 0 = NaN. Give such rows zero weights and a zero output, "
-                "as F.scaled_dot_product_attention does.", GROUPS, gqa_nan_rows,
+                "as F.scaled_dot_product_attention does.", GROUPS,
+                variant(grouped_query_attention, zero_empty_rows=False),
                 id="multi_head/grouped_query_attention/nan-for-a-query-with-no-allowed-key"),
         Mistake("a large negative number instead of -inf", "with a large negative number a query with no "
                 "allowed key spreads its weight uniformly over keys it may not see. Use -inf, and give rows "
-                "with no allowed key zero weights and a zero output.", GROUPS, gqa_large_negative,
+                "with no allowed key zero weights and a zero output.", GROUPS,
+                variant(grouped_query_attention, masked_score="torch.finfo(dtype).min", zero_empty_rows=False),
                 id="multi_head/grouped_query_attention/a-large-negative-number-instead-of-inf"),
     ],
 }
@@ -782,80 +562,46 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
 GRAPH = "10. Attention on a graph"
 
 
-def graph_attention_transposed(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[0], edges[1]] = True  # row = source: node i attends to the nodes it sends to
-    if self_loops:
+@decisions("adjacency", "loops", "scaled", "softmax_over", "masked_score", "zero_empty_rows")
+def graph_attention(X, edges, W_Q, W_K, W_V, self_loops=True, *, adjacency="mask[target, source]",
+                    loops="added when self_loops", scaled=True, softmax_over="the neighbours",
+                    masked_score=float("-inf"), zero_empty_rows=True):
+    """graph_attention, with the decisions its mistakes get wrong."""
+    if X.dim() != 2:
+        raise ValueError(f"X should have shape (N, d), got shape {tuple(X.shape)}")
+    N, d = X.shape
+    if edges.dim() != 2 or edges.shape[0] != 2:
+        raise ValueError(f"edges should have shape (2, E), got shape {tuple(edges.shape)}")
+    if edges.dtype.is_floating_point or edges.dtype.is_complex or edges.dtype == torch.bool:
+        raise ValueError(f"edges should hold integer node indices, got dtype {edges.dtype}")
+    if edges.numel() and (edges.min() < 0 or edges.max() >= N):
+        raise ValueError(f"edges should hold node indices 0 ... {N - 1}")
+    if W_Q.shape[0] != d or W_K.shape[0] != d or W_V.shape[0] != d or W_Q.shape[1] != W_K.shape[1]:
+        raise ValueError(f"W_Q, W_K and W_V should have {d} rows, and W_Q and W_K as many columns")
+    mask = torch.full((N, N), adjacency == "the complete graph")  # the edges ignored
+    if adjacency == "mask[target, source]":
+        mask[edges[1], edges[0]] = True
+    elif adjacency == "mask[source, target]":  # node i attends to the nodes it sends to
+        mask[edges[0], edges[1]] = True
+    if loops == "always added" or (loops == "added when self_loops" and self_loops):
         mask |= torch.eye(N, dtype=torch.bool)
+    elif loops == "diagonal set to self_loops":  # also deletes the explicit edges (i, i)
+        mask.fill_diagonal_(self_loops)
     Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
+    scores = Q @ K.T / math.sqrt(Q.shape[-1]) if scaled else Q @ K.T
+    if softmax_over == "all nodes":  # then the non-neighbours zeroed: rows no longer sum to one
+        weights = torch.softmax(scores, dim=-1) * mask
+        return weights @ V, weights
+    scores = scores.masked_fill(~mask, masked_score)
+    if not zero_empty_rows:  # a node with no neighbour: 0 / 0, or weights spread over all nodes
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ V, weights
     has_neighbour = mask.any(dim=-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
     return weights @ V, weights
 
 
-def graph_attention_softmax_over_all_nodes(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    if self_loops:
-        mask |= torch.eye(N, dtype=torch.bool)
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    weights = torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) * mask  # normalised over all N nodes
-    return weights @ V, weights
-
-
-def graph_attention_edges_ignored(X, edges, W_Q, W_K, W_V, self_loops=True):
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    weights = torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1)
-    return weights @ V, weights
-
-
-def graph_attention_self_loops_forgotten(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True  # self_loops is never used
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
-    has_neighbour = mask.any(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
-    return weights @ V, weights
-
-
-def graph_attention_self_loops_forgotten_nan(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True  # self_loops is never used
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
-
-
-def graph_attention_nan_without_neighbour(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    if self_loops:
-        mask |= torch.eye(N, dtype=torch.bool)
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # a row of -inf gives 0 / 0 = NaN
-    return weights @ V, weights
-
-
-def graph_attention_large_negative(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    if self_loops:
-        mask |= torch.eye(N, dtype=torch.bool)
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, -1e9)
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
-
+# Another algorithm (a softmax over the list of edges, not over a mask), so a function of its own.
 def graph_attention_duplicates_counted(X, edges, W_Q, W_K, W_V, self_loops=True):
     # One score per listed edge and a softmax over the edges into each node: an edge listed
     # twice enters the sum twice.
@@ -873,43 +619,6 @@ def graph_attention_duplicates_counted(X, edges, W_Q, W_K, W_V, self_loops=True)
     return weights @ V, weights
 
 
-def graph_attention_loops_despite_false(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    mask |= torch.eye(N, dtype=torch.bool)  # whatever self_loops says
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
-    has_neighbour = mask.any(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
-    return weights @ V, weights
-
-
-def graph_attention_explicit_loops_removed(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    mask.fill_diagonal_(self_loops)  # with self_loops=False this also deletes the explicit edges (i, i)
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T / math.sqrt(Q.shape[-1])).masked_fill(~mask, float("-inf"))
-    has_neighbour = mask.any(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
-    return weights @ V, weights
-
-
-def graph_attention_not_scaled(X, edges, W_Q, W_K, W_V, self_loops=True):
-    N = X.shape[0]
-    mask = torch.zeros(N, N, dtype=torch.bool)
-    mask[edges[1], edges[0]] = True
-    if self_loops:
-        mask |= torch.eye(N, dtype=torch.bool)
-    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    scores = (Q @ K.T).masked_fill(~mask, float("-inf"))
-    has_neighbour = mask.any(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(~has_neighbour, 0.0), dim=-1) * has_neighbour
-    return weights @ V, weights
-
-
 NO_NEIGHBOUR = (
     "a node with no neighbour (no edge into it, and no self-loop) has a row of -inf scores, and softmax "
     "computes 0 / 0 = NaN. It has nothing to average: give it zero weights and a zero output, as "
@@ -921,32 +630,33 @@ MISTAKES["graph_attention"] = [
             "targets (PyTorch Geometric's convention): an edge (j, i) carries a message from j to i, so node i, "
             "the query, attends to j. In the (N, N) mask the row is the target and the column the source: "
             "mask[edges[1], edges[0]] = True. mask[edges[0], edges[1]] makes every node listen to the nodes it "
-            "sends to.", GRAPH, graph_attention_transposed,
+            "sends to.", GRAPH, variant(graph_attention, adjacency="mask[source, target]"),
             id="multi_head/graph_attention/adjacency-transposed-messages-flow-the-wrong-way"),
     Mistake("softmax over all nodes instead of the neighbours", "the softmax must be taken over the neighbours "
             "of node i only: put -inf on the scores of the other nodes before the softmax. A softmax over all N "
             "nodes followed by zeroing the non-neighbours leaves rows that no longer sum to one.", GRAPH,
-            graph_attention_softmax_over_all_nodes,
+            variant(graph_attention, softmax_over="all nodes"),
             id="multi_head/graph_attention/softmax-over-all-nodes-instead-of-the-neighbours"),
     Mistake("edges ignored: attention on the complete graph", "without the mask every node attends to every "
             "node, which is attention on the complete graph. Node i may only attend to the sources of the edges "
             "into i (plus itself when self_loops): put -inf on every other score before the softmax.", GRAPH,
-            graph_attention_edges_ignored, id="multi_head/graph_attention/edges-ignored-attention-on-the-complete-graph"),
+            variant(graph_attention, adjacency="the complete graph"),
+            id="multi_head/graph_attention/edges-ignored-attention-on-the-complete-graph"),
     # Listed before the self-loop mistakes: with self_loops=False, forgetting the loops changes nothing.
-    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, graph_attention_nan_without_neighbour,
+    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, variant(graph_attention, zero_empty_rows=False),
             id="multi_head/graph_attention/nan-for-a-node-with-no-neighbour"),
     Mistake("a large negative number instead of -inf", "with -1e9 instead of -inf a node with no neighbour "
             "spreads its weight uniformly over all N nodes, none of which it may see. Use -inf, and give such a node "
-            "zero weights and a zero output.", GRAPH, graph_attention_large_negative,
+            "zero weights and a zero output.", GRAPH, variant(graph_attention, masked_score=-1e9, zero_empty_rows=False),
             id="multi_head/graph_attention/a-large-negative-number-instead-of-inf"),
     Mistake("self-loops forgotten (zero rows for isolated nodes)", "with self_loops=True every node also attends "
             "to itself: add the diagonal to the adjacency (mask |= torch.eye(N, dtype=torch.bool)). Without it "
             "every node loses its own message, and a node that no edge enters gets an empty row.", GRAPH,
-            graph_attention_self_loops_forgotten, id="multi_head/graph_attention/self-loops-forgotten-zero-rows-for-isolated"),
+            variant(graph_attention, loops="never"), id="multi_head/graph_attention/self-loops-forgotten-zero-rows-for-isolated"),
     Mistake("self-loops forgotten (NaN rows for isolated nodes)", "with self_loops=True every node also attends "
             "to itself: add the diagonal to the adjacency. Without it every node loses its own message, and a "
             "node that no edge enters has only -inf scores, which softmax turns into NaN.", GRAPH,
-            graph_attention_self_loops_forgotten_nan,
+            variant(graph_attention, loops="never", zero_empty_rows=False),
             id="multi_head/graph_attention/self-loops-forgotten-nan-rows-for-isolated-nodes"),
     Mistake("duplicate edges counted twice", "the graph's adjacency is a set of edges: an edge listed twice in "
             "edges is still one edge and must not change anything. A softmax over the list of edges counts it "
@@ -954,14 +664,16 @@ MISTAKES["graph_attention"] = [
             graph_attention_duplicates_counted, id="multi_head/graph_attention/duplicate-edges-counted-twice"),
     Mistake("self-loops added when self_loops=False", "self_loops=False means that a node attends to itself "
             "only when edges contains (i, i) explicitly: add the diagonal only when self_loops is True.", GRAPH,
-            graph_attention_loops_despite_false, id="multi_head/graph_attention/self-loops-added-when-self-loops-false"),
+            variant(graph_attention, loops="always added"),
+            id="multi_head/graph_attention/self-loops-added-when-self-loops-false"),
     Mistake("explicit self-loops removed when self_loops=False", "an edge (i, i) listed in edges is an edge "
             "like any other and always counts; self_loops=False only means that no loop is added. Setting the "
-            "diagonal to self_loops deletes the explicit loops.", GRAPH, graph_attention_explicit_loops_removed,
+            "diagonal to self_loops deletes the explicit loops.", GRAPH,
+            variant(graph_attention, loops="diagonal set to self_loops"),
             id="multi_head/graph_attention/explicit-self-loops-removed-when-self-loops"),
     Mistake("scores not scaled by sqrt(d_k)", "graph attention is scaled dot-product attention restricted to the "
             "neighbours: divide the scores q_i . k_j by sqrt(d_k), with d_k = W_Q.shape[1].", GRAPH,
-            graph_attention_not_scaled, id="multi_head/graph_attention/scores-not-scaled-by-sqrt-d-k"),
+            variant(graph_attention, scaled=False), id="multi_head/graph_attention/scores-not-scaled-by-sqrt-d-k"),
 ]
 
 

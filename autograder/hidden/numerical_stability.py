@@ -29,6 +29,7 @@ from ..references.numerical_stability import (
     with_minus_inf,
 )
 from ..student import attempt, expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify_each
 from . import hidden
 
@@ -45,43 +46,104 @@ HALF = "8. Half precision"
 ONLINE = "9. Online softmax: one pass over blocks"
 
 
-# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
+# --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
 # Apart from its one mistake each is a correct answer: per-row shift, rows entirely -inf handled.
 
 
-def stable_softmax_no_shift(x, dim=-1):
-    e = torch.exp(x)
+@decisions("shift", "empty_rows", "dim_used", "detached", "in_place", "normalised_by")
+def stable_softmax(x, dim=-1, *, shift="row max", empty_rows="zeros", dim_used=True, detached=False, in_place=False,
+                   normalised_by="the sum"):
+    """The stable softmax, with the decisions its mistakes get wrong."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"x of shape {tuple(x.shape)} has no dimension {dim}")
+    dim = dim if dim_used else -1
+    if detached:
+        x = x.detach()
+    if empty_rows == "uniform":
+        x = torch.where(x == -math.inf, torch.finfo(x.dtype).min, x)
+    if shift == "none":
+        e = torch.exp(x)
+    else:
+        m = x.max() if shift == "global max" else x.amax(dim=dim, keepdim=True)
+        if empty_rows == "zeros":
+            m = torch.where(m == -math.inf, 0.0, m)
+        if normalised_by == "the logsumexp":
+            lse = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+            return torch.where(lse == -math.inf, 0.0, torch.exp(x - lse))
+        if in_place:
+            x -= m
+        e = torch.exp(x) if in_place else torch.exp(x - m)
     s = e.sum(dim=dim, keepdim=True)
-    return e / torch.where(s == 0, 1.0, s)
+    return e / (torch.where(s == 0, 1.0, s) if empty_rows == "zeros" else s)
 
 
-def stable_softmax_global_max(x, dim=-1):
-    m = x.max()
-    m = torch.where(m == -math.inf, 0.0, m)
-    e = torch.exp(x - m)
-    s = e.sum(dim=dim, keepdim=True)
-    return e / torch.where(s == 0, 1.0, s)
+@decisions("shift", "empty_rows", "max_added_back", "dim_used", "keepdim")
+def logsumexp(x, dim=-1, *, shift="row max", empty_rows="shift by 0", max_added_back=True, dim_used=True,
+              keepdim=False):
+    """The log-sum-exp, with the decisions its mistakes get wrong."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"x of shape {tuple(x.shape)} has no dimension {dim}")
+    dim = dim if dim_used else -1
+    if shift == "none":
+        return torch.log(torch.exp(x).sum(dim=dim))
+    m = x.max() if shift == "global max" else x.amax(dim=dim, keepdim=True)
+    if empty_rows == "shift by 0":
+        m = torch.where(m == -math.inf, 0.0, m)
+    lse = torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+    lse = m + lse if max_added_back else lse
+    return lse if keepdim else lse.squeeze(dim)
 
 
-def stable_softmax_nan_on_empty_rows(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    e = torch.exp(x - m)
-    return e / e.sum(dim=dim, keepdim=True)
+@decisions("shifted", "empty_rows", "max_added_back", "dim_used", "log_of_softmax")
+def log_softmax(x, dim=-1, *, shifted=True, empty_rows="-inf", max_added_back=True, dim_used=True,
+                log_of_softmax=False):
+    """The log-softmax, with the decisions its mistakes get wrong."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"x of shape {tuple(x.shape)} has no dimension {dim}")
+    dim = dim if dim_used else -1
+    if not shifted:
+        lse = torch.log(torch.exp(x).sum(dim=dim, keepdim=True))
+    else:
+        m = x.amax(dim=dim, keepdim=True)
+        if empty_rows == "-inf":
+            m = torch.where(m == -math.inf, 0.0, m)
+        if log_of_softmax:
+            e = torch.exp(x - m)
+            s = e.sum(dim=dim, keepdim=True)
+            return torch.log(e / torch.where(s == 0, 1.0, s))
+        lse = torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+        lse = m + lse if max_added_back else lse
+    return torch.where(lse == -math.inf, -math.inf, x - lse) if empty_rows == "-inf" else x - lse
 
 
-def stable_softmax_uniform_on_empty_rows(x, dim=-1):
-    x = torch.where(x == -math.inf, torch.finfo(x.dtype).min, x)
-    m = x.amax(dim=dim, keepdim=True)
-    e = torch.exp(x - m)
-    return e / e.sum(dim=dim, keepdim=True)
+@decisions("accumulator", "last_block", "rescale", "empty_blocks")
+def online_softmax(x, block_size, *, accumulator="float32", last_block=True, rescale="exp(m - m_new)",
+                   empty_blocks="shift by 0"):
+    """The online softmax, with the decisions its mistakes get wrong."""
+    if block_size < 1:
+        raise ValueError(f"a block must hold at least one entry, not block_size = {block_size}")
+    acc = torch.promote_types(x.dtype, torch.float32) if accumulator == "float32" else x.dtype
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
+    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
+    for start in range(0, x.shape[-1] if last_block else x.shape[-1] - block_size + 1, block_size):
+        block = x[..., start:start + block_size].to(acc)
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new) if empty_blocks == "shift by 0" else m_new
+        if rescale == "exp(m - m_new)":
+            s = s * torch.exp(m - shift)
+        elif rescale == "exp(m_new - m)":
+            s = s * torch.exp(shift - m)
+        s = s + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    shift = torch.where(m == -math.inf, 0.0, m)
+    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
 
 
-def stable_softmax_dim_ignored(x, dim=-1):
-    m = x.amax(dim=-1, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    e = torch.exp(x - m)
-    s = e.sum(dim=-1, keepdim=True)
-    return e / torch.where(s == 0, 1.0, s)
+online_softmax_half_precision_sum = variant(online_softmax, accumulator="x's dtype")  # a test submits it by name
+
+
+# Functions of their own: a check's message shows the line of the pasted copy that fails (no keepdim),
+# or they are other algorithms than the reference (a built-in, one softmax per block, the whole row, two passes).
 
 
 def stable_softmax_max_without_keepdim(x, dim=-1):
@@ -92,92 +154,6 @@ def stable_softmax_max_without_keepdim(x, dim=-1):
     return e / torch.where(s == 0, 1.0, s)
 
 
-def stable_softmax_detached(x, dim=-1):
-    x = x.detach()
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    e = torch.exp(x - m)
-    s = e.sum(dim=dim, keepdim=True)
-    return e / torch.where(s == 0, 1.0, s)
-
-
-def stable_softmax_exp_of_x_minus_lse(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    lse = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
-    return torch.where(lse == -math.inf, 0.0, torch.exp(x - lse))
-
-
-def stable_softmax_builtin(x, dim=-1):
-    return torch.softmax(x, dim=dim)
-
-
-def stable_softmax_in_place(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    x -= m
-    e = torch.exp(x)
-    s = e.sum(dim=dim, keepdim=True)
-    return e / torch.where(s == 0, 1.0, s)
-
-
-def logsumexp_no_shift(x, dim=-1):
-    return torch.log(torch.exp(x).sum(dim=dim))
-
-
-def logsumexp_max_not_added_back(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    return torch.log(torch.exp(x - m).sum(dim=dim))
-
-
-def logsumexp_global_max(x, dim=-1):
-    m = x.max()
-    m = torch.where(m == -math.inf, 0.0, m)
-    return m + torch.log(torch.exp(x - m).sum(dim=dim))
-
-
-def logsumexp_nan_on_empty_rows(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    return (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))).squeeze(dim)
-
-
-def logsumexp_dim_ignored(x, dim=-1):
-    m = x.amax(dim=-1, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    return (m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))).squeeze(-1)
-
-
-def logsumexp_keepdim(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
-
-
-def logsumexp_builtin(x, dim=-1):
-    return torch.logsumexp(x, dim=dim)
-
-
-def log_softmax_log_of_softmax(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    e = torch.exp(x - m)
-    s = e.sum(dim=dim, keepdim=True)
-    return torch.log(e / torch.where(s == 0, 1.0, s))
-
-
-def log_softmax_no_shift(x, dim=-1):
-    lse = torch.log(torch.exp(x).sum(dim=dim, keepdim=True))
-    return torch.where(lse == -math.inf, -math.inf, x - lse)
-
-
-def log_softmax_max_not_added_back(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    lse = torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
-    return torch.where(lse == -math.inf, -math.inf, x - lse)
-
-
 def log_softmax_without_keepdim(x, dim=-1):
     m = x.amax(dim=dim, keepdim=True)
     m = torch.where(m == -math.inf, 0.0, m)
@@ -185,62 +161,20 @@ def log_softmax_without_keepdim(x, dim=-1):
     return torch.where(lse == -math.inf, -math.inf, x - lse)
 
 
-def log_softmax_nan_on_empty_rows(x, dim=-1):
-    m = x.amax(dim=dim, keepdim=True)
-    return x - (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True)))
+def stable_softmax_builtin(x, dim=-1):
+    return torch.softmax(x, dim=dim)
 
 
-def log_softmax_dim_ignored(x, dim=-1):
-    m = x.amax(dim=-1, keepdim=True)
-    m = torch.where(m == -math.inf, 0.0, m)
-    lse = m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))
-    return torch.where(lse == -math.inf, -math.inf, x - lse)
+def logsumexp_builtin(x, dim=-1):
+    return torch.logsumexp(x, dim=dim)
 
 
 def log_softmax_builtin(x, dim=-1):
     return F.log_softmax(x, dim=dim)
 
 
-def online_softmax_no_rescale(x, block_size):
-    acc = torch.promote_types(x.dtype, torch.float32)
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
-    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
-    for start in range(0, x.shape[-1], block_size):
-        block = x[..., start:start + block_size].to(acc)
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        s = s + torch.exp(block - shift).sum(dim=-1, keepdim=True)
-        m = m_new
-    shift = torch.where(m == -math.inf, 0.0, m)
-    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
-
-
-def online_softmax_rescale_inverted(x, block_size):
-    acc = torch.promote_types(x.dtype, torch.float32)
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
-    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
-    for start in range(0, x.shape[-1], block_size):
-        block = x[..., start:start + block_size].to(acc)
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        s = s * torch.exp(shift - m) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
-        m = m_new
-    shift = torch.where(m == -math.inf, 0.0, m)
-    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
-
-
-def online_softmax_last_block_dropped(x, block_size):
-    acc = torch.promote_types(x.dtype, torch.float32)
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
-    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
-    for start in range(0, x.shape[-1] - block_size + 1, block_size):
-        block = x[..., start:start + block_size].to(acc)
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        s = s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
-        m = m_new
-    shift = torch.where(m == -math.inf, 0.0, m)
-    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
+def online_softmax_builtin(x, block_size):
+    return torch.softmax(x, dim=-1)
 
 
 def online_softmax_blocks_normalised_separately(x, block_size):
@@ -254,32 +188,6 @@ def online_softmax_blocks_normalised_separately(x, block_size):
         s = e.sum(dim=-1, keepdim=True)
         pieces.append(e / torch.where(s == 0, 1.0, s))
     return torch.cat(pieces, dim=-1).to(x.dtype)
-
-
-def online_softmax_nan_on_empty_blocks(x, block_size):
-    acc = torch.promote_types(x.dtype, torch.float32)
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=acc, device=x.device)
-    s = torch.zeros(x.shape[:-1] + (1,), dtype=acc, device=x.device)
-    for start in range(0, x.shape[-1], block_size):
-        block = x[..., start:start + block_size].to(acc)
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        s = s * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
-        m = m_new
-    shift = torch.where(m == -math.inf, 0.0, m)
-    return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
-
-
-def online_softmax_half_precision_sum(x, block_size):
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype, device=x.device)
-    s = torch.zeros(x.shape[:-1] + (1,), dtype=x.dtype, device=x.device)
-    for start in range(0, x.shape[-1], block_size):
-        block = x[..., start:start + block_size]
-        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        shift = torch.where(m_new == -math.inf, 0.0, m_new)
-        s = s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
-        m = m_new
-    shift = torch.where(m == -math.inf, 0.0, m)
-    return torch.exp(x - shift) / torch.where(s == 0, 1.0, s)
 
 
 def online_softmax_whole_row(x, block_size):
@@ -300,10 +208,6 @@ def online_softmax_two_passes(x, block_size):
     for start in range(0, x.shape[-1], block_size):
         s = s + torch.exp(x[..., start:start + block_size].to(acc) - shift).sum(dim=-1, keepdim=True)
     return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
-
-
-def online_softmax_builtin(x, block_size):
-    return torch.softmax(x, dim=-1)
 
 
 NO_SHIFT = (
@@ -328,53 +232,55 @@ BUILTIN = "the exercise is to build it from exp, max, sum and log; PyTorch's bui
 
 MISTAKES: dict[str, list[Mistake]] = {
     "stable_softmax": [
-        Mistake("no max shift", NO_SHIFT, SHIFT, stable_softmax_no_shift, id="numerical_stability/stable_softmax/no-max-shift"),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, stable_softmax_global_max,
+        Mistake("no max shift", NO_SHIFT, SHIFT, variant(stable_softmax, shift="none"),
+                id="numerical_stability/stable_softmax/no-max-shift"),
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, variant(stable_softmax, shift="global max"),
                 id="numerical_stability/stable_softmax/one-global-max-instead-of-one-per-row"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
                 "-inf - (-inf) is NaN. Such a row (a query with nothing to attend to) must give zeros: shift it "
-                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, stable_softmax_nan_on_empty_rows,
+                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, variant(stable_softmax, empty_rows="NaN"),
                 id="numerical_stability/stable_softmax/nan-on-rows-that-are-entirely-inf"),
         Mistake("uniform weights on rows that are entirely -inf", "replacing -inf by a large negative number "
                 "(-1e9, torch.finfo(dtype).min) turns a row with nothing to attend to into a uniform row: it "
                 "attends to everything equally. Such a row must give zeros.", EMPTY_ROWS,
-                stable_softmax_uniform_on_empty_rows,
+                variant(stable_softmax, empty_rows="uniform"),
                 id="numerical_stability/stable_softmax/uniform-weights-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, stable_softmax_dim_ignored,
+        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, variant(stable_softmax, dim_used=False),
                 id="numerical_stability/stable_softmax/the-dim-argument-ignored"),
         Mistake("the max taken without keepdim", "x.amax(dim) drops the reduced dimension, so x - m lines the "
                 "maxima up with the wrong axis (or fails to broadcast). Keep it: x.amax(dim=dim, keepdim=True).",
                 STABLE, stable_softmax_max_without_keepdim,
                 id="numerical_stability/stable_softmax/the-max-taken-without-keepdim"),
         Mistake("the result detached from autograd", "the gradient must flow from the result back to x: no "
-                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, stable_softmax_detached,
+                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, variant(stable_softmax, detached=True),
                 id="numerical_stability/stable_softmax/the-result-detached-from-autograd"),
-        Mistake("exp(x - logsumexp(x)) in half precision", X_MINUS_LSE, HALF, stable_softmax_exp_of_x_minus_lse,
+        Mistake("exp(x - logsumexp(x)) in half precision", X_MINUS_LSE, HALF,
+                variant(stable_softmax, normalised_by="the logsumexp"),
                 id="numerical_stability/stable_softmax/exp-of-x-minus-logsumexp-in-half-precision"),
         Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin,
                 id="numerical_stability/stable_softmax/a-built-in-softmax"),
         Mistake("the input modified in place", "x -= m (or x.sub_(m), x[...] = ...) changes the caller's "
-                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, stable_softmax_in_place,
+                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, variant(stable_softmax, in_place=True),
                 id="numerical_stability/stable_softmax/the-input-modified-in-place"),
     ],
     "logsumexp": [
         Mistake("no max shift", "log(sum(exp(x))) overflows to inf when an entry is above about 88.7 (float32) "
                 "and underflows to log(0) = -inf when all entries are far below 0. Use "
-                "m + log(sum(exp(x - m))) with m the row's max.", LSE, logsumexp_no_shift,
+                "m + log(sum(exp(x - m))) with m the row's max.", LSE, variant(logsumexp, shift="none"),
                 id="numerical_stability/logsumexp/no-max-shift"),
         Mistake("the max not added back", "log(sum(exp(x - m))) is the log-sum-exp of x - m; the log-sum-exp "
-                "of x is m + log(sum(exp(x - m))).", LSE, logsumexp_max_not_added_back,
+                "of x is m + log(sum(exp(x - m))).", LSE, variant(logsumexp, max_added_back=False),
                 id="numerical_stability/logsumexp/the-max-not-added-back"),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, logsumexp_global_max,
+        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, variant(logsumexp, shift="global max"),
                 id="numerical_stability/logsumexp/one-global-max-instead-of-one-per-row"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
                 "-inf - (-inf) is NaN; its log-sum-exp is log(0) = -inf, as torch.logsumexp says. Shift such a "
-                "row by 0 instead.", EMPTY_ROWS, logsumexp_nan_on_empty_rows,
+                "row by 0 instead.", EMPTY_ROWS, variant(logsumexp, empty_rows="NaN"),
                 id="numerical_stability/logsumexp/nan-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, LSE, logsumexp_dim_ignored,
+        Mistake("the dim argument ignored", DIM_IGNORED, LSE, variant(logsumexp, dim_used=False),
                 id="numerical_stability/logsumexp/the-dim-argument-ignored"),
         Mistake("the reduced dimension kept", "logsumexp reduces dim away, like torch.logsumexp (keepdim=False): "
-                "x of shape (B, L) gives (B,).", LSE, logsumexp_keepdim,
+                "x of shape (B, L) gives (B,).", LSE, variant(logsumexp, keepdim=True),
                 id="numerical_stability/logsumexp/the-reduced-dimension-kept"),
         Mistake("a built-in logsumexp", BUILTIN, LSE, logsumexp_builtin,
                 id="numerical_stability/logsumexp/a-built-in-logsumexp"),
@@ -382,23 +288,23 @@ MISTAKES: dict[str, list[Mistake]] = {
     "log_softmax": [
         Mistake("no max shift", "log(sum(exp(x))) overflows to inf (or underflows to -inf), and every "
                 "log-probability becomes -inf or NaN. Subtract a stable log-sum-exp: m + log(sum(exp(x - m))).",
-                LSE, log_softmax_no_shift, id="numerical_stability/log_softmax/no-max-shift"),
+                LSE, variant(log_softmax, shifted=False), id="numerical_stability/log_softmax/no-max-shift"),
         Mistake("the max not added back", "the log-sum-exp of x is m + log(sum(exp(x - m))); without the m the "
-                "log-probabilities are off by the row's max.", LSE, log_softmax_max_not_added_back,
+                "log-probabilities are off by the row's max.", LSE, variant(log_softmax, max_added_back=False),
                 id="numerical_stability/log_softmax/the-max-not-added-back"),
         Mistake("the log of the softmax", "log(softmax(x)) is -inf wherever the softmax underflows to 0 (an entry "
                 "more than about 745 below the row's max in float64, 104 in float32), although the log-softmax "
                 "there is a perfectly finite x - logsumexp(x). Compute x - logsumexp(x) directly.", LOG_SOFTMAX,
-                log_softmax_log_of_softmax, id="numerical_stability/log_softmax/the-log-of-the-softmax"),
+                variant(log_softmax, log_of_softmax=True), id="numerical_stability/log_softmax/the-log-of-the-softmax"),
         Mistake("the log-sum-exp not kept as a column", "logsumexp(x, dim) has the dimension dim removed; put it "
                 "back (unsqueeze(dim)) before subtracting it from x, or x - lse subtracts along the wrong axis "
                 "(or fails to broadcast).", LOG_SOFTMAX, log_softmax_without_keepdim,
                 id="numerical_stability/log_softmax/the-log-sum-exp-not-kept-as-a-column"),
         Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has log-sum-exp -inf, "
                 "and -inf - (-inf) is NaN. Its softmax is a row of zeros, so its log-softmax is a row of -inf.",
-                LOG_SOFTMAX, log_softmax_nan_on_empty_rows,
+                LOG_SOFTMAX, variant(log_softmax, empty_rows="NaN"),
                 id="numerical_stability/log_softmax/nan-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, log_softmax_dim_ignored,
+        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, variant(log_softmax, dim_used=False),
                 id="numerical_stability/log_softmax/the-dim-argument-ignored"),
         Mistake("a built-in log_softmax", BUILTIN, LOG_SOFTMAX, log_softmax_builtin,
                 id="numerical_stability/log_softmax/a-built-in-log-softmax"),
@@ -407,13 +313,13 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("the running sum not rescaled", "when a block raises the running max from m to m_new, the sum "
                 "so far was taken relative to m and must be multiplied by exp(m - m_new) before the new block's "
                 "terms are added: s_new = s * exp(m - m_new) + sum(exp(block - m_new)).", ONLINE,
-                online_softmax_no_rescale, id="numerical_stability/online_softmax/the-running-sum-not-rescaled"),
+                variant(online_softmax, rescale="none"), id="numerical_stability/online_softmax/the-running-sum-not-rescaled"),
         Mistake("the rescale factor inverted", "the old sum is multiplied by exp(m - m_new) <= 1 (its terms "
-                "shrink when the max grows), not by exp(m_new - m).", ONLINE, online_softmax_rescale_inverted,
+                "shrink when the max grows), not by exp(m_new - m).", ONLINE, variant(online_softmax, rescale="exp(m_new - m)"),
                 id="numerical_stability/online_softmax/the-rescale-factor-inverted"),
         Mistake("the last block dropped", "when the length is not a multiple of block_size the last block is "
                 "shorter, and it still counts: loop with range(0, L, block_size) and slice "
-                "x[..., start:start + block_size].", ONLINE, online_softmax_last_block_dropped,
+                "x[..., start:start + block_size].", ONLINE, variant(online_softmax, last_block=False),
                 id="numerical_stability/online_softmax/the-last-block-dropped"),
         Mistake("each block normalised on its own", "every entry is divided by the sum over the whole row, "
                 "rescaled to the final max, not by the sum of its own block.", ONLINE,
@@ -421,7 +327,7 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="numerical_stability/online_softmax/each-block-normalised-on-its-own"),
         Mistake("NaN when a whole block is -inf", "while every entry seen so far is -inf the running max is "
                 "still -inf, and exp(m - m_new) = exp(-inf - (-inf)) is NaN. Shift by 0 while the running max is "
-                "-inf (the running sum is 0 then anyway).", ONLINE, online_softmax_nan_on_empty_blocks,
+                "-inf (the running sum is 0 then anyway).", ONLINE, variant(online_softmax, empty_blocks="shift by m_new"),
                 id="numerical_stability/online_softmax/nan-when-a-whole-block-is-inf"),
         Mistake("the running sum kept in half precision", "a float16 sum stops growing once its terms fall "
                 "below half a unit in its last place (1 + 0.0003 is 1 in float16). Keep the running max and sum "

@@ -32,6 +32,7 @@ from ..references.complexity import (
     very_negative_scores,
 )
 from ..student import call_student, expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify, verify_number
 from ..watches import (
     MEMORY_CASE_BLOCK,
@@ -54,453 +55,129 @@ FLASH = "5. Tiling the keys: online softmax (FlashAttention's forward pass)"
 WINDOW = "6. Local attention: a sliding window"
 
 
-# --- references -------------------------------------------------------------------------------
+# --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------
 
 
-def _flops(batch, heads, n, m, d_k, d_v):
-    return 2 * batch * heads * n * m * d_k + 2 * batch * heads * n * m * d_v
+@decisions("per_multiply_add", "value_size", "keys", "heads_counted", "batch_counted")
+def flops(batch, heads, n, m, d_k, d_v, *, per_multiply_add=2, value_size="d_v", keys="m", heads_counted=True,
+          batch_counted=True):
+    """The FLOPs of Q K^T and A V; with no decision changed, what the check expects."""
+    width = d_k + {"d_v": d_v, "d_k": d_k, "not counted": 0}[value_size]
+    return (per_multiply_add * (batch if batch_counted else 1) * (heads if heads_counted else 1) * n
+            * (m if keys == "m" else n) * width)
 
 
-def _memory_bytes(batch, heads, n, m, dtype):
-    return batch * heads * n * m * torch.empty((), dtype=dtype).element_size()
+@decisions("bytes_per_entry", "in_bits", "matrices", "keys", "heads_counted")
+def score_bytes(batch, heads, n, m, dtype, *, bytes_per_entry=None, in_bits=False, matrices=1, keys="m",
+                heads_counted=True):
+    """The bytes of one (batch, heads, n, m) matrix in ``dtype``; with no decision changed, what the check expects."""
+    size = torch.finfo(dtype).bits if in_bits else bytes_per_entry or torch.empty((), dtype=dtype).element_size()
+    return matrices * batch * (heads if heads_counted else 1) * n * (m if keys == "m" else n) * size
+
+
+@decisions("log_sizes", "log_costs", "intercept", "regressed_on")
+def power_law_fit(ns, costs, *, log_sizes=True, log_costs=True, intercept=True, regressed_on="sizes"):
+    """The least-squares slope of log(cost) against log(n), in Python floats."""
+    if len(ns) != len(costs) or len(ns) < 2 or min(ns) <= 0 or min(costs) <= 0:
+        raise ValueError(f"need as many positive sizes as positive costs, at least 2: got {ns} and {costs}")
+    x = [math.log(v) if log_sizes else float(v) for v in ns]
+    y = [math.log(v) if log_costs else float(v) for v in costs]
+    if not intercept:  # the line through the origin
+        return sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    spread = sum((a - mx) ** 2 for a in x) if regressed_on == "sizes" else sum((b - my) ** 2 for b in y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / spread
+
+
+def fit_end_points(ns, costs):  # another algorithm: two points instead of a least-squares fit
+    return math.log(costs[-1] / costs[0]) / math.log(ns[-1] / ns[0])
+
+
+@decisions("keep_last_chunk", "into_zeros", "alignment", "scaled", "softmax_dim")
+def chunked(Q, K, V, chunk_size, is_causal=False, *, keep_last_chunk=True, into_zeros=False, alignment="top-left",
+            scaled=True, softmax_dim=-1):
+    """Softmax attention a chunk of queries at a time."""
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or chunk_size < 1:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, chunk_size={chunk_size}")
+    n, m = Q.shape[-2], K.shape[-2]
+    outputs = []
+    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype) if into_zeros else None
+    for start in range(0, n if keep_last_chunk else n - chunk_size + 1, chunk_size):
+        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1)
+        if scaled:
+            scores = scores / math.sqrt(Q.shape[-1])
+        if is_causal:
+            rows = torch.arange(start, start + scores.shape[-2])[:, None]
+            if alignment != "top-left":
+                rows = rows + (m - n) if alignment == "bottom-right" else rows - start
+            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
+        if into_zeros:
+            out[..., start:start + chunk_size, :] = torch.softmax(scores, dim=softmax_dim) @ V
+        else:
+            outputs.append(torch.softmax(scores, dim=softmax_dim) @ V)
+    return out if into_zeros else torch.cat(outputs, dim=-2)
+
+
+@decisions("scaled", "start_max", "subtract_max", "rescale_sum", "rescale_accumulator", "divide_by_sum",
+           "keep_last_key_block", "keep_last_query_block", "into_zeros", "alignment")
+def flash(Q, K, V, block_size, is_causal=False, *, scaled=True, start_max=float("-inf"), subtract_max=True,
+          rescale_sum=True, rescale_accumulator=True, divide_by_sum=True, keep_last_key_block=True,
+          keep_last_query_block=True, into_zeros=False, alignment="top-left"):
+    """The online softmax over blocks of queries and keys."""
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or block_size < 1:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, block_size={block_size}")
+    n, m = Q.shape[-2], K.shape[-2]
+    if scaled:
+        Q = Q / math.sqrt(Q.shape[-1])
+    outputs = []
+    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype) if into_zeros else None
+    for q0 in range(0, n if keep_last_query_block else n - block_size + 1, block_size):
+        q = Q[..., q0:q0 + block_size, :]
+        row_max = torch.full((*q.shape[:-1], 1), start_max, dtype=Q.dtype)
+        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
+        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
+        for k0 in range(0, m if keep_last_key_block else m - block_size + 1, block_size):
+            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
+            if is_causal:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n if alignment == "bottom-right" else 0)
+                j = torch.arange(k0, k0 + s.shape[-1])
+                if alignment == "block-local":
+                    i, j = i - q0, j - k0
+                s = s.masked_fill(j > i, float("-inf"))
+            # without the max, exp of the raw scores: the max taken as 0 throughout (exp(s - 0) is exp(s) exactly)
+            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True)) if subtract_max else torch.zeros_like(row_max)
+            p = torch.exp(s - new_max)
+            rescale = torch.exp(row_max - new_max)
+            row_sum = (rescale * row_sum if rescale_sum else row_sum) + p.sum(dim=-1, keepdim=True)
+            acc = (rescale * acc if rescale_accumulator else acc) + p @ V[..., k0:k0 + block_size, :]
+            row_max = new_max
+        if into_zeros:
+            out[..., q0:q0 + block_size, :] = acc / row_sum if divide_by_sum else acc
+        else:
+            outputs.append(acc / row_sum if divide_by_sum else acc)
+    return out if into_zeros else torch.cat(outputs, dim=-2)
+
+
+@decisions("extra_keys", "past_only", "looking_ahead", "symmetric", "inverted")
+def window_mask(n, window, *, extra_keys=0, past_only=True, looking_ahead=False, symmetric=False, inverted=False):
+    """True where 0 <= i - j < window; with no decision changed, what the check expects."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # i - j
+    if looking_ahead:
+        distance = -distance
+    if symmetric:
+        distance = distance.abs()
+    mask = (distance < window + extra_keys) & ((distance >= 0) | (not past_only))
+    return ~mask if inverted else mask
 
 
 def _fit(ns, costs):
+    """What the check expects of fit_power_law (in float64 tensors: not the Python floats of the catalogue's)."""
     x = torch.log(torch.tensor(ns, dtype=torch.float64))
     y = torch.log(torch.tensor(costs, dtype=torch.float64))
     dx = x - x.mean()
     return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
-
-
-def _window(n, window):
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
-    return (j <= i) & (j > i - window)
-
-
-# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
-
-
-def flops_without_factor_2(batch, heads, n, m, d_k, d_v):
-    return batch * heads * n * m * d_k + batch * heads * n * m * d_v
-
-
-def flops_scores_only(batch, heads, n, m, d_k, d_v):
-    return 2 * batch * heads * n * m * d_k
-
-
-def flops_d_k_twice(batch, heads, n, m, d_k, d_v):
-    return 2 * batch * heads * n * m * d_k + 2 * batch * heads * n * m * d_k
-
-
-def flops_n_squared(batch, heads, n, m, d_k, d_v):
-    return 2 * batch * heads * n * n * (d_k + d_v)
-
-
-def flops_without_heads(batch, heads, n, m, d_k, d_v):
-    return 2 * batch * n * m * (d_k + d_v)
-
-
-def flops_without_batch(batch, heads, n, m, d_k, d_v):
-    return 2 * heads * n * m * (d_k + d_v)
-
-
-def bytes_ignoring_dtype(batch, heads, n, m, dtype):
-    return batch * heads * n * m * 4
-
-
-def bytes_two_matrices(batch, heads, n, m, dtype):
-    scores = batch * heads * n * m * torch.empty((), dtype=dtype).element_size()
-    return 2 * scores  # the scores and the softmax weights
-
-
-def bytes_in_bits(batch, heads, n, m, dtype):
-    return batch * heads * n * m * torch.finfo(dtype).bits
-
-
-def bytes_counting_entries(batch, heads, n, m, dtype):
-    return batch * heads * n * m
-
-
-def bytes_n_squared(batch, heads, n, m, dtype):
-    return batch * heads * n * n * torch.empty((), dtype=dtype).element_size()
-
-
-def bytes_without_heads(batch, heads, n, m, dtype):
-    return batch * n * m * torch.empty((), dtype=dtype).element_size()
-
-
-def fit_through_origin(ns, costs):
-    x = [math.log(v) for v in ns]
-    y = [math.log(v) for v in costs]
-    return sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
-
-
-def fit_end_points(ns, costs):
-    return math.log(costs[-1] / costs[0]) / math.log(ns[-1] / ns[0])
-
-
-def fit_axes_swapped(ns, costs):
-    x = [math.log(v) for v in ns]
-    y = [math.log(v) for v in costs]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((b - my) ** 2 for b in y)
-
-
-def fit_semilog(ns, costs):
-    x = [float(v) for v in ns]
-    y = [math.log(v) for v in costs]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-
-
-def fit_without_logs(ns, costs):
-    x = [float(v) for v in ns]
-    y = [float(v) for v in costs]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-
-
-def chunked_last_chunk_dropped(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for start in range(0, n - chunk_size + 1, chunk_size):
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            rows = torch.arange(start, start + scores.shape[-2])[:, None]
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        outputs.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(outputs, dim=-2)
-
-
-def chunked_last_chunk_dropped_into_zeros(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype)
-    for c in range(n // chunk_size):
-        start = c * chunk_size
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            rows = torch.arange(start, start + scores.shape[-2])[:, None]
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        out[..., start:start + chunk_size, :] = torch.softmax(scores, dim=-1) @ V
-    return out
-
-
-def chunked_bottom_right(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for start in range(0, n, chunk_size):
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            rows = torch.arange(start, start + scores.shape[-2])[:, None] + (m - n)
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        outputs.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(outputs, dim=-2)
-
-
-def chunked_mask_not_shifted(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for start in range(0, n, chunk_size):
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            rows = torch.arange(scores.shape[-2])[:, None]
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        outputs.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(outputs, dim=-2)
-
-
-def chunked_no_scaling(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for start in range(0, n, chunk_size):
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1)
-        if is_causal:
-            rows = torch.arange(start, start + scores.shape[-2])[:, None]
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        outputs.append(torch.softmax(scores, dim=-1) @ V)
-    return torch.cat(outputs, dim=-2)
-
-
-def chunked_softmax_over_queries(Q, K, V, chunk_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for start in range(0, n, chunk_size):
-        scores = Q[..., start:start + chunk_size, :] @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            rows = torch.arange(start, start + scores.shape[-2])[:, None]
-            scores = scores.masked_fill(torch.arange(m) > rows, float("-inf"))
-        outputs.append(torch.softmax(scores, dim=-2) @ V)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_accumulator_not_rescaled(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            row_sum = torch.exp(row_max - new_max) * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_sum_not_rescaled(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            row_sum = row_sum + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_no_max(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            p = torch.exp(s)
-            row_sum = row_sum + p.sum(dim=-1, keepdim=True)
-            acc = acc + p @ V[..., k0:k0 + block_size, :]
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_max_started_at_zero(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)  # a finite start: fine unless every score is below it
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            row_sum = torch.exp(row_max - new_max) * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_no_final_division(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            acc = torch.exp(row_max - new_max) * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_last_key_block_dropped(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m - block_size + 1, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_last_query_block_dropped(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    out = torch.zeros(*Q.shape[:-1], V.shape[-1], dtype=Q.dtype)
-    for q0 in range(0, n - block_size + 1, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        out[..., q0:q0 + block_size, :] = acc / row_sum
-    return out
-
-
-def flash_bottom_right(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_block_local_causal(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    Q = Q / math.sqrt(Q.shape[-1])
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(s.shape[-2])[:, None]
-                j = torch.arange(s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def flash_no_scaling(Q, K, V, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    outputs = []
-    for q0 in range(0, n, block_size):
-        q = Q[..., q0:q0 + block_size, :]
-        row_max = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=Q.dtype)
-        row_sum = torch.zeros((*q.shape[:-1], 1), dtype=Q.dtype)
-        acc = torch.zeros((*q.shape[:-1], V.shape[-1]), dtype=Q.dtype)
-        for k0 in range(0, m, block_size):
-            s = q @ K[..., k0:k0 + block_size, :].transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                j = torch.arange(k0, k0 + s.shape[-1])
-                s = s.masked_fill(j > i, float("-inf"))
-            new_max = torch.maximum(row_max, s.amax(dim=-1, keepdim=True))
-            p = torch.exp(s - new_max)
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + p.sum(dim=-1, keepdim=True)
-            acc = rescale * acc + p @ V[..., k0:k0 + block_size, :]
-            row_max = new_max
-        outputs.append(acc / row_sum)
-    return torch.cat(outputs, dim=-2)
-
-
-def window_one_too_many(n, window):
-    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return (distance >= 0) & (distance <= window)
-
-
-def window_one_too_few(n, window):
-    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return (distance >= 0) & (distance < window - 1)
-
-
-def window_future_allowed(n, window):
-    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return distance < window
-
-
-def window_looks_ahead(n, window):
-    distance = torch.arange(n)[None, :] - torch.arange(n)[:, None]
-    return (distance >= 0) & (distance < window)
-
-
-def window_symmetric(n, window):
-    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return distance.abs() < window
-
-
-def window_inverted(n, window):
-    distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return ~((distance >= 0) & (distance < window))
 
 
 LAST_CHUNK = (
@@ -520,123 +197,125 @@ BOTTOM_RIGHT = (
 MISTAKES: dict[str, list[Mistake]] = {
     "attention_flops": [
         Mistake("FLOPs without the factor 2", "a multiply-add counts as 2 FLOPs, so a (p x r)(r x q) product costs "
-                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, flops_without_factor_2,
+                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, variant(flops, per_multiply_add=1),
                 id="complexity/attention_flops/flops-without-the-factor-2"),
         Mistake("only Q K^T counted", "attention has two matrix products: the scores Q K^T (2 b h n m d_k) and "
-                "the output A V (2 b h n m d_v).", FLOPS, flops_scores_only,
+                "the output A V (2 b h n m d_v).", FLOPS, variant(flops, value_size="not counted"),
                 id="complexity/attention_flops/only-q-k-t-counted"),
         Mistake("d_k used for both products", "the output product A V is (n x m)(m x d_v): its length is d_v, "
-                "not d_k.", FLOPS, flops_d_k_twice, id="complexity/attention_flops/d-k-used-for-both-products"),
+                "not d_k.", FLOPS, variant(flops, value_size="d_k"), id="complexity/attention_flops/d-k-used-for-both-products"),
         Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", FLOPS, flops_n_squared,
+                "n = m only for self-attention.", FLOPS, variant(flops, keys="n"),
                 id="complexity/attention_flops/n-squared-instead-of-n-times-m"),
         Mistake("heads forgotten", "every head computes its own attention: multiply by the number of heads.",
-                FLOPS, flops_without_heads, id="complexity/attention_flops/heads-forgotten"),
+                FLOPS, variant(flops, heads_counted=False), id="complexity/attention_flops/heads-forgotten"),
         Mistake("batch forgotten", "every sequence of the batch computes its own attention: multiply by the "
-                "batch size.", FLOPS, flops_without_batch, id="complexity/attention_flops/batch-forgotten"),
+                "batch size.", FLOPS, variant(flops, batch_counted=False), id="complexity/attention_flops/batch-forgotten"),
     ],
     "attention_memory_bytes": [
         Mistake("bytes that ignore the dtype (4 bytes assumed)", "an element of float16 or bfloat16 takes 2 "
                 "bytes and one of float64 8 bytes: use torch.empty((), dtype=dtype).element_size() (or "
-                "dtype.itemsize).", MEMORY, bytes_ignoring_dtype,
+                "dtype.itemsize).", MEMORY, variant(score_bytes, bytes_per_entry=4),
                 id="complexity/attention_memory_bytes/bytes-that-ignore-the-dtype-4-bytes-assumed"),
         Mistake("two matrices counted (the scores and the weights)", "the function returns the bytes of ONE "
                 "(batch, heads, n, m) matrix; the softmax weights are a second matrix of the same size, which the "
-                "notebook counts on its own.", MEMORY, bytes_two_matrices,
+                "notebook counts on its own.", MEMORY, variant(score_bytes, matrices=2),
                 id="complexity/attention_memory_bytes/two-matrices-counted-the-scores-and-the-weights"),
         Mistake("bits instead of bytes", "torch.finfo(dtype).bits counts bits; a byte is 8 bits.", MEMORY,
-                bytes_in_bits, id="complexity/attention_memory_bytes/bits-instead-of-bytes"),
+                variant(score_bytes, in_bits=True), id="complexity/attention_memory_bytes/bits-instead-of-bytes"),
         Mistake("entries counted instead of bytes", "the function returns bytes: multiply the number of entries "
-                "by the size of one element of the dtype.", MEMORY, bytes_counting_entries,
+                "by the size of one element of the dtype.", MEMORY, variant(score_bytes, bytes_per_entry=1),
                 id="complexity/attention_memory_bytes/entries-counted-instead-of-bytes"),
         Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", MEMORY, bytes_n_squared,
+                "n = m only for self-attention.", MEMORY, variant(score_bytes, keys="n"),
                 id="complexity/attention_memory_bytes/n-squared-instead-of-n-times-m"),
         Mistake("heads forgotten", "every head has its own score matrix: multiply by the number of heads.",
-                MEMORY, bytes_without_heads, id="complexity/attention_memory_bytes/heads-forgotten"),
+                MEMORY, variant(score_bytes, heads_counted=False), id="complexity/attention_memory_bytes/heads-forgotten"),
     ],
     "fit_power_law": [
         Mistake("line forced through the origin", "fitting log(cost) = p log(n) without an intercept assumes "
                 "the constant c is 1; fit log(cost) = log(c) + p log(n) with both unknowns (centre x and y).",
-                POWER_LAW, fit_through_origin, id="complexity/fit_power_law/line-forced-through-the-origin"),
+                POWER_LAW, variant(power_law_fit, intercept=False), id="complexity/fit_power_law/line-forced-through-the-origin"),
         Mistake("slope of the two end points", "the slope between the first and the last point ignores every "
                 "other measurement; with noisy data the least-squares slope over all points differs.",
                 POWER_LAW, fit_end_points, id="complexity/fit_power_law/slope-of-the-two-end-points"),
         Mistake("log n regressed on log cost", "the exponent is the slope of log(cost) against log(n): divide "
-                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW, fit_axes_swapped,
-                id="complexity/fit_power_law/log-n-regressed-on-log-cost"),
+                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW,
+                variant(power_law_fit, regressed_on="costs"), id="complexity/fit_power_law/log-n-regressed-on-log-cost"),
         Mistake("semi-log fit (n not logged)", "a power law is a straight line when both n and the cost are on "
-                "a log scale: take the logarithm of the sizes too.", POWER_LAW, fit_semilog,
+                "a log scale: take the logarithm of the sizes too.", POWER_LAW, variant(power_law_fit, log_sizes=False),
                 id="complexity/fit_power_law/semi-log-fit-n-not-logged"),
         Mistake("straight line fitted without logarithms", "the exponent is the slope on a log-log plot: take "
-                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW, fit_without_logs,
+                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW,
+                variant(power_law_fit, log_sizes=False, log_costs=False),
                 id="complexity/fit_power_law/straight-line-fitted-without-logarithms"),
     ],
     "chunked_attention": [
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped,
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, variant(chunked, keep_last_chunk=False),
                 id="complexity/chunked_attention/last-chunk-dropped"),
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, chunked_last_chunk_dropped_into_zeros,
+        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, variant(chunked, keep_last_chunk=False, into_zeros=True),
                 id="complexity/chunked_attention/last-chunk-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, chunked_bottom_right,
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, variant(chunked, alignment="bottom-right"),
                 id="complexity/chunked_attention/bottom-right-causal-alignment"),
         Mistake("causal mask not shifted to the chunk's rows", "row r of the chunk that starts at query s is "
                 "query s + r: the causal mask of the chunk must compare the keys with the global query index.",
-                CHUNKS, chunked_mask_not_shifted,
+                CHUNKS, variant(chunked, alignment="chunk-local"),
                 id="complexity/chunked_attention/causal-mask-not-shifted-to-the-chunk-s-rows"),
         Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k), in every chunk.", CHUNKS,
-                chunked_no_scaling, id="complexity/chunked_attention/no-scaling-by-sqrt-d-k"),
+                variant(chunked, scaled=False), id="complexity/chunked_attention/no-scaling-by-sqrt-d-k"),
         Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
-                "the last axis (dim=-1).", CHUNKS, chunked_softmax_over_queries,
+                "the last axis (dim=-1).", CHUNKS, variant(chunked, softmax_dim=-2),
                 id="complexity/chunked_attention/softmax-over-the-queries"),
     ],
     "flash_attention": [
         Mistake("output accumulator not rescaled", "when a block raises the running max from m_old to m_new, "
                 "the accumulated output was computed with exp(s - m_old): multiply it by exp(m_old - m_new), "
-                "like the running sum, before adding the new block.", FLASH, flash_accumulator_not_rescaled,
+                "like the running sum, before adding the new block.", FLASH, variant(flash, rescale_accumulator=False),
                 id="complexity/flash_attention/output-accumulator-not-rescaled"),
         Mistake("running sum not rescaled", "when a block raises the running max from m_old to m_new, the "
                 "running sum must be multiplied by exp(m_old - m_new) before adding the new block's sum.",
-                FLASH, flash_sum_not_rescaled, id="complexity/flash_attention/running-sum-not-rescaled"),
+                FLASH, variant(flash, rescale_sum=False), id="complexity/flash_attention/running-sum-not-rescaled"),
         Mistake("no running max (exp overflows)", "exp of a raw score overflows to inf for large scores and "
-                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, flash_no_max,
+                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, variant(flash, subtract_max=False),
                 id="complexity/flash_attention/no-running-max-exp-overflows"),
         Mistake("the running max started at 0", "start the running max at -inf (m_0 = -inf): from a finite start c, "
                 "a row whose scores all lie far below c (by more than about 745 in float64) has every exp(s - c) "
-                "underflow to 0, and the output is 0/0.", FLASH, flash_max_started_at_zero,
+                "underflow to 0, and the output is 0/0.", FLASH, variant(flash, start_max=0.0),
                 id="complexity/flash_attention/the-running-max-started-at-0"),
         Mistake("no final division by the running sum", "the accumulator holds sum_j exp(s_j - m) v_j; the "
-                "output is the accumulator divided by the running sum.", FLASH, flash_no_final_division,
+                "output is the accumulator divided by the running sum.", FLASH, variant(flash, divide_by_sum=False),
                 id="complexity/flash_attention/no-final-division-by-the-running-sum"),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_last_key_block_dropped,
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, variant(flash, keep_last_key_block=False),
                 id="complexity/flash_attention/last-key-block-dropped"),
-        Mistake("last query block dropped", LAST_BLOCK, FLASH, flash_last_query_block_dropped,
+        Mistake("last query block dropped", LAST_BLOCK, FLASH, variant(flash, keep_last_query_block=False, into_zeros=True),
                 id="complexity/flash_attention/last-query-block-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_bottom_right,
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, variant(flash, alignment="bottom-right"),
                 id="complexity/flash_attention/bottom-right-causal-alignment"),
         Mistake("causal mask with indices inside the block", "inside the block of queries starting at q0 and "
                 "keys starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare "
-                "global indices, not positions inside the blocks.", FLASH, flash_block_local_causal,
+                "global indices, not positions inside the blocks.", FLASH, variant(flash, alignment="block-local"),
                 id="complexity/flash_attention/causal-mask-with-indices-inside-the-block"),
         Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k); scale the queries (or every "
-                "block of scores).", FLASH, flash_no_scaling, id="complexity/flash_attention/no-scaling-by-sqrt-d-k"),
+                "block of scores).", FLASH, variant(flash, scaled=False), id="complexity/flash_attention/no-scaling-by-sqrt-d-k"),
     ],
     "sliding_window_mask": [
         Mistake("window off by one (w + 1 keys)", "query i sees the w keys i - w + 1, ..., i: the condition is "
-                "0 <= i - j < w, with a strict <.", WINDOW, window_one_too_many,
+                "0 <= i - j < w, with a strict <.", WINDOW, variant(window_mask, extra_keys=1),
                 id="complexity/sliding_window_mask/window-one-key-too-many"),
         Mistake("window off by one (w - 1 keys)", "query i sees the w keys i - w + 1, ..., i, itself included: "
-                "the condition is 0 <= i - j < w.", WINDOW, window_one_too_few,
+                "the condition is 0 <= i - j < w.", WINDOW, variant(window_mask, extra_keys=-1),
                 id="complexity/sliding_window_mask/window-one-key-too-few"),
         Mistake("future keys allowed", "the window is causal: keys after the query (i - j < 0) are not allowed, "
-                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, window_future_allowed,
+                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, variant(window_mask, past_only=False),
                 id="complexity/sliding_window_mask/future-keys-allowed"),
         Mistake("window looking ahead", "the window holds the w most recent keys, j <= i; the mask is "
-                "transposed (it allows 0 <= j - i < w).", WINDOW, window_looks_ahead,
+                "transposed (it allows 0 <= j - i < w).", WINDOW, variant(window_mask, looking_ahead=True),
                 id="complexity/sliding_window_mask/window-looking-ahead"),
         Mistake("symmetric window", "|i - j| < w also allows future keys: the sliding window is causal, "
-                "0 <= i - j < w.", WINDOW, window_symmetric, id="complexity/sliding_window_mask/symmetric-window"),
+                "0 <= i - j < w.", WINDOW, variant(window_mask, symmetric=True),
+                id="complexity/sliding_window_mask/symmetric-window"),
         Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention), so the allowed "
-                "pairs 0 <= i - j < w are the True entries.", WINDOW, window_inverted,
+                "pairs 0 <= i - j < w are the True entries.", WINDOW, variant(window_mask, inverted=True),
                 id="complexity/sliding_window_mask/inverted-boolean-convention"),
     ],
 }
@@ -758,7 +437,7 @@ def check_attention_flops(attention_flops) -> None:
     """Many configurations, every size different, and the realistic one of the notebook."""
     configs = [(3, 5, 7, 11, 13, 17), (8, 32, 8192, 8192, 128, 128), (1, 1, 1, 1, 1, 1), (2, 4, 100, 30, 64, 16),
                (5, 2, 1, 9, 3, 3), (1, 12, 4096, 1024, 64, 128)]
-    cases = [(Case(c), _flops(*c)) for c in configs]
+    cases = [(Case(c), flops(*c)) for c in configs]
     verify_number(attention_flops, cases, exercise="attention_flops", arg_names=FLOPS_ARGS, integer=True,
                   mistakes=MISTAKES["attention_flops"])
 
@@ -769,7 +448,7 @@ def check_attention_memory_bytes(attention_memory_bytes) -> None:
     configs = [(3, 5, 7, 11, torch.float16), (3, 5, 7, 11, torch.bfloat16), (3, 5, 7, 11, torch.float64),
                (2, 3, 10, 20, torch.float32), (8, 32, 8192, 8192, torch.float16), (8, 32, 8192, 8192, torch.float32),
                (1, 1, 1, 1, torch.float64), (4, 16, 512, 2048, torch.bfloat16)]
-    cases = [(Case(c), _memory_bytes(*c)) for c in configs]
+    cases = [(Case(c), score_bytes(*c)) for c in configs]
     verify_number(attention_memory_bytes, cases, exercise="attention_memory_bytes", arg_names=MEMORY_ARGS,
                   integer=True, mistakes=MISTAKES["attention_memory_bytes"])
 
@@ -893,7 +572,7 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
     # One position, or none: almost any answer of the right shape passes; a small share.
     cases = [Case((n, w), weight=0.25 if n <= 1 else 1.0)
              for n, w in [(6, 3), (1, 1), (5, 1), (8, 2), (13, 4), (7, 7), (4, 9), (10, 10), (0, 3)]]
-    verify(sliding_window_mask, cases, _window, exercise="sliding_window_mask", arg_names=("n", "window"),
+    verify(sliding_window_mask, cases, window_mask, exercise="sliding_window_mask", arg_names=("n", "window"),
            outputs=None, mistakes=MISTAKES["sliding_window_mask"])
     for n, w in [(5, 0), (3, -2)]:
         expect_error(sliding_window_mask, n, w, error=ValueError, what=f"sliding_window_mask({n}, {w})",

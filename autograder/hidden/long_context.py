@@ -31,6 +31,7 @@ from ..references.long_context import (
     watch_linear,
 )
 from ..student import call_student, expect_error, probe
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -41,113 +42,52 @@ LINEAR = "5. Linear attention: the softmax replaced by a feature map"
 RECURRENT = "6. Causal linear attention is an RNN"
 
 
-# --- the mistake catalogue: each function or class makes exactly one mistake ---------------------------------
+# --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------
 
 
-def mask_window_one_too_many(n, m, window, sinks=0):
+@decisions("extra_keys", "bottom_right", "sinks_in_window", "sinks_causal", "both_sides", "looking_ahead", "inverted")
+def sink_window(n, m, window, sinks=0, *, extra_keys=0, bottom_right=True, sinks_in_window=False, sinks_causal=True,
+                both_sides=False, looking_ahead=False, inverted=False):
+    """True where 0 <= p - j < window, or j < sinks and j <= p, with p = i + m - n."""
     if window < 1 or sinks < 0:
         raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
+    p = torch.arange(n)[:, None] + (m - n if bottom_right else 0)
     j = torch.arange(m)[None, :]
-    return ((p - j >= 0) & (p - j <= window)) | ((j < sinks) & (j <= p))
+    distance = j - p if looking_ahead else p - j
+    width = window + extra_keys - (sinks if sinks_in_window else 0)
+    recent = distance.abs() < width if both_sides else (distance >= 0) & (distance < width)
+    mask = recent | ((j < sinks) & ((j <= p) | (not sinks_causal)))
+    return ~mask if inverted else mask
 
 
-def mask_window_one_too_few(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ((p - j >= 0) & (p - j < window - 1)) | ((j < sinks) & (j <= p))
+@decisions("sinks_kept", "ring_after_sinks", "in_order", "sinks_in_window", "extra_window", "len_counts_seen")
+class RollingCache:
+    """The first sinks tokens, and the last window tokens in a ring of slots after theirs."""
 
+    sinks_kept = True  # False: one ring of sinks + window slots, where a sink is evicted like any token
+    ring_after_sinks = True  # False: the ring's slots start at 0, over the sinks'
+    in_order = True  # False: the tokens returned in the order of their slots
+    sinks_in_window = False  # True: the sinks take places of the window
+    extra_window = 0  # 1: the new token not counted in the window
+    len_counts_seen = True  # False: the tokens held
 
-def mask_top_left(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None]  # query i taken to sit at position i
-    j = torch.arange(m)[None, :]
-    return ((p - j >= 0) & (p - j < window)) | ((j < sinks) & (j <= p))
-
-
-def mask_sinks_inside_window(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ((p - j >= 0) & (p - j < window - sinks)) | ((j < sinks) & (j <= p))
-
-
-def mask_sinks_in_the_future(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ((p - j >= 0) & (p - j < window)) | (j < sinks)
-
-
-def mask_inverted(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ~(((p - j >= 0) & (p - j < window)) | ((j < sinks) & (j <= p)))
-
-
-def mask_window_both_sides(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ((p - j).abs() < window) | ((j < sinks) & (j <= p))  # the window on both sides: causality forgotten
-
-
-def mask_window_ahead(n, m, window, sinks=0):
-    if window < 1 or sinks < 0:
-        raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-    p = torch.arange(n)[:, None] + (m - n)
-    j = torch.arange(m)[None, :]
-    return ((j - p >= 0) & (j - p < window)) | ((j < sinks) & (j <= p))  # the next keys instead of the last ones
-
-
-class CacheEvictsSinks:
     def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
         if window < 1 or sinks < 0:
             raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.size, self.dtype = (batch, kv_heads, d_head), sinks + window, dtype
+        if not self.sinks_kept:
+            window, sinks = sinks + window, 0
+        if self.sinks_in_window:
+            window = max(1, window - sinks)
+        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window + self.extra_window, sinks, dtype
         self.keys = self.values = None
         self.seen = 0
 
     def __len__(self):
-        return self.seen
+        return self.seen if self.len_counts_seen else min(self.seen, self.sinks + self.window)
 
-    def append(self, k, v):
-        batch, kv_heads, d_head = self.shape
-        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
-            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
-        if self.keys is None:
-            self.keys = torch.empty(batch, kv_heads, self.size, d_head, dtype=self.dtype, device=k.device)
-            self.values = torch.empty_like(self.keys)
-        slot = self.seen % self.size  # one ring of sinks + window slots: the oldest token goes, sink or not
-        self.keys[:, :, slot] = k[:, :, 0]
-        self.values[:, :, slot] = v[:, :, 0]
-        self.seen += 1
-        positions = torch.arange(max(0, self.seen - self.size), self.seen)
-        slots = positions % self.size
-        return self.keys[:, :, slots], self.values[:, :, slots], positions
-
-
-class CacheSlotForgetsSinks:
-    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
-        if window < 1 or sinks < 0:
-            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
-        self.keys = self.values = None
-        self.seen = 0
-
-    def __len__(self):
-        return self.seen
-
-    def slot(self, p):
-        return p if p < self.sinks else (p - self.sinks) % self.window  # the ring's slots start at 0: over the sinks
+    def slots(self, positions):
+        ring = (self.sinks if self.ring_after_sinks else 0) + (positions - self.sinks) % self.window
+        return torch.where(positions < self.sinks, positions, ring)
 
     def append(self, k, v):
         batch, kv_heads, d_head = self.shape
@@ -157,138 +97,20 @@ class CacheSlotForgetsSinks:
             self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
                                     device=k.device)
             self.values = torch.empty_like(self.keys)
-        self.keys[:, :, self.slot(self.seen)] = k[:, :, 0]
-        self.values[:, :, self.slot(self.seen)] = v[:, :, 0]
-        self.seen += 1
-        positions = sorted(set(range(min(self.sinks, self.seen))) | set(range(max(0, self.seen - self.window),
-                                                                              self.seen)))
-        slots = [self.slot(p) for p in positions]
-        return self.keys[:, :, slots], self.values[:, :, slots], torch.tensor(positions, dtype=torch.long)
-
-
-class CacheOutOfOrder:
-    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
-        if window < 1 or sinks < 0:
-            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
-        self.keys = self.values = None
-        self.positions = torch.full((sinks + window,), -1, dtype=torch.long)
-        self.seen = 0
-
-    def __len__(self):
-        return self.seen
-
-    def append(self, k, v):
-        batch, kv_heads, d_head = self.shape
-        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
-            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
-        if self.keys is None:
-            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
-                                    device=k.device)
-            self.values = torch.empty_like(self.keys)
-        p = self.seen
-        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
-        self.keys[:, :, slot] = k[:, :, 0]
-        self.values[:, :, slot] = v[:, :, 0]
-        self.positions[slot] = p
-        self.seen += 1
-        kept = min(self.seen, self.sinks + self.window)
-        return self.keys[:, :, :kept], self.values[:, :, :kept], self.positions[:kept].clone()  # in slot order
-
-
-class CacheSinksInsideWindow:
-    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
-        if window < 1 or sinks < 0:
-            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
-        self.keys = self.values = None
-        self.seen = 0
-
-    def __len__(self):
-        return self.seen
-
-    def append(self, k, v):
-        batch, kv_heads, d_head = self.shape
-        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
-            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
-        if self.keys is None:
-            self.keys = torch.empty(batch, kv_heads, self.window, d_head, dtype=self.dtype, device=k.device)
-            self.values = torch.empty_like(self.keys)
-        recent = max(1, self.window - self.sinks)  # the sinks take places of the window
-        p = self.seen
-        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % recent
+        slot = int(self.slots(torch.tensor(self.seen)))
         self.keys[:, :, slot] = k[:, :, 0]
         self.values[:, :, slot] = v[:, :, 0]
         self.seen += 1
-        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
-                                        | set(range(max(self.sinks, self.seen - recent), self.seen))), dtype=torch.long)
-        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % recent)
+        positions = torch.cat([torch.arange(min(self.sinks, self.seen)),
+                               torch.arange(min(self.seen, max(self.sinks, self.seen - self.window)), self.seen)])
+        slots = self.slots(positions)
+        if not self.in_order:
+            order = slots.argsort()
+            positions, slots = positions[order], slots[order]
         return self.keys[:, :, slots], self.values[:, :, slots], positions
 
 
-class CacheWindowOneTooMany:
-    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
-        if window < 1 or sinks < 0:
-            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window + 1, sinks, dtype
-        self.keys = self.values = None
-        self.seen = 0
-
-    def __len__(self):
-        return self.seen
-
-    def append(self, k, v):
-        batch, kv_heads, d_head = self.shape
-        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
-            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
-        if self.keys is None:  # window + 1 places: the new token is not counted in the window
-            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
-                                    device=k.device)
-            self.values = torch.empty_like(self.keys)
-        p = self.seen
-        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
-        self.keys[:, :, slot] = k[:, :, 0]
-        self.values[:, :, slot] = v[:, :, 0]
-        self.seen += 1
-        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
-                                        | set(range(max(self.sinks, self.seen - self.window), self.seen))),
-                                 dtype=torch.long)
-        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % self.window)
-        return self.keys[:, :, slots], self.values[:, :, slots], positions
-
-
-class CacheCountsKept:
-    def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
-        if window < 1 or sinks < 0:
-            raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
-        self.shape, self.window, self.sinks, self.dtype = (batch, kv_heads, d_head), window, sinks, dtype
-        self.keys = self.values = None
-        self.seen = 0
-
-    def __len__(self):
-        return min(self.seen, self.sinks + self.window)  # the tokens held, not the tokens seen
-
-    def append(self, k, v):
-        batch, kv_heads, d_head = self.shape
-        if tuple(k.shape) != (batch, kv_heads, 1, d_head) or tuple(v.shape) != (batch, kv_heads, 1, d_head):
-            raise ValueError(f"k and v must be ({batch}, {kv_heads}, 1, {d_head})")
-        if self.keys is None:
-            self.keys = torch.empty(batch, kv_heads, self.sinks + self.window, d_head, dtype=self.dtype,
-                                    device=k.device)
-            self.values = torch.empty_like(self.keys)
-        p = self.seen
-        slot = p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
-        self.keys[:, :, slot] = k[:, :, 0]
-        self.values[:, :, slot] = v[:, :, 0]
-        self.seen += 1
-        positions = torch.tensor(sorted(set(range(min(self.sinks, self.seen)))
-                                        | set(range(max(self.sinks, self.seen - self.window), self.seen))),
-                                 dtype=torch.long)
-        slots = torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % self.window)
-        return self.keys[:, :, slots], self.values[:, :, slots], positions
-
-
-class CacheKeepsEveryToken:
+class CacheKeepsEveryToken:  # another algorithm: a growing store instead of a ring of slots
     def __init__(self, batch, kv_heads, window, sinks, d_head, dtype=torch.float32):
         if window < 1 or sinks < 0:
             raise ValueError(f"window must be >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
@@ -314,147 +136,38 @@ class CacheKeepsEveryToken:
         return self.keys[:, :, positions], self.values[:, :, positions], positions
 
 
-def linear_phi_identity(Q, K, V, is_causal=False, eps=1e-6):
+@decisions("feature_map", "queries_scaled", "eps_in", "causal_form")
+def linear(Q, K, V, is_causal=False, eps=1e-6, *, feature_map="elu + 1", queries_scaled=False, eps_in="denominator",
+           causal_form="prefix sums"):
+    """phi(Q) S / (phi(Q) z + eps), with prefix sums when causal."""
     if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
         raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
     if is_causal and Q.shape[-2] != K.shape[-2]:
         raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = Q, K  # phi(x) = x: not positive
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
+    phi = {"elu + 1": lambda x: F.elu(x) + 1, "x": lambda x: x, "relu": F.relu, "exp": torch.exp, "elu": F.elu}
+    fq, fk = phi[feature_map](Q / Q.shape[-1] ** 0.5 if queries_scaled else Q), phi[feature_map](K)
+    if eps_in == "features":
+        fq, fk = fq + eps, fk + eps
+    if is_causal and causal_form == "n x n mask":
+        n = Q.shape[-2]
+        A = (fq @ fk.transpose(-2, -1)) * torch.ones(n, n, dtype=torch.bool, device=Q.device).tril()
+        return (A @ V) / (A.sum(-1, keepdim=True) + eps)
+    if is_causal and causal_form != "ignored":
+        kv = fk.unsqueeze(-1) * V.unsqueeze(-2)
+        S, z = torch.cumsum(kv, dim=-3), torch.cumsum(fk, dim=-2)
+        if causal_form == "own key left out":
+            S, z = S - kv, z - fk
+        numerator, denominator = (fq.unsqueeze(-2) @ S).squeeze(-2), (fq * z).sum(-1, keepdim=True)
+    else:
+        numerator, denominator = fq @ (fk.transpose(-2, -1) @ V), fq @ fk.sum(-2).unsqueeze(-1)
+    if eps_in == "numerator and denominator":
+        numerator = numerator + eps
+    if eps_in in ("denominator", "numerator and denominator"):
+        denominator = denominator + eps
+    return numerator / denominator
 
 
-def linear_phi_relu(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.relu(Q), F.relu(K)  # zero for every negative input
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
-
-
-def linear_eps_left_out(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1))
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
-
-
-def linear_eps_in_numerator_too(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V) + eps) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return ((fq.unsqueeze(-2) @ S).squeeze(-2) + eps) / ((fq * z).sum(-1, keepdim=True) + eps)  # eps on top too
-
-
-def linear_phi_exp(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = torch.exp(Q), torch.exp(K)  # positive, but not the feature map asked for
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
-
-
-def linear_phi_elu_without_one(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q), F.elu(K)  # the + 1 forgotten: negative for negative inputs
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
-
-
-def linear_eps_in_phi(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1 + eps, F.elu(K) + 1 + eps  # eps added to the features instead of the denominator
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1))
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / (fq * z).sum(-1, keepdim=True)
-
-
-def linear_scaled_queries(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q / Q.shape[-1] ** 0.5) + 1, F.elu(K) + 1  # softmax attention's 1/sqrt(d) carried over
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)
-    z = torch.cumsum(fk, dim=-2)
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
-
-
-def linear_causal_excludes_self(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    kv = fk.unsqueeze(-1) * V.unsqueeze(-2)
-    S = torch.cumsum(kv, dim=-3) - kv  # keys j < i only: the query's own key left out
-    z = torch.cumsum(fk, dim=-2) - fk
-    return (fq.unsqueeze(-2) @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + eps)
-
-
-def linear_causal_ignored(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)  # every key, causal or not
-
-
-def linear_causal_with_mask(Q, K, V, is_causal=False, eps=1e-6):
-    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
-        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
-    if is_causal and Q.shape[-2] != K.shape[-2]:
-        raise ValueError(f"causal linear attention needs n == m, got {Q.shape[-2]} and {K.shape[-2]}")
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    if not is_causal:
-        return (fq @ (fk.transpose(-2, -1) @ V)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
-    n = Q.shape[-2]
-    A = (fq @ fk.transpose(-2, -1)) * torch.ones(n, n, dtype=torch.bool, device=Q.device).tril()  # n x n
-    return (A @ V) / (A.sum(-1, keepdim=True) + eps)
-
-
-def linear_quadratic_form(Q, K, V, is_causal=False, eps=1e-6):
+def linear_quadratic_form(Q, K, V, is_causal=False, eps=1e-6):  # another algorithm: the n x m matrix
     if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
         raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
     if is_causal and Q.shape[-2] != K.shape[-2]:
@@ -465,33 +178,26 @@ def linear_quadratic_form(Q, K, V, is_causal=False, eps=1e-6):
     return (A @ V) / (A.sum(-1, keepdim=True) + eps)
 
 
-def recurrent_update_after_output(Q, K, V, eps=1e-6):
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
+@decisions("keys_through_phi", "accumulated", "read_after_adding", "normalised")
+def recurrent(Q, K, V, eps=1e-6, *, keys_through_phi=True, accumulated=True, read_after_adding=True, normalised=True):
+    """A (d, d_v) state and a (d,) normaliser, each token added, then its query read."""
+    if Q.shape[-2:] != K.shape[-2:] or K.shape[-2] != V.shape[-2]:
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} do not fit")
+    fq, fk = F.elu(Q) + 1, F.elu(K) + 1 if keys_through_phi else K
     S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
     z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
     outputs = []
     for i in range(Q.shape[-2]):
-        q = fq[..., i, :]
-        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
-        S = S + fk[..., i, :, None] * V[..., i, None, :]  # the state updated after the output
-        z = z + fk[..., i, :]
+        q, before = fq[..., i, :], (S, z)
+        token_S, token_z = fk[..., i, :, None] * V[..., i, None, :], fk[..., i, :]
+        S, z = (S + token_S, z + token_z) if accumulated else (token_S, token_z)
+        read_S, read_z = (S, z) if read_after_adding else before
+        numerator = (q.unsqueeze(-2) @ read_S).squeeze(-2)
+        outputs.append(numerator / ((q * read_z).sum(-1, keepdim=True) + eps) if normalised else numerator)
     return torch.stack(outputs, dim=-2), (S, z)
 
 
-def recurrent_state_overwritten(Q, K, V, eps=1e-6):
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
-    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
-    outputs = []
-    for i in range(Q.shape[-2]):
-        S = fk[..., i, :, None] * V[..., i, None, :]  # the state replaced by the token's, not added to
-        z = fk[..., i, :]
-        q = fq[..., i, :]
-        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
-    return torch.stack(outputs, dim=-2), (S, z)
-
-
-def recurrent_by_prefix_sums(Q, K, V, eps=1e-6):
+def recurrent_by_prefix_sums(Q, K, V, eps=1e-6):  # another algorithm: the parallel form
     fq, fk = F.elu(Q) + 1, F.elu(K) + 1
     S = torch.cumsum(fk.unsqueeze(-1) * V.unsqueeze(-2), dim=-3)  # the parallel form: every S_i at once
     z = torch.cumsum(fk, dim=-2)
@@ -499,32 +205,7 @@ def recurrent_by_prefix_sums(Q, K, V, eps=1e-6):
     return output, (S[..., -1, :, :], z[..., -1, :])
 
 
-def recurrent_no_normaliser(Q, K, V, eps=1e-6):
-    fq, fk = F.elu(Q) + 1, F.elu(K) + 1
-    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
-    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
-    outputs = []
-    for i in range(Q.shape[-2]):
-        S = S + fk[..., i, :, None] * V[..., i, None, :]
-        z = z + fk[..., i, :]
-        outputs.append((fq[..., i, :].unsqueeze(-2) @ S).squeeze(-2))  # never divided by phi(q) z + eps
-    return torch.stack(outputs, dim=-2), (S, z)
-
-
-def recurrent_keys_without_phi(Q, K, V, eps=1e-6):
-    fq = F.elu(Q) + 1
-    S = Q.new_zeros(*Q.shape[:-2], Q.shape[-1], V.shape[-1])
-    z = Q.new_zeros(*Q.shape[:-2], Q.shape[-1])
-    outputs = []
-    for i in range(Q.shape[-2]):
-        S = S + K[..., i, :, None] * V[..., i, None, :]  # k_i, not phi(k_i)
-        z = z + K[..., i, :]
-        q = fq[..., i, :]
-        outputs.append((q.unsqueeze(-2) @ S).squeeze(-2) / ((q * z).sum(-1, keepdim=True) + eps))
-    return torch.stack(outputs, dim=-2), (S, z)
-
-
-def recurrent_quadratic(Q, K, V, eps=1e-6):
+def recurrent_quadratic(Q, K, V, eps=1e-6):  # another algorithm: the n x n matrix
     fq, fk = F.elu(Q) + 1, F.elu(K) + 1
     A = (fq @ fk.transpose(-2, -1)).tril()  # the n x n matrix instead of a state
     return (A @ V) / (A.sum(-1, keepdim=True) + eps), (fk.transpose(-2, -1) @ V, fk.sum(-2))
@@ -534,46 +215,50 @@ MISTAKES: dict[str, list[Mistake]] = {
     "sink_window_mask": [
         Mistake("window off by one (window + 1 keys)", "query i at position p sees the window keys p - window + 1, "
                 "..., p, itself included: the condition is 0 <= p - j < window, with a strict <.", WINDOW,
-                mask_window_one_too_many, id="long_context/sink_window_mask/window-one-key-too-many"),
+                variant(sink_window, extra_keys=1), id="long_context/sink_window_mask/window-one-key-too-many"),
         Mistake("window off by one (window - 1 keys)", "the window counts the query's own key: query i at position "
-                "p sees p - window + 1, ..., p, which is window keys.", WINDOW, mask_window_one_too_few,
+                "p sees p - window + 1, ..., p, which is window keys.", WINDOW, variant(sink_window, extra_keys=-1),
                 id="long_context/sink_window_mask/window-one-key-too-few"),
         Mistake("window anchored top-left", "with n queries and m keys the queries are the last n positions: query "
-                "i sits at p = i + m - n (bottom-right, as in decoding), not at i.", WINDOW, mask_top_left,
+                "i sits at p = i + m - n (bottom-right, as in decoding), not at i.", WINDOW,
+                variant(sink_window, bottom_right=False),
                 id="long_context/sink_window_mask/window-anchored-top-left"),
         Mistake("window on both sides of the query (causality forgotten)", "the window is the window most recent keys: "
                 "0 <= p - j < window, so a query never sees a key after its own position, however near.", WINDOW,
-                mask_window_both_sides, id="long_context/sink_window_mask/window-on-both-sides"),
+                variant(sink_window, both_sides=True), id="long_context/sink_window_mask/window-on-both-sides"),
         Mistake("window over the next keys instead of the last ones", "query i at position p sees the keys p - window "
-                "+ 1, ..., p, the most recent ones: the condition is on p - j, not on j - p.", WINDOW, mask_window_ahead,
+                "+ 1, ..., p, the most recent ones: the condition is on p - j, not on j - p.", WINDOW,
+                variant(sink_window, looking_ahead=True),
                 id="long_context/sink_window_mask/window-over-the-next-keys"),
         Mistake("sinks counted inside the window", "the sinks come on top of the window: a query keeps its window "
                 "most recent keys and the first sinks keys, so up to sinks + window keys.", SINKS,
-                mask_sinks_inside_window, id="long_context/sink_window_mask/sinks-counted-inside-the-window"),
+                variant(sink_window, sinks_in_window=True), id="long_context/sink_window_mask/sinks-counted-inside-the-window"),
         Mistake("sinks in the future", "a sink is still a key: query i at position p sees sink j only when j <= p, "
-                "so the first queries do not see sinks that come after them.", SINKS, mask_sinks_in_the_future,
+                "so the first queries do not see sinks that come after them.", SINKS, variant(sink_window, sinks_causal=False),
                 id="long_context/sink_window_mask/sinks-in-the-future"),
         Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention): the allowed pairs are "
-                "the True entries.", WINDOW, mask_inverted, id="long_context/sink_window_mask/inverted-boolean-convention"),
+                "the True entries.", WINDOW, variant(sink_window, inverted=True),
+                id="long_context/sink_window_mask/inverted-boolean-convention"),
     ],
     "RollingKVCache": [
         Mistake("the cache evicts a sink", "the first sinks tokens are never evicted: only the window rolls, so the "
                 "storage has sinks slots that are written once and window slots used as a ring.", ROLLING,
-                CacheEvictsSinks, id="long_context/RollingKVCache/the-cache-evicts-a-sink"),
+                variant(RollingCache, sinks_kept=False), id="long_context/RollingKVCache/the-cache-evicts-a-sink"),
         Mistake("the ring's slot index forgets the sinks", "the ring starts after the sinks' slots: token p >= sinks "
                 "goes to slot sinks + (p - sinks) % window; without the + sinks the window overwrites the sinks.",
-                ROLLING, CacheSlotForgetsSinks, id="long_context/RollingKVCache/slot-index-forgets-the-sinks"),
+                ROLLING, variant(RollingCache, ring_after_sinks=False),
+                id="long_context/RollingKVCache/slot-index-forgets-the-sinks"),
         Mistake("tokens returned out of order", "the kept tokens must come back ordered by position (sinks, then the "
                 "window from oldest to newest); a ring buffer's slots are not in that order once it wraps.", ROLLING,
-                CacheOutOfOrder, id="long_context/RollingKVCache/tokens-returned-out-of-order"),
+                variant(RollingCache, in_order=False), id="long_context/RollingKVCache/tokens-returned-out-of-order"),
         Mistake("sinks counted inside the window", "the cache keeps the first sinks tokens and, besides them, the "
-                "last window tokens: sinks + window in all.", ROLLING, CacheSinksInsideWindow,
+                "last window tokens: sinks + window in all.", ROLLING, variant(RollingCache, sinks_in_window=True),
                 id="long_context/RollingKVCache/sinks-counted-inside-the-window"),
         Mistake("window off by one (window + 1 tokens)", "the window counts the token just appended: after an append "
-                "the cache holds the last window tokens, the new one included.", ROLLING, CacheWindowOneTooMany,
+                "the cache holds the last window tokens, the new one included.", ROLLING, variant(RollingCache, extra_window=1),
                 id="long_context/RollingKVCache/window-one-token-too-many"),
         Mistake("len counts the tokens held", "len(cache) is the number of tokens seen, evicted ones included: it "
-                "is the position of the next token.", ROLLING, CacheCountsKept,
+                "is the position of the next token.", ROLLING, variant(RollingCache, len_counts_seen=False),
                 id="long_context/RollingKVCache/len-counts-the-tokens-held"),
         Mistake("the cache keeps every token", "a rolling cache holds constant storage, sinks + window tokens; "
                 "keeping every token (a growing tensor or list) and returning the kept ones gives the right tokens "
@@ -583,38 +268,38 @@ MISTAKES: dict[str, list[Mistake]] = {
     "linear_attention": [
         Mistake("phi not positive (phi(x) = x)", "the feature map must be positive, phi(x) = elu(x) + 1: with "
                 "phi(x) = x the normaliser phi(q) . z can be 0 or negative, and the weights are no longer an "
-                "average.", LINEAR, linear_phi_identity, id="long_context/linear_attention/phi-identity"),
+                "average.", LINEAR, variant(linear, feature_map="x"), id="long_context/linear_attention/phi-identity"),
         Mistake("phi not positive (relu)", "relu is 0 for every negative input, so phi(q) . z can be 0 and the "
-                "output collapses to 0 / eps; elu(x) + 1 is positive everywhere.", LINEAR, linear_phi_relu,
+                "output collapses to 0 / eps; elu(x) + 1 is positive everywhere.", LINEAR, variant(linear, feature_map="relu"),
                 id="long_context/linear_attention/phi-relu"),
         Mistake("eps left out", "the denominator is phi(q) . z + eps: without eps a normaliser near 0 (inputs near "
-                "-12 make phi about 6e-6) divides by almost nothing.", LINEAR, linear_eps_left_out,
+                "-12 make phi about 6e-6) divides by almost nothing.", LINEAR, variant(linear, eps_in="nowhere"),
                 id="long_context/linear_attention/eps-left-out"),
         Mistake("eps added to phi", "eps goes in the denominator only, phi(q) S / (phi(q) z + eps); adding it to "
-                "the features changes every weight when they are small.", LINEAR, linear_eps_in_phi,
+                "the features changes every weight when they are small.", LINEAR, variant(linear, eps_in="features"),
                 id="long_context/linear_attention/eps-added-to-phi"),
         Mistake("eps added to the numerator and the denominator", "eps guards the denominator only: phi(q) S / (phi(q) "
                 "z + eps). Added above as well, it adds eps / (phi(q) z + eps) to every output, which is large exactly "
-                "where the features are small.", LINEAR, linear_eps_in_numerator_too,
+                "where the features are small.", LINEAR, variant(linear, eps_in="numerator and denominator"),
                 id="long_context/linear_attention/eps-in-numerator-too"),
         Mistake("phi = exp instead of elu + 1", "the feature map is phi(x) = elu(x) + 1 (x + 1 above 0, e^x below): "
                 "exp is positive too, but another similarity, and it overflows for large inputs.", LINEAR,
-                linear_phi_exp, id="long_context/linear_attention/phi-exp"),
+                variant(linear, feature_map="exp"), id="long_context/linear_attention/phi-exp"),
         Mistake("phi = elu without the + 1", "elu(x) is negative for x < 0; the + 1 makes phi(x) = elu(x) + 1 positive "
                 "everywhere, so the weights stay positive and the denominator never vanishes.", LINEAR,
-                linear_phi_elu_without_one, id="long_context/linear_attention/phi-elu-without-one"),
+                variant(linear, feature_map="elu"), id="long_context/linear_attention/phi-elu-without-one"),
         Mistake("queries scaled by 1/sqrt(d)", "linear attention has no temperature: phi is applied to q and k as "
-                "they are; 1/sqrt(d) belongs to softmax attention's scores.", LINEAR, linear_scaled_queries,
+                "they are; 1/sqrt(d) belongs to softmax attention's scores.", LINEAR, variant(linear, queries_scaled=True),
                 id="long_context/linear_attention/queries-scaled"),
         Mistake("causal form without the query's own key", "query i uses the keys j <= i, itself included: the "
-                "prefix sums up to i, not up to i - 1.", LINEAR, linear_causal_excludes_self,
+                "prefix sums up to i, not up to i - 1.", LINEAR, variant(linear, causal_form="own key left out"),
                 id="long_context/linear_attention/causal-without-own-key"),
         Mistake("is_causal ignored", "with is_causal=True query i may use only keys j <= i: prefix sums of "
-                "phi(k_j) v_j^T and phi(k_j), not the sums over every key.", LINEAR, linear_causal_ignored,
+                "phi(k_j) v_j^T and phi(k_j), not the sums over every key.", LINEAR, variant(linear, causal_form="ignored"),
                 id="long_context/linear_attention/is-causal-ignored"),
         Mistake("the causal form built with an n x n mask", "a causal mask is n x n, the size linear attention "
                 "exists to avoid: use prefix sums (torch.cumsum) of phi(k_j) v_j^T and of phi(k_j).", LINEAR,
-                linear_causal_with_mask, id="long_context/linear_attention/causal-with-n-by-n-mask"),
+                variant(linear, causal_form="n x n mask"), id="long_context/linear_attention/causal-with-n-by-n-mask"),
         Mistake("the n x m matrix phi(Q) phi(K)^T built", "multiply phi(K)^T V first (d x d_v) and then phi(Q): "
                 "by associativity the same output in O(n d d_v), without the n x m matrix.", LINEAR,
                 linear_quadratic_form, id="long_context/linear_attention/n-by-m-matrix-built"),
@@ -623,19 +308,19 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("state read before adding the token (updated after the output)", "token i adds phi(k_i) v_i^T and "
                 "phi(k_i) to the state before its output is read: query i sees its own key, as in the causal form, "
                 "and the first query does not get 0 / eps.", RECURRENT,
-                recurrent_update_after_output, id="long_context/linear_attention_recurrent/update-after-output"),
+                variant(recurrent, read_after_adding=False), id="long_context/linear_attention_recurrent/update-after-output"),
         Mistake("state overwritten instead of accumulated", "S and z are sums over every token so far: S = S + phi(k_i) "
                 "v_i^T and z = z + phi(k_i); assigned, they hold the last token only.", RECURRENT,
-                recurrent_state_overwritten, id="long_context/linear_attention_recurrent/state-overwritten"),
+                variant(recurrent, accumulated=False), id="long_context/linear_attention_recurrent/state-overwritten"),
         Mistake("the recurrence computed by the parallel form", "the recurrent form holds one (d, d_v) state and "
                 "updates it token by token; the prefix sums of all n outer products (n d d_v numbers, what "
                 "linear_attention(..., is_causal=True) builds) are the parallel form.", RECURRENT,
                 recurrent_by_prefix_sums, id="long_context/linear_attention_recurrent/parallel-form"),
         Mistake("normaliser left out", "the output is phi(q_i) S / (phi(q_i) z + eps): without the division it is "
-                "a sum, not an average, and grows with the number of tokens.", RECURRENT, recurrent_no_normaliser,
+                "a sum, not an average, and grows with the number of tokens.", RECURRENT, variant(recurrent, normalised=False),
                 id="long_context/linear_attention_recurrent/normaliser-left-out"),
         Mistake("phi left out of the keys", "the state adds phi(k_i) v_i^T and the normaliser phi(k_i): the keys "
-                "go through the same feature map as the queries.", RECURRENT, recurrent_keys_without_phi,
+                "go through the same feature map as the queries.", RECURRENT, variant(recurrent, keys_through_phi=False),
                 id="long_context/linear_attention_recurrent/keys-without-phi"),
         Mistake("the n x n matrix instead of a state", "the recurrent form keeps only S (d x d_v) and z (d,): "
                 "building phi(Q) phi(K)^T with a causal mask is the quadratic form, not an RNN.", RECURRENT,

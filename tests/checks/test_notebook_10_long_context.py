@@ -256,8 +256,9 @@ def test_the_hidden_mask_check_compares_with_sdpa_on_the_mask():
 
 def test_eps_above_and_below_is_named_in_linear_attention_s_words():
     """eps added to the numerator too: named as such, and the message speaks of linear attention, not of softmax."""
+    wrong = next(m.fn for m in MISTAKES["linear_attention"] if m.name == "eps added to the numerator and the denominator")
     with pytest.raises(CheckFailed) as failure:
-        hidden.check_linear_attention(hidden.linear_eps_in_numerator_too)
+        hidden.check_linear_attention(wrong)
     message = str(failure.value)
     assert "'eps added to the numerator and the denominator'" in message
     assert "eps left out" not in message and "log-sum-exp" not in message and "softmax" not in message.lower().replace(

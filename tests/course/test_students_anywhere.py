@@ -23,7 +23,7 @@ from autograder.course import student_versions
 from autograder.course.bundle import TOP, write_bundle
 from autograder.course.notebook_setup import notebook_link, package_address
 from autograder.course.repository import assignments, module_name
-from autograder.diagnosis import MistakeFound
+from autograder.diagnosis import MistakeFound, by_id
 from autograder.errors import CheckFailed
 
 from ..course_copy import fill, mistake_source, reference_answers
@@ -85,7 +85,7 @@ def test_a_notebook_opened_alone_runs_its_checks_with_the_environments_torch(nam
     assert seen["autograder"].startswith(str(path.parent / "autograder")), seen
 
     hidden = importlib.import_module(f"autograder.hidden.{module_name(assignment)}")
-    mistake = next(m for m in hidden.MISTAKES["scaled_dot_product_attention"] if m.fn.__name__ == "sdpa_no_scaling")
+    mistake = by_id(hidden.MISTAKES["scaled_dot_product_attention"], "soft_lookup/scaled_dot_product_attention/no-scaling")
     wrong = dict(reference_answers(assignment),
                  scaled_dot_product_attention=mistake_source(mistake, "scaled_dot_product_attention"))
     path = opened_alone(bundle_zip, tmp_path / "wrong", assignment, wrong)

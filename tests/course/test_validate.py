@@ -13,6 +13,7 @@ import pytest
 
 from autograder.course.bundle import TOP, write_bundle
 from autograder.course.repository import module_name
+from autograder.diagnosis import by_id
 from autograder.errors import CheckFailed
 
 from ..course_copy import fill, mistake_source, reference_answers
@@ -26,7 +27,7 @@ def test_validate_shows_every_line_whole(tmp_path):
     folder = tmp_path / TOP
     assignment = "01_soft_lookup"
     hidden = importlib.import_module(f"autograder.hidden.{module_name(assignment)}")
-    mistake = next(m for m in hidden.MISTAKES["scaled_dot_product_attention"] if m.fn.__name__ == "sdpa_no_scaling")
+    mistake = by_id(hidden.MISTAKES["scaled_dot_product_attention"], "soft_lookup/scaled_dot_product_attention/no-scaling")
     answers = dict(reference_answers(assignment), scaled_dot_product_attention=mistake_source(
         mistake, "scaled_dot_product_attention"))
     notebook = nbformat.read(folder / f"{assignment}.ipynb", as_version=4)

@@ -66,125 +66,60 @@ FLASH = "5. FlashAttention's backward pass, block by block"
 FUNCTION = "6. A torch.autograd.Function"
 
 
-# --- the mistake catalogue: each function makes exactly one mistake ------------------------------
+# --- the mistake catalogue: each reference names its decisions, each mistake changes some ------------
 
 
-def softmax_backward_no_rowsum(p, grad_p, dim=-1):
-    return p * grad_p
+@decisions("jacobian", "rowsum_weighted", "subtract_rowsum", "rowsum_over_last_axis")
+def softmax_gradient(p, grad_p, dim=-1, *, jacobian="diag(p) - p p^T", rowsum_weighted=True, subtract_rowsum=True,
+                     rowsum_over_last_axis=False):
+    """The gradient of softmax along dim, with the decisions its mistakes get wrong."""
+    if p.shape != grad_p.shape:
+        raise ValueError(f"p {tuple(p.shape)} and grad_p {tuple(grad_p.shape)} have different shapes")
+    if jacobian == "diag(p)":
+        return p * grad_p
+    if jacobian == "its diagonal":
+        return p * (1 - p) * grad_p
+    rowsum = (grad_p * p if rowsum_weighted else grad_p).sum(dim=-1 if rowsum_over_last_axis else dim, keepdim=True)
+    return p * (grad_p - rowsum if subtract_rowsum else grad_p + rowsum)
 
 
-def softmax_backward_diagonal_only(p, grad_p, dim=-1):
-    return p * (1 - p) * grad_p
-
-
-def softmax_backward_unweighted_rowsum(p, grad_p, dim=-1):
-    return p * (grad_p - grad_p.sum(dim=dim, keepdim=True))
-
-
-def softmax_backward_wrong_sign(p, grad_p, dim=-1):
-    return p * (grad_p + (grad_p * p).sum(dim=dim, keepdim=True))
-
-
-def softmax_backward_last_axis(p, grad_p, dim=-1):
-    return p * (grad_p - (grad_p * p).sum(dim=-1, keepdim=True))
-
-
+# A copy, not a variant: its recorded message quotes the line of its own source that fails (line 2).
 def softmax_backward_no_keepdim(p, grad_p, dim=-1):
     return p * (grad_p - (grad_p * p).sum(dim=dim))
 
 
+# Another algorithm: autograd instead of the formula.
 def softmax_backward_by_autograd(p, grad_p, dim=-1):
     scores = p.log().detach().requires_grad_(True)
     with torch.enable_grad():
         return torch.autograd.grad(torch.softmax(scores, dim=dim), scores, grad_p)[0]
 
 
-def attention_backward_no_rowsum(Q, K, V, dO, is_causal=False):
+@decisions("rowsum", "mask_again", "alignment", "scale_dq", "scale_dk", "transpose_ds", "transpose_p")
+def attention_gradients(Q, K, V, dO, is_causal=False, *, rowsum="dP * P", mask_again=True, alignment="top-left",
+                        scale_dq=True, scale_dk=True, transpose_ds=True, transpose_p=True):
+    """The backward pass of attention from its formulas, with the decisions its mistakes get wrong."""
+    if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2] or dO.shape != (*Q.shape[:-1], V.shape[-1]):
+        raise ValueError(f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, dO {tuple(dO.shape)}")
+    n, m = Q.shape[-2], K.shape[-2]
     scale = 1 / math.sqrt(Q.shape[-1])
     S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+    if is_causal and mask_again:
+        visible = torch.ones(n, m, dtype=torch.bool).tril(m - n if alignment == "bottom-right" else 0)
+        S = S.masked_fill(visible.logical_not(), float("-inf"))
     P = torch.softmax(S, dim=-1)
     dP = dO @ V.transpose(-2, -1)
-    dS = P * dP
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
+    if rowsum is None:
+        dS = P * dP
+    else:
+        dS = P * (dP - (dP * P if rowsum == "dP * P" else dP).sum(dim=-1, keepdim=True))
+    dQ = dS @ K
+    dK = (dS.transpose(-2, -1) if transpose_ds else dS) @ Q
+    return (dQ * scale if scale_dq else dQ, dK * scale if scale_dk else dK,
+            (P.transpose(-2, -1) if transpose_p else P) @ dO)
 
 
-def attention_backward_unweighted_rowsum(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - dP.sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
-
-
-def attention_backward_dq_unscaled(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
-
-
-def attention_backward_dk_unscaled(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q, P.transpose(-2, -1) @ dO
-
-
-def attention_backward_ds_not_transposed(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS @ Q * scale, P.transpose(-2, -1) @ dO
-
-
-def attention_backward_p_not_transposed(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P @ dO
-
-
-def attention_backward_mask_not_reapplied(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    P = torch.softmax(Q @ K.transpose(-2, -1) * scale, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
-
-
-def attention_backward_bottom_right(Q, K, V, dO, is_causal=False):
-    scale = 1 / math.sqrt(Q.shape[-1])
-    S = Q @ K.transpose(-2, -1) * scale
-    if is_causal:
-        n, m = S.shape[-2], S.shape[-1]
-        S = S.masked_fill(torch.ones(n, m, dtype=torch.bool).tril(m - n).logical_not(), float("-inf"))
-    P = torch.softmax(S, dim=-1)
-    dP = dO @ V.transpose(-2, -1)
-    dS = P * (dP - (dP * P).sum(dim=-1, keepdim=True))
-    return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
-
-
+# Another algorithm: autograd instead of the formulas.
 def attention_backward_by_autograd(Q, K, V, dO, is_causal=False):
     leaves = [t.detach().requires_grad_(True) for t in (Q, K, V)]
     with torch.enable_grad():
@@ -238,176 +173,43 @@ def flash_forward(Q, K, V, block_size, is_causal=False, *, start_max=float("-inf
         lses.append(lse if lse_as_column else lse.squeeze(-1))
     return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-2 if lse_as_column else -1)
 
+@decisions("D_of", "keep_last_block", "skip_blocks_above_diagonal", "mask_again", "alignment", "scale_scores",
+           "weights", "scale_dq", "scale_dk", "transpose_ds")
+def flash_backward(Q, K, V, O, dO, lse, block_size, is_causal=False, *, D_of="dO * O", keep_last_block=True,
+                   skip_blocks_above_diagonal=False, mask_again=True, alignment="top-left", scale_scores=True,
+                   weights="exp(s - lse)", scale_dq=True, scale_dk=True, transpose_ds=True):
+    """FlashAttention's backward pass, block by block, with the decisions its mistakes get wrong.
 
-def flash_backward_d_from_do(Q, K, V, O, dO, lse, block_size, is_causal=False):
+    Skipping the blocks above the diagonal is right; skipping them instead of masking is not.
+    """
+    if dO.shape != O.shape or lse.shape != Q.shape[:-1] or block_size < 1:
+        raise ValueError(f"O {tuple(O.shape)}, dO {tuple(dO.shape)}, lse {tuple(lse.shape)} or block_size {block_size}")
     n, m = Q.shape[-2], K.shape[-2]
     scale = 1 / math.sqrt(Q.shape[-1])
-    D = dO.sum(dim=-1, keepdim=True)
+    D = (dO * O if D_of == "dO * O" else dO).sum(dim=-1, keepdim=True)
     L = lse.unsqueeze(-1)
     dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
+    for k0 in range(0, m if keep_last_block else m - m % block_size, block_size):
         k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
+        for q0 in range(k0 if is_causal and skip_blocks_above_diagonal else 0, n, block_size):
             q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
+            s = q @ k.transpose(-2, -1) * scale if scale_scores else q @ k.transpose(-2, -1)
+            if is_causal and mask_again:
+                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n if alignment == "bottom-right" else 0)
                 s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            if weights == "exp(s - lse)":
+                p = torch.exp(s - L[..., q0:q0 + block_size, :])
+            else:  # a softmax over this block of keys alone
+                p = torch.softmax(s, dim=-1)
             dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
             ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
+            dq, dk = ds @ k, (ds.transpose(-2, -1) if transpose_ds else ds) @ q
+            dQ[..., q0:q0 + block_size, :] += dq * scale if scale_dq else dq
+            dK[..., k0:k0 + block_size, :] += dk * scale if scale_dk else dk
     return dQ, dK, dV
 
 
-def flash_backward_mask_not_reapplied(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_blocks_skipped_but_not_masked(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(k0 if is_causal else 0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_dq_unscaled(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_dk_unscaled(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q
-    return dQ, dK, dV
-
-
-def flash_backward_ds_not_transposed(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_p_from_unscaled_scores(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1)
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_block_softmax(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.softmax(s, dim=-1)
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
+# A copy, not a variant: its recorded message quotes the line of its own source that fails (line 14).
 def flash_backward_lse_as_row(Q, K, V, O, dO, lse, block_size, is_causal=False):
     n, m = Q.shape[-2], K.shape[-2]
     scale = 1 / math.sqrt(Q.shape[-1])
@@ -422,50 +224,6 @@ def flash_backward_lse_as_row(Q, K, V, O, dO, lse, block_size, is_causal=False):
                 i = torch.arange(q0, q0 + s.shape[-2])[:, None]
                 s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
             p = torch.exp(s - lse[..., q0:q0 + block_size])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_last_key_block_dropped(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m - m % block_size, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None]
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
-            dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
-            ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
-            dQ[..., q0:q0 + block_size, :] += ds @ k * scale
-            dK[..., k0:k0 + block_size, :] += ds.transpose(-2, -1) @ q * scale
-    return dQ, dK, dV
-
-
-def flash_backward_bottom_right(Q, K, V, O, dO, lse, block_size, is_causal=False):
-    n, m = Q.shape[-2], K.shape[-2]
-    scale = 1 / math.sqrt(Q.shape[-1])
-    D = (dO * O).sum(dim=-1, keepdim=True)
-    L = lse.unsqueeze(-1)
-    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-    for k0 in range(0, m, block_size):
-        k, v = K[..., k0:k0 + block_size, :], V[..., k0:k0 + block_size, :]
-        for q0 in range(0, n, block_size):
-            q, do = Q[..., q0:q0 + block_size, :], dO[..., q0:q0 + block_size, :]
-            s = q @ k.transpose(-2, -1) * scale
-            if is_causal:
-                i = torch.arange(q0, q0 + s.shape[-2])[:, None] + (m - n)
-                s = s.masked_fill(torch.arange(k0, k0 + s.shape[-1]) > i, float("-inf"))
-            p = torch.exp(s - L[..., q0:q0 + block_size, :])
             dV[..., k0:k0 + block_size, :] += p.transpose(-2, -1) @ do
             ds = p * (do @ v.transpose(-2, -1) - D[..., q0:q0 + block_size, :])
             dQ[..., q0:q0 + block_size, :] += ds @ k * scale
@@ -641,21 +399,23 @@ LAST_BLOCK = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "softmax_backward": [
-        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, softmax_backward_no_rowsum,
+        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, variant(softmax_gradient, jacobian="diag(p)"),
                 id="flash_backward/softmax_backward/softmax-backward-without-the-rowsum-term"),
         Mistake("only the diagonal of the Jacobian (p (1 - p) grad_p)", "d p_i / d s_i = p_i (1 - p_i) is only "
                 "the diagonal of the Jacobian; every other score of the row contributes -p_i p_j too, which sums "
-                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, softmax_backward_diagonal_only,
+                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, variant(softmax_gradient, jacobian="its diagonal"),
                 id="flash_backward/softmax_backward/only-the-diagonal-of-the-jacobian-p-1-p-grad-p"),
         Mistake("the rowsum of grad_p without the weights p", UNWEIGHTED, SOFTMAX,
-                softmax_backward_unweighted_rowsum,
+                variant(softmax_gradient, rowsum_weighted=False),
                 id="flash_backward/softmax_backward/the-rowsum-of-grad-p-without-the-weights-p"),
         Mistake("the rowsum term with the wrong sign", "d p_i / d s_j = p_i (delta_ij - p_j): the off-diagonal "
                 "terms are negative, so the rowsum is subtracted: p * (grad_p - rowsum(grad_p * p)).", SOFTMAX,
-                softmax_backward_wrong_sign, id="flash_backward/softmax_backward/the-rowsum-term-with-the-wrong-sign"),
+                variant(softmax_gradient, subtract_rowsum=False),
+                id="flash_backward/softmax_backward/the-rowsum-term-with-the-wrong-sign"),
         Mistake("dim ignored (rowsum over the last axis)", "the rows of the softmax run along dim: take the "
                 "rowsum with .sum(dim=dim, keepdim=True), not over the last axis.", SOFTMAX,
-                softmax_backward_last_axis, id="flash_backward/softmax_backward/dim-ignored-rowsum-over-the-last-axis"),
+                variant(softmax_gradient, rowsum_over_last_axis=True),
+                id="flash_backward/softmax_backward/dim-ignored-rowsum-over-the-last-axis"),
         Mistake("the rowsum without keepdim", "(grad_p * p).sum(dim) drops the axis, and broadcasting then lines "
                 "the sums up with the wrong axis (or fails): keep it with keepdim=True.", SOFTMAX,
                 softmax_backward_no_keepdim, id="flash_backward/softmax_backward/the-rowsum-without-keepdim"),
@@ -665,24 +425,24 @@ MISTAKES: dict[str, list[Mistake]] = {
     ],
     "attention_backward": [
         Mistake("softmax backward without the rowsum term", NO_ROWSUM + " Here: dS = P * (dP - rowsum(dP * P)).",
-                SOFTMAX, attention_backward_no_rowsum,
+                SOFTMAX, variant(attention_gradients, rowsum=None),
                 id="flash_backward/attention_backward/softmax-backward-without-the-rowsum-term"),
         Mistake("the rowsum of dP without the weights P", UNWEIGHTED + " Here: rowsum(dP * P).", SOFTMAX,
-                attention_backward_unweighted_rowsum,
+                variant(attention_gradients, rowsum="dP"),
                 id="flash_backward/attention_backward/the-rowsum-of-dp-without-the-weights-p"),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, attention_backward_dq_unscaled,
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, variant(attention_gradients, scale_dq=False),
                 id="flash_backward/attention_backward/dq-without-the-1-sqrt-d-factor"),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, attention_backward_dk_unscaled,
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, variant(attention_gradients, scale_dk=False),
                 id="flash_backward/attention_backward/dk-without-the-1-sqrt-d-factor"),
-        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, attention_backward_ds_not_transposed,
+        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, variant(attention_gradients, transpose_ds=False),
                 id="flash_backward/attention_backward/ds-transposed-when-forming-dk"),
         Mistake("dV = P dO (P not transposed)", "dV_j = sum_i P_ij dO_i: the sum runs over the queries, the rows "
-                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, attention_backward_p_not_transposed,
+                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, variant(attention_gradients, transpose_p=False),
                 id="flash_backward/attention_backward/dv-p-do-p-not-transposed"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, BACKWARD,
-                attention_backward_mask_not_reapplied,
+                variant(attention_gradients, mask_again=False),
                 id="flash_backward/attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, attention_backward_bottom_right,
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, variant(attention_gradients, alignment="bottom-right"),
                 id="flash_backward/attention_backward/bottom-right-causal-alignment"),
         Mistake("the gradients by autograd", "the exercise is to write the backward pass from the formulas: "
                 "torch.autograd.grad through the forward formula computes the answer instead of deriving it.",
@@ -719,36 +479,36 @@ MISTAKES: dict[str, list[Mistake]] = {
     "flash_attention_backward": [
         Mistake("D computed as rowsum(dO) instead of rowsum(dO * O)", "D_i = sum_j dP_ij P_ij = "
                 "sum_j (dO_i . v_j) P_ij = dO_i . o_i: the rowsum of the elementwise product dO * O.", FLASH,
-                flash_backward_d_from_do,
+                variant(flash_backward, D_of="dO"),
                 id="flash_backward/flash_attention_backward/d-computed-as-rowsum-do-instead-of-rowsum-do-o"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                flash_backward_mask_not_reapplied,
+                variant(flash_backward, mask_again=False),
                 id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
         Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                flash_backward_blocks_skipped_but_not_masked,
+                variant(flash_backward, skip_blocks_above_diagonal=True, mask_again=False),
                 id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, flash_backward_dq_unscaled,
+        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, variant(flash_backward, scale_dq=False),
                 id="flash_backward/flash_attention_backward/dq-without-the-1-sqrt-d-factor"),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, flash_backward_dk_unscaled,
+        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, variant(flash_backward, scale_dk=False),
                 id="flash_backward/flash_attention_backward/dk-without-the-1-sqrt-d-factor"),
         Mistake("dS transposed when forming dK", DS_TRANSPOSED + " Per block: dK_j += dS_ij^T Q_i / sqrt(d).",
-                FLASH, flash_backward_ds_not_transposed,
+                FLASH, variant(flash_backward, transpose_ds=False),
                 id="flash_backward/flash_attention_backward/ds-transposed-when-forming-dk"),
         Mistake("P recomputed from unscaled scores", "lse is the logsumexp of the scaled scores Q K^T / sqrt(d), so "
                 "P_ij = exp(q_i . k_j / sqrt(d) - lse_i): scale the scores before subtracting lse.", FLASH,
-                flash_backward_p_from_unscaled_scores,
+                variant(flash_backward, scale_scores=False),
                 id="flash_backward/flash_attention_backward/p-recomputed-from-unscaled-scores"),
         Mistake("each block normalised on its own (lse ignored)", "a softmax over one block of keys divides by "
                 "the sum over that block only; the weights of the whole row are exp(s - lse), with the lse of the "
-                "whole row that the forward pass saved.", FLASH, flash_backward_block_softmax,
+                "whole row that the forward pass saved.", FLASH, variant(flash_backward, weights="softmax of the block"),
                 id="flash_backward/flash_attention_backward/each-block-normalised-on-its-own-lse-ignored"),
         Mistake("lse not broadcast as a column", "lse has one number per query (a row of the block): subtract "
                 "lse[..., q0:q0 + B, None] (shape (..., B, 1)), not lse[..., q0:q0 + B], which broadcasts along "
                 "the keys.", FLASH, flash_backward_lse_as_row,
                 id="flash_backward/flash_attention_backward/lse-not-broadcast-as-a-column"),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, flash_backward_last_key_block_dropped,
+        Mistake("last key block dropped", LAST_BLOCK, FLASH, variant(flash_backward, keep_last_block=False),
                 id="flash_backward/flash_attention_backward/last-key-block-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, flash_backward_bottom_right,
+        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, variant(flash_backward, alignment="bottom-right"),
                 id="flash_backward/flash_attention_backward/bottom-right-causal-alignment"),
     ],
     "FlashAttention": [
@@ -818,15 +578,12 @@ def check_softmax_backward(softmax_backward) -> None:
         # One key: the gradient is 0 whatever grad_p is, so most wrong formulas pass; a small share.
         Case((softmax_rows(gen, 1, 1), randn(1, 1, gen=gen)), label="a row of one key: the gradient is 0", weight=0.25),
     ]
+    float32 = [Case((softmax_rows(gen, 3, 6).float(), randn(3, 6, gen=gen, dtype=torch.float32)), label="float32")]
     with _autograd_named("softmax_backward"):
-        verify(softmax_backward, cases, autograd_softmax_backward, exercise="softmax_backward",
-               arg_names=("p", "grad_p"), outputs=None, forbid=AUTOGRAD_BUILTINS,
-               mistakes=MISTAKES["softmax_backward"], rtol=1e-10, atol=1e-12)
-        float32 = [Case((softmax_rows(gen, 3, 6).float(), randn(3, 6, gen=gen, dtype=torch.float32)),
-                        label="float32")]
-        verify(softmax_backward, float32, autograd_softmax_backward, exercise="softmax_backward",
-               arg_names=("p", "grad_p"), outputs=None, forbid=AUTOGRAD_BUILTINS,
-               mistakes=MISTAKES["softmax_backward"], rtol=1e-5, atol=1e-6)
+        for listed, rtol, atol in [(cases, 1e-10, 1e-12), (float32, 1e-5, 1e-6)]:
+            verify(softmax_backward, listed, autograd_softmax_backward, exercise="softmax_backward",
+                   arg_names=("p", "grad_p"), outputs=None, forbid=AUTOGRAD_BUILTINS,
+                   mistakes=MISTAKES["softmax_backward"], rtol=rtol, atol=atol)
     for p_shape, g_shape in [((2, 3), (2, 4)), ((3,), (2, 3))]:
         expect_error(softmax_backward, softmax_rows(gen, *p_shape), randn(*g_shape, gen=gen), error=ValueError,
                      what=f"softmax_backward(p {p_shape}, grad_p {g_shape})", why="p and grad_p have different shapes")
@@ -859,16 +616,13 @@ def _attention_cases(seed: int) -> list[Case]:
 @hidden
 def check_attention_backward(attention_backward) -> None:
     """Against autograd of SDPA (math backend, float64) on many shapes, causal included; float32; errors."""
-    names = ("Q", "K", "V", "dO")
     gen = generator(810)
+    float32 = [Case(qkv(gen, (2, 2), 6, 9, 4, 4, dtype=torch.float32), {"is_causal": True}, "float32 inputs")]
     with _autograd_named("attention_backward"):
-        verify(attention_backward, _attention_cases(811), attention_backward_reference, exercise="attention_backward",
-               arg_names=names, outputs=GRADS, forbid=BACKWARD_BUILTINS, mistakes=MISTAKES["attention_backward"],
-               rtol=1e-9, atol=1e-11)
-        float32 = [Case(qkv(gen, (2, 2), 6, 9, 4, 4, dtype=torch.float32), {"is_causal": True}, "float32 inputs")]
-        verify(attention_backward, float32, attention_backward_reference, exercise="attention_backward",
-               arg_names=names, outputs=GRADS, forbid=BACKWARD_BUILTINS, mistakes=MISTAKES["attention_backward"],
-               rtol=1e-4, atol=1e-5)
+        for listed, rtol, atol in [(_attention_cases(811), 1e-9, 1e-11), (float32, 1e-4, 1e-5)]:
+            verify(attention_backward, listed, attention_backward_reference, exercise="attention_backward",
+                   arg_names=("Q", "K", "V", "dO"), outputs=GRADS, forbid=BACKWARD_BUILTINS,
+                   mistakes=MISTAKES["attention_backward"], rtol=rtol, atol=atol)
     Q, K, V, dO = qkv(gen, (2,), 3, 5, 4, 2)
     for args, shapes, why in [
         ((Q, K, V, dO[..., :1]), "dO (2, 3, 1)", "dO must have the shape of the output, (2, 3, 2)"),
@@ -1077,21 +831,18 @@ def _check_flash_values(fn, exercise: str, seed: int) -> None:
         args, kwargs = make(Q, K, V, dO, size, causal)
         # One query, one key: its one weight is 1 whatever the scores; almost any answer passes, a small share.
         cases.append(Case(args, kwargs if causal else {}, label, 0.25 if label == "one query, one key" else 1.0))
-    verify(fn, cases, reference, exercise=exercise, arg_names=names, outputs=outputs, forbid=forbid,
-           mistakes=MISTAKES[exercise], rtol=1e-9, atol=1e-11)
     huge, scale = [], 40.0
     for (Q, K, V, dO), size, causal, label in list(_flash_shapes(seed + 1, scale=scale))[7:9]:
         args, kwargs = make(Q, K, V, dO, size, causal)
         huge.append(Case(args, kwargs, label + ", scores in the thousands: exp of a raw score overflows"))
-    # Q and K are 40 times larger: a score's rounding, and with it that of P and dS, is 40^2 times larger, and a
-    # gradient that is 0 in exact arithmetic (a one-hot row of P) comes out as rounding of that size whichever
+    args, kwargs = make(*qkv(generator(seed + 2), (2, 3), 19, 23, 8, 8, dtype=torch.float32), 4, True)
+    # Q and K are 40 times larger in `huge`: a score's rounding, and with it that of P and dS, is 40^2 times larger,
+    # and a gradient that is 0 in exact arithmetic (a one-hot row of P) comes out as rounding of that size whichever
     # correct formula computes it (D = rowsum(dO * O) or rowsum(P * dP)).
-    verify(fn, huge, reference, exercise=exercise, arg_names=names, outputs=outputs, forbid=forbid,
-           mistakes=MISTAKES[exercise], rtol=1e-9, atol=1e-11 * scale**2)
-    gen = generator(seed + 2)
-    args, kwargs = make(*qkv(gen, (2, 3), 19, 23, 8, 8, dtype=torch.float32), 4, True)
-    verify(fn, [Case(args, kwargs, "float32 inputs")], reference, exercise=exercise, arg_names=names,
-           outputs=outputs, forbid=forbid, mistakes=MISTAKES[exercise], rtol=1e-4, atol=1e-5)
+    for listed, rtol, atol in [(cases, 1e-9, 1e-11), (huge, 1e-9, 1e-11 * scale**2),
+                               ([Case(args, kwargs, "float32 inputs")], 1e-4, 1e-5)]:
+        verify(fn, listed, reference, exercise=exercise, arg_names=names, outputs=outputs, forbid=forbid,
+               mistakes=MISTAKES[exercise], rtol=rtol, atol=atol)
 
 
 def _check_very_negative_rows(fn, exercise: str, seed: int) -> None:

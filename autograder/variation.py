@@ -22,6 +22,7 @@ so its mistakes stay classes of their own.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 import linecache
@@ -147,8 +148,28 @@ def source_of(fn: Any) -> str:
     return variation.source if variation is not None else inspect.getsource(fn)
 
 
+def wrapping(wrap: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Mark ``wrap`` (a function of a mistake that returns how a check runs it) so that pairs survive it.
+
+    A check that runs every mistake through a wrapper (a scenario of calls on a class, a result flattened)
+    hands the diagnosis wrappers, not variants; :func:`combined` combines what they wrap and wraps the pair.
+    """
+    @functools.wraps(wrap)
+    def marked(fn: Any) -> Any:
+        made = wrap(fn)
+        made.__wrapped__, made.__rewrap__ = fn, marked
+        return made
+    return marked
+
+
 def combined(first: Any, second: Any) -> Any | None:
     """The variant that makes both variants' mistakes at once, or None (other references, or one decision twice)."""
+    rewrap = getattr(first, "__rewrap__", None)
+    if rewrap is not None:  # both run through the same wrapper of a check: combine what it wraps
+        if getattr(second, "__rewrap__", None) is not rewrap:
+            return None
+        inner = combined(first.__wrapped__, second.__wrapped__)
+        return None if inner is None else rewrap(inner)
     a, b = getattr(first, "__variation__", None), getattr(second, "__variation__", None)
     if a is None or b is None or a.reference is not b.reference or set(a.changed) & set(b.changed):
         return None

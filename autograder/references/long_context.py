@@ -17,6 +17,7 @@ from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..student import call_student, expect_error, probe
+from ..variation import wrapping
 from ..verify import Case
 from ..watches import TensorWatch, watched_call
 
@@ -210,6 +211,7 @@ def rolling_case(seed: int, batch: int, kv_heads: int, window: int, sinks: int, 
     return Case((batch, kv_heads, window, sinks, d_head, tokens), {"dtype": dtype}, label)
 
 
+@wrapping
 def _scenario_of(cache_class):
     def scenario(*args, **kwargs):
         return rolling_scenario(cache_class, *args, **kwargs)
@@ -307,6 +309,7 @@ def expect_shape_errors(fn, exercise: str, gen: torch.Generator) -> None:
                      what=f"{exercise}(Q {q}, K {k}, V {v}{flags})", **kwargs)
 
 
+@wrapping
 def run_recurrent(linear_attention_recurrent):
     """How a check runs the recurrent form: its result checked for structure and flattened to (output, S, z)."""
 

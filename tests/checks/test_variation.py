@@ -10,7 +10,7 @@ import torch
 
 from autograder import diagnosis
 from autograder.diagnosis import Mistake, matching, run
-from autograder.variation import combined, decisions, source_of, variant
+from autograder.variation import combined, decisions, source_of, variant, wrapping
 
 
 @decisions("scale", "axis", "start")
@@ -120,3 +120,15 @@ def test_pairs_stop_at_the_budget(monkeypatch):
 
 def test_a_wrong_answer_that_is_no_pair_names_nothing():
     assert matching(run(lambda x, w: x.mean(dim=-1), (LOW, W)), CATALOGUE, (LOW, W)) == []
+
+
+def test_pairs_survive_a_checks_wrapper():
+    """A check that runs each mistake through a wrapper (a scenario, a flattened result) still gets pairs named."""
+    @wrapping
+    def doubled(fn):
+        return lambda x, w: fn(x, w) * 2
+
+    wrapped = [Mistake(m.name, m.explanation, m.section, doubled(m.fn), m.id) for m in CATALOGUE]
+    student = run(doubled(combined(SCALED.fn, STARTED.fn)), (LOW, W))
+    assert [m.id for m in matching(student, wrapped, (LOW, W))] == ["t/scaled+t/started"]
+    assert combined(doubled(SCALED.fn), STARTED.fn) is None  # one wrapped, one not: no pair

@@ -3,6 +3,8 @@
 The checks run the student's classes as the visible ones do (constructors, ``load_state_dict``
 and probes); when no class is given (the test suite calls ``check_x(fn)`` alone), the
 reference classes of this module stand in for the student's ``KVCache`` and ``TinyDecoder``.
+Each exercise's catalogue is one reference with its decisions named (:mod:`autograder.variation`):
+a mistake is the reference with one decision changed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from ..references.tiny_decoder import (
     train_block,
 )
 from ..student import attempt, call_student, expect_error, probe, served_to
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -67,31 +70,54 @@ TRAINING = "9. Training a tiny model on a task that needs attention"
 
 
 # --- references: what the student's classes are replaced by when the tests call a check alone ----------------
+# A reference with ``@decisions`` names the decisions its catalogued mistakes get wrong; the default of each is
+# the right choice.
 
 
+@decisions("grown_by", "returned", "room_checked", "length_counts")
 class ReferenceKVCache:
     """A preallocated cache: storage made at the first append, views of the first len positions returned."""
 
+    grown_by = "writing into storage"  # or "concatenating", or "keeping the caller's tensors"
+    returned = "the first len positions"  # or "the whole storage"
+    room_checked = True
+    length_counts = "tokens"  # or "appends"
+
     def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.size, self.dtype, self.filled = (batch, kv_heads, max_len, d_head), dtype, 0
-        self.storage = None
+        self.size, self.dtype, self.filled, self.appends = (batch, kv_heads, max_len, d_head), dtype, 0, 0
+        self.storage, self.chunks = None, []
 
     def __len__(self):
-        return self.filled
+        return self.filled if self.length_counts == "tokens" else self.appends
 
     def append(self, k, v):
         batch, kv_heads, max_len, d_head = self.size
         if k.shape != v.shape or k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (batch, kv_heads, d_head):
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be ({batch}, {kv_heads}, t, {d_head})")
         end = self.filled + k.shape[2]
-        if end > max_len:
+        if self.room_checked and end > max_len:
             raise ValueError(f"{end} tokens do not fit in max_len = {max_len}")
-        if self.storage is None:
-            self.storage = torch.empty(2, *self.size, dtype=self.dtype, device=k.device)
-        self.storage[0, :, :, self.filled:end] = k
-        self.storage[1, :, :, self.filled:end] = v
-        self.filled = end
-        return self.storage[0, :, :, :end], self.storage[1, :, :, :end]
+        if self.grown_by == "writing into storage":
+            if self.storage is None:
+                self.storage = torch.zeros(2, *self.size, dtype=self.dtype, device=k.device)
+            self.storage[0, :, :, self.filled:end] = k
+            self.storage[1, :, :, self.filled:end] = v
+            keys, values = self.storage[0], self.storage[1]
+        elif self.grown_by == "concatenating":
+            k, v = k.to(self.dtype), v.to(self.dtype)
+            if self.storage is None:
+                self.storage = (k.clone(), v.clone())
+            else:
+                self.storage = (torch.cat([self.storage[0], k], dim=2), torch.cat([self.storage[1], v], dim=2))
+            keys, values = self.storage
+        else:
+            self.chunks.append((k, v))
+            keys = torch.cat([c[0] for c in self.chunks], dim=2).to(self.dtype)
+            values = torch.cat([c[1] for c in self.chunks], dim=2).to(self.dtype)
+        self.filled, self.appends = end, self.appends + 1
+        if self.returned != "the first len positions":
+            return keys, values
+        return keys[:, :, :end], values[:, :, :end]
 
 
 def reference_decode_step(q, k_new, v_new, cache, rope_base=10000.0):
@@ -167,108 +193,26 @@ def slopes_reference(num_heads):
     return torch.tensor(paper_slopes(num_heads), dtype=torch.float32)
 
 
-def bias_reference(n, m, slopes):
-    """-slope * (i + m - n - j) where that distance is >= 0, -inf where it is negative."""
-    distance = (torch.arange(n)[:, None] + (m - n) - torch.arange(m)[None, :]).to(slopes.dtype)
-    bias = -slopes[:, None, None] * distance
-    return bias.masked_fill(distance < 0, -math.inf)
+@decisions("sign", "alignment", "future_keys")
+def bias_reference(n, m, slopes, *, sign=-1, alignment="bottom-right", future_keys="-inf"):
+    """sign * slope * (i + m - n - j) where that distance is >= 0, -inf where it is negative."""
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must have shape (h,), not {tuple(slopes.shape)}")
+    offset = m - n if alignment == "bottom-right" else 0
+    distance = (torch.arange(n)[:, None] + offset - torch.arange(m)[None, :]).to(slopes.dtype)
+    if future_keys == "the absolute distance":
+        distance = distance.abs()
+    bias = sign * slopes[:, None, None] * distance
+    return bias.masked_fill(distance < 0, float("-inf")) if future_keys == "-inf" else bias
 
 
-# --- the mistake catalogue: each function or class makes exactly one mistake ---------------------------------
+# --- the other references of the catalogue, each with the decisions its mistakes get wrong ---------------------
 
 
-class CacheConcatenated:
-    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.max_len, self.dtype = max_len, dtype
-        self.keys = self.values = None
-
-    def __len__(self):
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    def append(self, k, v):
-        if len(self) + k.shape[2] > self.max_len:
-            raise ValueError(f"{len(self) + k.shape[2]} tokens do not fit in max_len = {self.max_len}")
-        k, v = k.to(self.dtype), v.to(self.dtype)
-        if self.keys is None:
-            self.keys, self.values = k.clone(), v.clone()
-        else:
-            self.keys = torch.cat([self.keys, k], dim=2)
-            self.values = torch.cat([self.values, v], dim=2)
-        return self.keys, self.values
-
-
-class CacheWholeStorage:
-    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.length = 0
-
-    def __len__(self):
-        return self.length
-
-    def append(self, k, v):
-        end = self.length + k.shape[2]
-        if end > self.keys.shape[2]:
-            raise ValueError(f"{end} tokens do not fit in max_len = {self.keys.shape[2]}")
-        self.keys[:, :, self.length:end] = k
-        self.values[:, :, self.length:end] = v
-        self.length = end
-        return self.keys, self.values
-
-
-class CacheKeepsCallerTensors:
-    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.max_len, self.dtype = max_len, dtype
-        self.keys, self.values = [], []
-
-    def __len__(self):
-        return sum(k.shape[2] for k in self.keys)
-
-    def append(self, k, v):
-        if len(self) + k.shape[2] > self.max_len:
-            raise ValueError(f"{len(self) + k.shape[2]} tokens do not fit in max_len = {self.max_len}")
-        self.keys.append(k)
-        self.values.append(v)
-        return torch.cat(self.keys, dim=2).to(self.dtype), torch.cat(self.values, dim=2).to(self.dtype)
-
-
-class CacheWithoutRoomCheck:
-    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.length = 0
-
-    def __len__(self):
-        return self.length
-
-    def append(self, k, v):
-        end = self.length + k.shape[2]
-        self.keys[:, :, self.length:end] = k
-        self.values[:, :, self.length:end] = v
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-class CacheCountingAppends:
-    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
-        self.keys = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.values = torch.zeros(batch, kv_heads, max_len, d_head, dtype=dtype)
-        self.length, self.appends = 0, 0
-
-    def __len__(self):
-        return self.appends
-
-    def append(self, k, v):
-        end = self.length + k.shape[2]
-        if end > self.keys.shape[2]:
-            raise ValueError(f"{end} tokens do not fit in max_len = {self.keys.shape[2]}")
-        self.keys[:, :, self.length:end] = k
-        self.values[:, :, self.length:end] = v
-        self.length, self.appends = end, self.appends + 1
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-def decode_top_left(q, k_new, v_new, cache, rope_base=10000.0):
+@decisions("alignment", "positions_from", "keys_rotated", "heads_shared_by")
+def decode_step(q, k_new, v_new, cache, rope_base=10000.0, *, alignment="bottom-right", positions_from="len(cache)",
+                keys_rotated="before caching", heads_shared_by="repeat_interleave"):
+    """``keys_rotated``: "before caching", "when new only" (cached unrotated), "when read", or "before and when read"."""
     def rotate(x, positions):
         d = x.shape[-1]
         angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
@@ -276,170 +220,56 @@ def decode_top_left(q, k_new, v_new, cache, rope_base=10000.0):
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
+    if (q.dim() != 4 or k_new.dim() != 4 or k_new.shape != v_new.shape or k_new.shape[2] != q.shape[2]
+            or q.shape[1] % k_new.shape[1]):
+        raise ValueError(f"q {tuple(q.shape)}, k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} do not fit")
     h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(rotate(k_new, positions), v_new)
-    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
-    values = values.repeat_interleave(h // values.shape[1], dim=1)
-    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
-    future = torch.arange(keys.shape[2])[None, :] > torch.arange(t)[:, None]  # top-left: query i sees keys 0..i
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return weights @ values, weights
-
-
-def decode_rope_from_zero(q, k_new, v_new, cache, rope_base=10000.0):
-    def rotate(x, positions):
-        d = x.shape[-1]
-        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-    h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(t)  # every step starts again at position 0
-    keys, values = cache.append(rotate(k_new, positions), v_new)
-    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
-    values = values.repeat_interleave(h // values.shape[1], dim=1)
-    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
+    start = len(cache) if positions_from == "len(cache)" else 0
+    positions = torch.arange(start, start + t)
+    rotated_first = keys_rotated in ("before caching", "before and when read")
+    keys, values = cache.append(rotate(k_new, positions) if rotated_first else k_new, v_new)
     m = keys.shape[2]
-    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return weights @ values, weights
-
-
-def decode_keys_cached_unrotated(q, k_new, v_new, cache, rope_base=10000.0):
-    def rotate(x, positions):
-        d = x.shape[-1]
-        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-    h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(k_new, v_new)  # cached before the rotation...
-    keys = torch.cat([keys[:, :, :-t], rotate(k_new, positions)], dim=2)  # ...but rotated for this step
-    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
-    values = values.repeat_interleave(h // values.shape[1], dim=1)
+    if keys_rotated == "when new only":
+        keys = torch.cat([keys[:, :, :-t], rotate(k_new, positions)], dim=2)
+    elif keys_rotated != "before caching":
+        keys = rotate(keys, torch.arange(m))
+    if heads_shared_by == "repeat_interleave":
+        keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
+        values = values.repeat_interleave(h // values.shape[1], dim=1)
+    else:
+        keys, values = keys.repeat(1, h // keys.shape[1], 1, 1), values.repeat(1, h // values.shape[1], 1, 1)
     scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
-    m = keys.shape[2]
-    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
+    first = m - t if alignment == "bottom-right" else 0
+    future = torch.arange(m)[None, :] > torch.arange(first, first + t)[:, None]
     weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
     return weights @ values, weights
 
 
-def decode_keys_rotated_on_every_read(q, k_new, v_new, cache, rope_base=10000.0):
-    def rotate(x, positions):
-        d = x.shape[-1]
-        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+@decisions("power_of_two", "first_i", "interleave_from")
+def alibi_slopes(num_heads, *, power_of_two="largest not above", first_i=1, interleave_from=0):
+    """``power_of_two``: "largest not above" (the paper's), "next", or "num_heads itself"."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads = {num_heads}: there must be at least one head")
 
-    h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(k_new, v_new)  # cached as they came...
-    m = keys.shape[2]
-    keys = rotate(keys, torch.arange(m))  # ...and every one rotated at its position at every step
-    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
-    values = values.repeat_interleave(h // values.shape[1], dim=1)
-    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
-    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return weights @ values, weights
+    def geometric(n):
+        return [2 ** (-8 * i / n) for i in range(first_i, n + first_i)]
+
+    p = {"largest not above": 2 ** math.floor(math.log2(num_heads)), "next": 2 ** math.ceil(math.log2(num_heads)),
+         "num_heads itself": num_heads}[power_of_two]
+    extra = geometric(2 * p)[interleave_from::2][: num_heads - p] if p < num_heads else []
+    return torch.tensor(geometric(p)[:num_heads] + extra, dtype=torch.float32)
 
 
-def decode_keys_rotated_twice(q, k_new, v_new, cache, rope_base=10000.0):
-    def rotate(x, positions):
-        d = x.shape[-1]
-        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+@decisions("norm", "gelu_approximate", "mlp_normed", "positions_restart", "values_rotated")
+class DecoderBlock(nn.Module):
+    """A self-contained pre-norm decoder block, with the decisions its mistakes get wrong (class attributes)."""
 
-    h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(rotate(k_new, positions), v_new)  # cached after the rotation...
-    m = keys.shape[2]
-    keys = rotate(keys, torch.arange(m))  # ...and rotated again when read
-    keys = keys.repeat_interleave(h // keys.shape[1], dim=1)
-    values = values.repeat_interleave(h // values.shape[1], dim=1)
-    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
-    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return weights @ values, weights
+    norm = "pre"  # or "post": norm1(x + attn(x)), the original Transformer's order
+    gelu_approximate = "none"
+    mlp_normed = True  # False: the MLP reads x, not norm2(x)
+    positions_restart = False  # True: RoPE positions 0..T-1 whatever the cache holds
+    values_rotated = False
 
-
-def decode_heads_tiled(q, k_new, v_new, cache, rope_base=10000.0):
-    def rotate(x, positions):
-        d = x.shape[-1]
-        angles = positions.double()[:, None] * rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-    h, t, d = q.shape[1], q.shape[2], q.shape[3]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(rotate(k_new, positions), v_new)
-    keys = keys.repeat(1, h // keys.shape[1], 1, 1)
-    values = values.repeat(1, h // values.shape[1], 1, 1)
-    scores = rotate(q, positions) @ keys.transpose(-2, -1) / math.sqrt(d)
-    m = keys.shape[2]
-    future = torch.arange(m)[None, :] > torch.arange(m - t, m)[:, None]
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-    return weights @ values, weights
-
-
-def slopes_next_power_of_two(num_heads):
-    p = 2 ** math.ceil(math.log2(num_heads))
-    return torch.tensor([2 ** (-8 * i / p) for i in range(1, num_heads + 1)], dtype=torch.float32)
-
-
-def slopes_formula_for_any_count(num_heads):
-    return torch.tensor([2 ** (-8 * i / num_heads) for i in range(1, num_heads + 1)], dtype=torch.float32)
-
-
-def slopes_from_zero(num_heads):
-    def power_of_two(n):
-        return [2 ** (-8 * i / n) for i in range(n)]
-
-    p = 2 ** math.floor(math.log2(num_heads))
-    extra = power_of_two(2 * p)[0::2][: num_heads - p] if p < num_heads else []
-    return torch.tensor(power_of_two(p) + extra, dtype=torch.float32)
-
-
-def slopes_odd_ones_of_the_double(num_heads):
-    def power_of_two(n):
-        return [2 ** (-8 * i / n) for i in range(1, n + 1)]
-
-    p = 2 ** math.floor(math.log2(num_heads))
-    extra = power_of_two(2 * p)[1::2][: num_heads - p] if p < num_heads else []
-    return torch.tensor(power_of_two(p) + extra, dtype=torch.float32)
-
-
-def bias_wrong_sign(n, m, slopes):
-    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
-    bias = slopes[:, None, None] * distance
-    return bias.masked_fill(distance < 0, float("-inf"))
-
-
-def bias_top_left(n, m, slopes):
-    distance = (torch.arange(n)[:, None] - torch.arange(m)[None, :]).to(slopes.dtype)
-    bias = -slopes[:, None, None] * distance
-    return bias.masked_fill(distance < 0, float("-inf"))
-
-
-def bias_future_not_masked(n, m, slopes):
-    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
-    return -slopes[:, None, None] * distance
-
-
-def bias_absolute_distance(n, m, slopes):
-    distance = (torch.arange(n)[:, None] + m - n - torch.arange(m)[None, :]).to(slopes.dtype)
-    return -slopes[:, None, None] * distance.abs()
-
-
-class BlockPostNorm(nn.Module):
     def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
         super().__init__()
         if d_model % num_heads != 0:
@@ -456,12 +286,13 @@ class BlockPostNorm(nn.Module):
         B, T, D = x.shape
         h, d = self.num_heads, D // self.num_heads
         q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        start = 0 if cache is None else len(cache)
+        start = 0 if cache is None or self.positions_restart else len(cache)
         angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
             -torch.arange(0, d, 2, dtype=torch.float64) / d)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
-                            dim=-1).flatten(-2) for t in (q, k))
+        q, k, rotated_v = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
+                                       dim=-1).flatten(-2) for t in (q, k, v))
+        v = rotated_v if self.values_rotated else v
         if cache is not None:
             k, v = cache.append(k, v)
         m = k.shape[2]
@@ -470,216 +301,47 @@ class BlockPostNorm(nn.Module):
         return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
 
     def forward(self, x, cache=None):
-        x = self.norm1(x + self.attention(x, cache))  # post-norm: normalise after adding
-        return self.norm2(x + self.fc2(F.gelu(self.fc1(x))))
-
-
-class BlockTanhGelu(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.rope_base = num_heads, rope_base
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-
-    def attention(self, x, cache):
-        B, T, D = x.shape
-        h, d = self.num_heads, D // self.num_heads
-        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        start = 0 if cache is None else len(cache)
-        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
-            -torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
-                            dim=-1).flatten(-2) for t in (q, k))
-        if cache is not None:
-            k, v = cache.append(k, v)
-        m = k.shape[2]
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
-            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
-        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
-
-    def forward(self, x, cache=None):
+        if self.norm == "post":
+            x = self.norm1(x + self.attention(x, cache))
+            return self.norm2(x + self.fc2(F.gelu(self.fc1(x), approximate=self.gelu_approximate)))
         x = x + self.attention(self.norm1(x), cache)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x) if self.mlp_normed else x), approximate=self.gelu_approximate))
 
 
-class BlockMlpWithoutNorm(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.rope_base = num_heads, rope_base
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-
-    def attention(self, x, cache):
-        B, T, D = x.shape
-        h, d = self.num_heads, D // self.num_heads
-        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        start = 0 if cache is None else len(cache)
-        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
-            -torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
-                            dim=-1).flatten(-2) for t in (q, k))
-        if cache is not None:
-            k, v = cache.append(k, v)
-        m = k.shape[2]
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
-            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
-        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
-
-    def forward(self, x, cache=None):
-        x = x + self.attention(self.norm1(x), cache)
-        return x + self.fc2(F.gelu(self.fc1(x)))  # norm2 never used
-
-
-class BlockPositionsRestart(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.rope_base = num_heads, rope_base
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-
-    def attention(self, x, cache):
-        B, T, D = x.shape
-        h, d = self.num_heads, D // self.num_heads
-        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        angles = torch.arange(T).double()[:, None] * self.rope_base ** (  # positions 0..T-1, cache or not
-            -torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        q, k = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
-                            dim=-1).flatten(-2) for t in (q, k))
-        if cache is not None:
-            k, v = cache.append(k, v)
-        m = k.shape[2]
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
-            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
-        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
-
-    def forward(self, x, cache=None):
-        x = x + self.attention(self.norm1(x), cache)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
-class BlockRotatedValues(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model = {d_model} is not divisible by num_heads = {num_heads}")
-        self.num_heads, self.rope_base = num_heads, rope_base
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-
-    def attention(self, x, cache):
-        B, T, D = x.shape
-        h, d = self.num_heads, D // self.num_heads
-        q, k, v = (p(x).reshape(B, T, h, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        start = 0 if cache is None else len(cache)
-        angles = torch.arange(start, start + T).double()[:, None] * self.rope_base ** (
-            -torch.arange(0, d, 2, dtype=torch.float64) / d)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        q, k, v = (torch.stack([t[..., 0::2] * cos - t[..., 1::2] * sin, t[..., 0::2] * sin + t[..., 1::2] * cos],
-                               dim=-1).flatten(-2) for t in (q, k, v))  # the values rotated too
-        if cache is not None:
-            k, v = cache.append(k, v)
-        m = k.shape[2]
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(
-            torch.arange(m)[None, :] > torch.arange(m - T, m)[:, None], float("-inf"))
-        return self.out_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, D))
-
-    def forward(self, x, cache=None):
-        x = x + self.attention(self.norm1(x), cache)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
-def generate_whole_sequence_each_step(model, prompt, steps, use_cache=True):
-    tokens, new = prompt, []
+@decisions("with_cache", "position", "prompt_returned")
+def generate(model, prompt, steps, use_cache=True, *, with_cache="the prompt once, then the token just chosen",
+             position=-1, prompt_returned=False):
+    """``with_cache``: that, or "the whole sequence, new caches at every step", "... into one cache", "ignored"."""
+    B, T = prompt.shape
+    chosen, tokens = [], prompt
     with torch.no_grad():
-        for _ in range(steps):
-            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps) if use_cache else None
-            choice = model(tokens, caches)[:, -1].argmax(dim=-1)  # the whole sequence, every step
-            new.append(choice)
-            tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return torch.stack(new, dim=1)
-
-
-def generate_whole_sequence_into_one_cache(model, prompt, steps, use_cache=True):
-    tokens, new = prompt, []
-    length = steps * prompt.shape[1] + steps * (steps - 1) // 2  # every step appends the whole sequence
-    caches = model.new_caches(prompt.shape[0], length) if use_cache else None
-    with torch.no_grad():
-        for _ in range(steps):
-            choice = model(tokens, caches)[:, -1].argmax(dim=-1)  # the whole sequence again, after what is cached
-            new.append(choice)
-            tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return torch.stack(new, dim=1)
-
-
-def generate_cache_ignored(model, prompt, steps, use_cache=True):
-    tokens, new = prompt, []
-    with torch.no_grad():
-        for _ in range(steps):
-            choice = model(tokens)[:, -1].argmax(dim=-1)
-            new.append(choice)
-            tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return torch.stack(new, dim=1)
-
-
-def generate_with_prompt(model, prompt, steps, use_cache=True):
-    with torch.no_grad():
-        if use_cache:
-            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps)
-            logits, tokens = model(prompt, caches), prompt
-            for _ in range(steps):
-                choice = logits[:, -1].argmax(dim=-1, keepdim=True)
-                tokens = torch.cat([tokens, choice], dim=1)
-                logits = model(choice, caches) if tokens.shape[1] < prompt.shape[1] + steps else logits
-            return tokens  # the prompt and the new tokens
-        tokens = prompt
-        for _ in range(steps):
-            tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-        return tokens
-
-
-def generate_first_position(model, prompt, steps, use_cache=True):
-    new = []
-    with torch.no_grad():
-        if use_cache:
-            caches = model.new_caches(prompt.shape[0], prompt.shape[1] + steps)
+        if use_cache and with_cache == "the prompt once, then the token just chosen":
+            caches = model.new_caches(B, T + steps)
             logits = model(prompt, caches)
-            for s in range(steps):
-                choice = logits[:, 0].argmax(dim=-1)  # the first position's logits
-                new.append(choice)
-                if s + 1 < steps:
-                    logits = model(choice[:, None], caches)
+            for step in range(steps):
+                token = logits[:, position].argmax(dim=-1)
+                chosen.append(token)
+                if step + 1 < steps:
+                    logits = model(token[:, None], caches)
         else:
-            tokens = prompt
+            caches = None
+            if use_cache and with_cache == "the whole sequence into one cache":
+                caches = model.new_caches(B, steps * T + steps * (steps - 1) // 2)  # every step appends everything
             for _ in range(steps):
-                choice = model(tokens)[:, 0].argmax(dim=-1)
-                new.append(choice)
-                tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return torch.stack(new, dim=1)
+                if use_cache and with_cache == "the whole sequence, new caches at every step":
+                    caches = model.new_caches(B, T + steps)
+                token = model(tokens, caches)[:, position].argmax(dim=-1)
+                chosen.append(token)
+                tokens = torch.cat([tokens, token[:, None]], dim=1)
+    new = torch.stack(chosen, dim=1).reshape(B, steps)
+    return torch.cat([prompt, new], dim=1) if prompt_returned else new
+
+
+# The variants the tests name.
+CacheConcatenated = variant(ReferenceKVCache, grown_by="concatenating")
+CacheWholeStorage = variant(ReferenceKVCache, returned="the whole storage")
+BlockPostNorm = variant(DecoderBlock, norm="post")
+generate_whole_sequence_each_step = variant(generate, with_cache="the whole sequence, new caches at every step")
 
 
 QUADRATIC = (
@@ -709,36 +371,41 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="decoding_and_training/KVCache/the-whole-storage-returned-instead-of-the-first"),
         Mistake("the caller's tensors kept instead of copied", "a decoder reuses its buffers, so the k and v passed "
                 "to append may change afterwards: copy them into the cache's own storage (storage[..., a:b, :] = k), "
-                "do not keep references to them.", CACHE, CacheKeepsCallerTensors,
+                "do not keep references to them.", CACHE,
+                variant(ReferenceKVCache, grown_by="keeping the caller's tensors"),
                 id="decoding_and_training/KVCache/the-caller-s-tensors-kept-instead-of-copied"),
         Mistake("no check that the cache has room", "before writing, compare len(cache) + t with max_len and raise a "
                 "ValueError naming both; otherwise the copy into a too-short slice fails with PyTorch's "
-                "RuntimeError about sizes, which does not say the cache is full.", CACHE, CacheWithoutRoomCheck,
+                "RuntimeError about sizes, which does not say the cache is full.", CACHE,
+                variant(ReferenceKVCache, room_checked=False),
                 id="decoding_and_training/KVCache/no-check-that-the-cache-has-room"),
         Mistake("len(cache) counting appends instead of tokens", "len(cache) is the number of tokens held (the "
                 "position of the next token), and one append may bring several tokens (a prompt).", CACHE,
-                CacheCountingAppends, id="decoding_and_training/KVCache/len-cache-counting-appends-instead-of-tokens"),
+                variant(ReferenceKVCache, length_counts="appends"),
+                id="decoding_and_training/KVCache/len-cache-counting-appends-instead-of-tokens"),
     ],
     "decode_step": [
         Mistake("top-left causal alignment when decoding", "the t new queries are the last t positions of the "
                 "sequence: query i of t sits at position len(cache) + i and sees the keys j <= len(cache) + i "
                 "(bottom-right). With the top-left mask every new token sees nothing past the first keys.",
-                ALIGN, decode_top_left, id="decoding_and_training/decode_step/top-left-causal-alignment-when-decoding"),
-        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, decode_rope_from_zero,
+                ALIGN, variant(decode_step, alignment="top-left"),
+                id="decoding_and_training/decode_step/top-left-causal-alignment-when-decoding"),
+        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, variant(decode_step, positions_from=0),
                 id="decoding_and_training/decode_step/rope-restarting-at-position-0-for-each-new-token"),
         Mistake("keys cached before the rotation but used after it", ROTATE_ONCE, ROPE,
-                decode_keys_cached_unrotated,
+                variant(decode_step, keys_rotated="when new only"),
                 id="decoding_and_training/decode_step/keys-cached-before-the-rotation-but-used-after"),
         Mistake("keys cached unrotated and rotated at every step", "the outputs are right, but each key is rotated "
                 "once, at its own position, before it enters the cache, and the cache holds it rotated: rotating "
                 "every cached key again at every step costs len(cache) rotations per new token, and whoever reads "
-                "the cache gets keys without their positions.", ROPE, decode_keys_rotated_on_every_read,
+                "the cache gets keys without their positions.", ROPE, variant(decode_step, keys_rotated="when read"),
                 id="decoding_and_training/decode_step/keys-cached-unrotated-and-rotated-at-every-step"),
-        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE, decode_keys_rotated_twice,
+        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE,
+                variant(decode_step, keys_rotated="before and when read"),
                 id="decoding_and_training/decode_step/keys-rotated-before-caching-and-again-after"),
         Mistake("key/value heads tiled with repeat instead of repeat_interleave", "query head i uses key/value head "
                 "i // (h / g): consecutive query heads share one. repeat tiles the whole group (0, 1, ..., g-1, 0, "
-                "1, ...); repeat_interleave repeats each head in place.", GROUPS, decode_heads_tiled,
+                "1, ...); repeat_interleave repeats each head in place.", GROUPS, variant(decode_step, heads_shared_by="repeat"),
                 id="decoding_and_training/decode_step/key-value-heads-tiled-with-repeat-instead-of"),
     ],
     "alibi_slopes": [
@@ -746,30 +413,34 @@ MISTAKES: dict[str, list[Mistake]] = {
                 "not use 2^(-8i/p) of the next power of two p (its first h slopes are too close to each other and "
                 "miss the gentle ones): it takes the h' slopes of the largest power of two h' < h, then every other "
                 "slope of 2h' (2^(-8i/2h') for i = 1, 3, 5, ...) until there are h.", ALIBI,
-                slopes_next_power_of_two, id="decoding_and_training/alibi_slopes/slopes-of-the-next-power-of-two-without-the"),
+                variant(alibi_slopes, power_of_two="next"),
+                id="decoding_and_training/alibi_slopes/slopes-of-the-next-power-of-two-without-the"),
         Mistake("the power-of-two formula used for every head count", "2^(-8i/h) is the paper's rule for h a power "
                 "of two only; for other h it takes the slopes of the largest power of two below h, then every "
-                "other slope of twice that power.", ALIBI, slopes_formula_for_any_count,
+                "other slope of twice that power.", ALIBI, variant(alibi_slopes, power_of_two="num_heads itself"),
                 id="decoding_and_training/alibi_slopes/the-power-of-two-formula-used-for-every-head"),
         Mistake("heads counted from 0", "the slopes are 2^(-8i/h) for i = 1, ..., h: the first slope is 2^(-8/h), "
-                "not 2^0 = 1.", ALIBI, slopes_from_zero, id="decoding_and_training/alibi_slopes/heads-counted-from-0"),
+                "not 2^0 = 1.", ALIBI, variant(alibi_slopes, first_i=0),
+                id="decoding_and_training/alibi_slopes/heads-counted-from-0"),
         Mistake("the interleave starting at the second slope", "the extra slopes are 2^(-8i/2h') for i = 1, 3, 5, "
                 "...: slopes[0::2] of the 2h' slopes, not slopes[1::2] (those are the slopes of h' again).", ALIBI,
-                slopes_odd_ones_of_the_double,
+                variant(alibi_slopes, interleave_from=1),
                 id="decoding_and_training/alibi_slopes/the-interleave-starting-at-the-second-slope"),
     ],
     "alibi_bias": [
         Mistake("ALiBi bias with the wrong sign", "the bias is -slope * distance: the further back a key, the lower "
-                "its score. With +slope * distance old tokens win.", ALIBI, bias_wrong_sign,
+                "its score. With +slope * distance old tokens win.", ALIBI, variant(bias_reference, sign=1),
                 id="decoding_and_training/alibi_bias/alibi-bias-with-the-wrong-sign"),
         Mistake("top-left alignment of the bias", "query i of n sits at position i + m - n (the new tokens are the "
                 "last ones): its distance to key j is i + m - n - j, and it may see every key j <= i + m - n.",
-                ALIBI, bias_top_left, id="decoding_and_training/alibi_bias/top-left-alignment-of-the-bias"),
+                ALIBI, variant(bias_reference, alignment="top-left"),
+                id="decoding_and_training/alibi_bias/top-left-alignment-of-the-bias"),
         Mistake("future keys left unmasked", "the bias is a complete causal mask: -inf where the distance is "
-                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI, bias_future_not_masked,
+                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI,
+                variant(bias_reference, future_keys="unmasked"),
                 id="decoding_and_training/alibi_bias/future-keys-left-unmasked"),
         Mistake("the absolute value of the distance", "ALiBi is causal: keys after the query get -inf, not the "
-                "penalty of their distance.", ALIBI, bias_absolute_distance,
+                "penalty of their distance.", ALIBI, variant(bias_reference, future_keys="the absolute distance"),
                 id="decoding_and_training/alibi_bias/the-absolute-value-of-the-distance"),
     ],
     "DecoderBlock": [
@@ -780,14 +451,15 @@ MISTAKES: dict[str, list[Mistake]] = {
                 id="decoding_and_training/DecoderBlock/a-decoder-block-with-post-norm-where-pre-norm"),
         Mistake("GELU with the tanh approximation", "the block uses the exact GELU, x * Phi(x) (F.gelu with its "
                 "default approximate='none'); the tanh approximation differs by up to about 1e-3.", BLOCK,
-                BlockTanhGelu, id="decoding_and_training/DecoderBlock/gelu-with-the-tanh-approximation"),
+                variant(DecoderBlock, gelu_approximate="tanh"),
+                id="decoding_and_training/DecoderBlock/gelu-with-the-tanh-approximation"),
         Mistake("the MLP fed without norm2", "pre-norm normalises the input of both sublayers: the MLP reads "
-                "norm2(x), not x.", BLOCK, BlockMlpWithoutNorm,
+                "norm2(x), not x.", BLOCK, variant(DecoderBlock, mlp_normed=False),
                 id="decoding_and_training/DecoderBlock/the-mlp-fed-without-norm2"),
-        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, BlockPositionsRestart,
+        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, variant(DecoderBlock, positions_restart=True),
                 id="decoding_and_training/DecoderBlock/rope-positions-restarting-with-a-cache"),
         Mistake("RoPE applied to the values", "RoPE rotates queries and keys only, so that scores depend on "
-                "distances; the values are mixed as they are.", ROPE, BlockRotatedValues,
+                "distances; the values are mixed as they are.", ROPE, variant(DecoderBlock, values_rotated=True),
                 id="decoding_and_training/DecoderBlock/rope-applied-to-the-values"),
     ],
     "generate": [
@@ -796,16 +468,17 @@ MISTAKES: dict[str, list[Mistake]] = {
                   "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache "
                   "is there to avoid (into the same caches, it also appends every earlier token again).", GENERATE,
                   fn, id="decoding_and_training/generate/generate-that-feeds-the-whole-sequence-at-every")
-          for fn in (generate_whole_sequence_each_step, generate_whole_sequence_into_one_cache)),
+          for fn in (generate_whole_sequence_each_step,
+                     variant(generate, with_cache="the whole sequence into one cache"))),
         Mistake("use_cache ignored", "with use_cache=True, make caches with model.new_caches(batch, prompt length "
                 "+ steps), feed the prompt once with them, then one token per step.", GENERATE,
-                generate_cache_ignored, id="decoding_and_training/generate/use-cache-ignored"),
+                variant(generate, with_cache="ignored"), id="decoding_and_training/generate/use-cache-ignored"),
         Mistake("the prompt returned with the new tokens", "generate returns the (B, steps) new tokens only, not "
-                "the prompt in front of them.", DECODING, generate_with_prompt,
+                "the prompt in front of them.", DECODING, variant(generate, prompt_returned=True),
                 id="decoding_and_training/generate/the-prompt-returned-with-the-new-tokens"),
         Mistake("logits of the first position instead of the last", "the next token is predicted by the logits "
                 "of the last position, logits[:, -1]; logits[:, 0] predict the token after the first one.",
-                DECODING, generate_first_position,
+                DECODING, variant(generate, position=0),
                 id="decoding_and_training/generate/logits-of-the-first-position-instead-of-the-last"),
     ],
 }

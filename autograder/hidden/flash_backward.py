@@ -8,6 +8,11 @@ has a control group (:func:`autograder.watches.memory_rise`), which code written
 cannot change. ``FlashAttention`` is run through autograd where the student's code runs
 (the probes of :mod:`autograder.checks.flash_backward`): its output, its gradients, what it saves
 for backward, ``torch.autograd.gradcheck``, and its backward under the guard.
+
+The catalogue: the mistakes of each function are variations of one reference with its decisions
+named (:mod:`autograder.variation`); written out are those that are another algorithm (autograd
+instead of the formulas), those whose recorded message quotes a line of their own source, and
+``FlashAttention``'s, whose static methods have no ``self`` to read a decision through.
 """
 
 from __future__ import annotations
@@ -231,6 +236,7 @@ def flash_backward_lse_as_row(Q, K, V, O, dO, lse, block_size, is_causal=False):
     return dQ, dK, dV
 
 
+# FlashAttention's mistakes are classes of their own: an autograd.Function's static methods have no self.
 class FlashSavesP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, block_size, is_causal=False):

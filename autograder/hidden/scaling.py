@@ -39,6 +39,7 @@ from ..references.scaling import (
     score_variance_standard_error,
 )
 from ..student import attempt, call_student, describe_error, expect_error
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -49,425 +50,120 @@ SATURATION = "4. What large scores do to softmax"
 GRADIENT = "5. The gradient of softmax"
 MEASURING_SATURATION = "6. Measuring saturation"
 
-# --- the experiments drawn as the texts prescribe (the answers: never in the student's bundle) -------
+# --- the references: the experiments drawn as the texts prescribe (the answers: never in the student's bundle),
+# each with the decisions its catalogued mistakes get wrong -------------------------------------------------
 
 
-def score_variance_reference(d_k: int, num_samples: int, scaled: bool, generator: torch.Generator) -> float:
+@decisions("scaled_by", "scale_applied_to", "summed", "key", "draw", "draws_from", "statistic")
+def score_variance_reference(d_k, num_samples, scaled, generator, *, scaled_by="sqrt(d_k)", scale_applied_to="the scores",
+                             summed=True, key="drawn", draw="torch.randn", draws_from="the generator",
+                             statistic="unbiased var"):
     """empirical_score_variance as its text prescribes: queries, then keys, (num_samples, d_k) float64
     standard normal from ``generator``; the unbiased sample variance (``Tensor.var``) of the row-wise dot products."""
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1) / (math.sqrt(d_k) if scaled else 1.0)
-    return scores.var().item()
+    if d_k < 1 or num_samples < 2:
+        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
+    if draws_from == "the global generator":
+        generator = None
+    elif draws_from == "a generator seeded 0":
+        generator = torch.Generator().manual_seed(0)
+    sample = torch.rand if draw == "torch.rand" else torch.randn
+    q = sample(num_samples, d_k, generator=generator, dtype=torch.float64)
+    k = sample(num_samples, d_k, generator=generator, dtype=torch.float64) if key == "drawn" else q
+    scores = (q * k).sum(dim=-1) if summed else q * k
+    if scaled and scaled_by is not None and scale_applied_to == "the scores":
+        scores = scores / (d_k if scaled_by == "d_k" else math.sqrt(d_k))
+    if statistic == "std":
+        value = scores.std().item()
+    else:
+        value = scores.var(correction=0 if statistic == "biased var" else 1).item()
+    return value / math.sqrt(d_k) if scaled and scale_applied_to == "the variance" else value
 
 
-def saturation_curve_reference(d_ks, scaled: bool, num_keys: int, num_queries: int,
-                               generator: torch.Generator) -> dict[str, torch.Tensor]:
+@decisions("scaled_by", "softmax_dim", "max_dim", "entropy_unit", "entropy_of", "jacobian", "norm", "drawn_first",
+           "draws")
+def saturation_curve_reference(d_ks, scaled, num_keys, num_queries, generator, *, scaled_by="sqrt(d_k)", softmax_dim=-1,
+                               max_dim=-1, entropy_unit="nats", entropy_of="each row", jacobian="diag(p) - p p^T",
+                               norm="Frobenius, per row", drawn_first="Q", draws="for each d_k"):
     """saturation_curve as its text prescribes: for each d_k in order, Q (num_queries, d_k) then K (num_keys, d_k),
     float64 standard normal from ``generator``; the means over the rows of the largest weight, the entropy in nats
     and the Frobenius norm of the softmax Jacobian."""
-    curves: dict[str, list] = {key: [] for key in KEYS}
+    if min(d_ks) < 1 or num_keys < 1 or num_queries < 1:
+        raise ValueError(f"need d_ks, num_keys and num_queries >= 1, got {list(d_ks)}, {num_keys}, {num_queries}")
+    if draws == "one wide draw, sliced":  # the same numbers for every d_k
+        Q_all = torch.randn(num_queries, max(d_ks), generator=generator, dtype=torch.float64)
+        K_all = torch.randn(num_keys, max(d_ks), generator=generator, dtype=torch.float64)
+    curves = {"max_weight": [], "entropy": [], "jacobian_norm": []}
     for d_k in d_ks:
-        Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        weights = torch.softmax(Q @ K.T / (math.sqrt(d_k) if scaled else 1.0), dim=-1)
-        jacobian = torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
-        curves["max_weight"].append(weights.amax(dim=-1).mean())
-        curves["entropy"].append(entropy_reference(weights).mean())
-        curves["jacobian_norm"].append(torch.linalg.matrix_norm(jacobian).mean())
+        if draws == "one wide draw, sliced":
+            Q, K = Q_all[:, :d_k], K_all[:, :d_k]
+        elif drawn_first == "K":
+            K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+            Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+        else:
+            Q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
+            K = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
+        scores = Q @ K.T
+        if scaled and scaled_by is not None:
+            scores = scores / (d_k if scaled_by == "d_k" else math.sqrt(d_k))
+        weights = torch.softmax(scores, dim=softmax_dim)
+        rows = weights.mean(dim=0) if entropy_of == "the mean row" else weights
+        entropy = -torch.xlogy(rows, rows).sum(dim=-1)
+        J = torch.diag_embed(weights)
+        if jacobian == "diag(p) - p p^T":
+            J = J - weights.unsqueeze(-1) * weights.unsqueeze(-2)
+        if norm == "one for all rows":
+            norms = torch.linalg.norm(J)
+        else:
+            norms = torch.linalg.matrix_norm(J, ord=2 if norm == "spectral, per row" else "fro")
+        curves["max_weight"].append(weights.amax(dim=max_dim).mean())
+        curves["entropy"].append((entropy / math.log(2) if entropy_unit == "bits" else entropy).mean())
+        curves["jacobian_norm"].append(norms.mean())
     return {key: torch.stack(values) for key, values in curves.items()}
 
 
-
-# --- the mistake catalogue: each function makes exactly one mistake ----------------------
-
-
-def esv_scaled_ignored(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    return scores.var().item()
-
-
-def esv_scaled_by_d_k(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / d_k
-    return scores.var().item()
-
-
-def esv_variance_divided_by_sqrt_d_k(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    variance = (q * k).sum(dim=-1).var().item()
-    if scaled:
-        variance = variance / math.sqrt(d_k)
-    return variance
-
-
-def esv_standard_deviation(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.std().item()
-
-
-def esv_products_not_summed(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    products = q * k
-    if scaled:
-        products = products / math.sqrt(d_k)
-    return products.var().item()
-
-
-def esv_same_vector(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * q).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.var().item()
-
-
-def esv_uniform(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.rand(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.rand(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.var().item()
-
-
-def esv_generator_ignored(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.var().item()
-
-
-def esv_own_seed(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    own = torch.Generator().manual_seed(0)
-    q = torch.randn(num_samples, d_k, generator=own, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=own, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.var().item()
-
-
-def esv_biased_variance(d_k, num_samples, scaled, generator):
-    if d_k < 1 or num_samples < 2:
-        raise ValueError(f"need d_k >= 1 and num_samples >= 2, got d_k={d_k}, num_samples={num_samples}")
-    q = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    k = torch.randn(num_samples, d_k, generator=generator, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return scores.var(unbiased=False).item()  # divides by num_samples
-
-
-def jacobian_diag_only(p):
+@decisions("diagonal", "product", "sign_reversed")
+def softmax_jacobian(p, *, diagonal="diag(p)", product="p p^T", sign_reversed=False):
+    """softmax_jacobian, diag(p) - p p^T, with the decisions its mistakes get wrong."""
     if p.dim() == 0:
         raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    return torch.diag_embed(p)
+    if diagonal == "identity":
+        first = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+    else:
+        first = torch.diag_embed(p)
+    if product is None:  # the off-diagonal terms missing
+        return first
+    if product == "p^T p":  # an inner product: one number per row
+        second = p.unsqueeze(-2) @ p.unsqueeze(-1)
+    elif product == "diag(p p^T)":  # its diagonal only
+        second = torch.diag_embed(p * p)
+    else:
+        second = p.unsqueeze(-1) * p.unsqueeze(-2)
+    if diagonal is None:
+        return -second
+    return second - first if sign_reversed else first - second
 
 
-def jacobian_diagonal_terms_only(p):
-    if p.dim() == 0:
-        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    return torch.diag_embed(p - p * p)
-
-
-def jacobian_wrong_sign(p):
-    if p.dim() == 0:
-        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    return p.unsqueeze(-1) * p.unsqueeze(-2) - torch.diag_embed(p)
-
-
-def jacobian_no_diag(p):
-    if p.dim() == 0:
-        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    return -p.unsqueeze(-1) * p.unsqueeze(-2)
-
-
-def jacobian_identity_instead_of_diag(p):
-    if p.dim() == 0:
-        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
-    return eye - p.unsqueeze(-1) * p.unsqueeze(-2)
-
-
-def jacobian_inner_product(p):
-    if p.dim() == 0:
-        raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
-    return torch.diag_embed(p) - p.unsqueeze(-2) @ p.unsqueeze(-1)
-
-
+# Its own function: the check's message shows the line of the pasted code that raises.
 def jacobian_one_dimensional(p):
     if p.dim() == 0:
         raise ValueError(f"p must have at least one dimension (..., m), got shape {tuple(p.shape)}")
     return torch.diag(p) - torch.outer(p, p)
 
 
-def entropy_nan_on_zeros(weights):
+@decisions("log", "zero_terms", "epsilon", "minus", "reduction", "dim", "keepdim", "normalised")
+def attention_entropy(weights, *, log="torch.log", zero_terms="left out", epsilon=0.0, minus=True, reduction="sum",
+                      dim=-1, keepdim=False, normalised=False):
+    """attention_entropy, -sum p log p with 0 log 0 = 0, with the decisions its mistakes get wrong."""
     if weights.dim() == 0:
         raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    return -(weights * torch.log(weights)).sum(dim=-1)
-
-
-def entropy_bits(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log2(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return -terms.sum(dim=-1)
-
-
-def entropy_no_minus(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return terms.sum(dim=-1)
-
-
-def entropy_epsilon_in_log(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    return -(weights * torch.log(weights + 1e-12)).sum(dim=-1)
-
-
-def entropy_wrong_axis(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return -terms.sum(dim=0)
-
-
-def entropy_mean_not_sum(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return -terms.mean(dim=-1)
-
-
-def entropy_normalised(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return -terms.sum(dim=-1) / math.log(weights.shape[-1])
-
-
-def entropy_keepdim(weights):
-    if weights.dim() == 0:
-        raise ValueError(f"weights must have shape (..., m), got shape {tuple(weights.shape)}")
-    terms = torch.where(weights > 0, weights * torch.log(weights.clamp_min(1e-300)), torch.zeros_like(weights))
-    return -terms.sum(dim=-1, keepdim=True)
-
-
-def saturation_scaled_ignored(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        w = torch.softmax(q @ k.T, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_scaled_by_d_k(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / d_k
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_softmax_over_queries(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=0)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_max_over_queries(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=0).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_entropy_bits(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1) / math.log(2)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_entropy_of_mean_row(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        mean_row = w.mean(dim=0)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append(-torch.xlogy(mean_row, mean_row).sum())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_jacobian_diag_only(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w)).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_one_norm_for_all_rows(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.norm(jac).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_spectral_norm(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jac = torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)
-        jacobian_norm.append(torch.linalg.matrix_norm(jac, ord=2).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_keys_first(d_ks, scaled, num_keys, num_queries, generator):
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        k = torch.randn(num_keys, d_k, generator=generator, dtype=torch.float64)  # the keys first
-        q = torch.randn(num_queries, d_k, generator=generator, dtype=torch.float64)
-        scores = q @ k.T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
-
-
-def saturation_drawn_once_and_sliced(d_ks, scaled, num_keys, num_queries, generator):
-    widest = max(d_ks)
-    q_all = torch.randn(num_queries, widest, generator=generator, dtype=torch.float64)  # one draw for every d_k
-    k_all = torch.randn(num_keys, widest, generator=generator, dtype=torch.float64)
-    max_weight, entropy, jacobian_norm = [], [], []
-    for d_k in d_ks:
-        scores = q_all[:, :d_k] @ k_all[:, :d_k].T
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        w = torch.softmax(scores, dim=-1)
-        max_weight.append(w.max(dim=-1).values.mean())
-        entropy.append((-torch.xlogy(w, w).sum(dim=-1)).mean())
-        jacobian_norm.append(torch.linalg.matrix_norm(torch.diag_embed(w) - w.unsqueeze(-1) * w.unsqueeze(-2)).mean())
-    return {"max_weight": torch.stack(max_weight), "entropy": torch.stack(entropy),
-            "jacobian_norm": torch.stack(jacobian_norm)}
+    log_of = torch.log2 if log == "torch.log2" else torch.log
+    if zero_terms == "left out":
+        terms = torch.where(weights > 0, weights * log_of(weights.clamp_min(1e-300)), torch.zeros_like(weights))
+    else:  # 0 * log 0 = 0 * -inf = NaN, unless epsilon moves it
+        terms = weights * log_of(weights + epsilon)
+    entropy = terms.mean(dim=dim, keepdim=keepdim) if reduction == "mean" else terms.sum(dim=dim, keepdim=keepdim)
+    entropy = -entropy if minus else entropy
+    return entropy / math.log(weights.shape[-1]) if normalised else entropy
 
 
 SCALED_IGNORED = (
@@ -477,59 +173,69 @@ SCALED_IGNORED = (
 
 MISTAKES: dict[str, list[Mistake]] = {
     "empirical_score_variance": [
-        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, esv_scaled_ignored,
+        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, variant(score_variance_reference, scaled_by=None),
                 id="scaling/empirical_score_variance/scaled-ignored"),
         Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k leaves the scores a variance of "
                 "1/d_k; dividing by sqrt(d_k) brings it to 1 because Var(cX) = c^2 Var(X).", MEAN_VARIANCE,
-                esv_scaled_by_d_k, id="scaling/empirical_score_variance/scores-divided-by-d-k-instead-of-sqrt-d-k"),
+                variant(score_variance_reference, scaled_by="d_k"),
+                id="scaling/empirical_score_variance/scores-divided-by-d-k-instead-of-sqrt-d-k"),
         Mistake("the variance divided by sqrt(d_k) instead of the scores", "scaling the scores by 1/sqrt(d_k) "
                 "multiplies their variance by 1/d_k (Var(cX) = c^2 Var(X)); dividing the variance itself by "
-                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, esv_variance_divided_by_sqrt_d_k,
+                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, variant(score_variance_reference, scale_applied_to="the variance"),
                 id="scaling/empirical_score_variance/the-variance-divided-by-sqrt-d-k-instead-of-the"),
         Mistake("the standard deviation instead of the variance", "return the variance of the scores (.var()), "
                 "not their standard deviation (.std()), which is its square root.", MEASURING,
-                esv_standard_deviation, id="scaling/empirical_score_variance/the-standard-deviation-instead-of-the-variance"),
+                variant(score_variance_reference, statistic="std"),
+                id="scaling/empirical_score_variance/the-standard-deviation-instead-of-the-variance"),
         Mistake("products not summed into dot products", "a score is the dot product q.k, the SUM over the d_k "
                 "components of q_i k_i; the variance of single products q_i k_i is 1 whatever d_k.", MEAN_VARIANCE,
-                esv_products_not_summed, id="scaling/empirical_score_variance/products-not-summed-into-dot-products"),
+                variant(score_variance_reference, summed=False),
+                id="scaling/empirical_score_variance/products-not-summed-into-dot-products"),
         Mistake("the same vector used as query and key", "q and k must be drawn independently; q.q = |q|^2 "
-                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE, esv_same_vector,
+                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE,
+                variant(score_variance_reference, key="the query"),
                 id="scaling/empirical_score_variance/the-same-vector-used-as-query-and-key"),
         Mistake("uniform instead of normal samples", "torch.rand draws from the uniform distribution on [0, 1) "
                 "(mean 1/2, variance 1/12); the queries and keys must be standard normal: torch.randn.",
-                MEASURING, esv_uniform, id="scaling/empirical_score_variance/uniform-instead-of-normal-samples"),
+                MEASURING, variant(score_variance_reference, draw="torch.rand"),
+                id="scaling/empirical_score_variance/uniform-instead-of-normal-samples"),
         Mistake("the generator ignored", "every random number must come from the `generator` argument "
                 "(torch.randn(..., generator=generator)), so that the same seed gives the same result.",
-                MEASURING, esv_generator_ignored, id="scaling/empirical_score_variance/the-generator-ignored"),
+                MEASURING, variant(score_variance_reference, draws_from="the global generator"),
+                id="scaling/empirical_score_variance/the-generator-ignored"),
         Mistake("a fixed seed of your own instead of the generator", "draw from the `generator` argument; a "
                 "generator of your own with a fixed seed gives the same numbers whatever seed the caller chose.",
-                MEASURING, esv_own_seed, id="scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"),
+                MEASURING, variant(score_variance_reference, draws_from="a generator seeded 0"),
+                id="scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"),
         Mistake("the biased variance (divided by num_samples)", "the estimator asked for is Tensor.var's default, "
                 "the unbiased sample variance, which divides by num_samples - 1; var(unbiased=False) (or "
                 "mean of the squared deviations) divides by num_samples, a smaller number.", MEASURING,
-                esv_biased_variance, id="scaling/empirical_score_variance/the-biased-variance-divided-by-num-samples"),
+                variant(score_variance_reference, statistic="biased var"),
+                id="scaling/empirical_score_variance/the-biased-variance-divided-by-num-samples"),
     ],
     "softmax_jacobian": [
         Mistake("the off-diagonal terms missing (diag(p) only)", "d p_i / d s_j = p_i (delta_ij - p_j): the "
                 "Jacobian is diag(p) - p p^T, and the outer product p p^T fills every entry, not only the "
-                "diagonal.", GRADIENT, jacobian_diag_only,
+                "diagonal.", GRADIENT, variant(softmax_jacobian, product=None),
                 id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-only"),
         Mistake("the off-diagonal terms missing (diag(p - p^2) only)", "the diagonal p_i - p_i^2 is right, but "
                 "d p_i / d s_j = -p_i p_j is not zero for i != j: the Jacobian is the full matrix "
-                "diag(p) - p p^T.", GRADIENT, jacobian_diagonal_terms_only,
+                "diag(p) - p p^T.", GRADIENT, variant(softmax_jacobian, product="diag(p p^T)"),
                 id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-p-2-only"),
         Mistake("the Jacobian with the wrong sign", "raising a score raises its own weight: the diagonal "
                 "p_i (1 - p_i) is positive, so the Jacobian is diag(p) - p p^T, not p p^T - diag(p).", GRADIENT,
-                jacobian_wrong_sign, id="scaling/softmax_jacobian/the-jacobian-with-the-wrong-sign"),
+                variant(softmax_jacobian, sign_reversed=True), id="scaling/softmax_jacobian/the-jacobian-with-the-wrong-sign"),
         Mistake("the diagonal term diag(p) missing", "the quotient rule gives two terms: "
-                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT, jacobian_no_diag,
+                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT,
+                variant(softmax_jacobian, diagonal=None),
                 id="scaling/softmax_jacobian/the-diagonal-term-diag-p-missing"),
         Mistake("the identity instead of diag(p)", "the first term of d p_i / d s_j = p_i delta_ij - p_i p_j is "
                 "p_i delta_ij, the matrix diag(p) (torch.diag_embed(p)), not the identity.", GRADIENT,
-                jacobian_identity_instead_of_diag, id="scaling/softmax_jacobian/the-identity-instead-of-diag-p"),
+                variant(softmax_jacobian, diagonal="identity"), id="scaling/softmax_jacobian/the-identity-instead-of-diag-p"),
         Mistake("an inner product instead of the outer product p p^T", "p p^T is the (m, m) outer product, "
                 "p.unsqueeze(-1) * p.unsqueeze(-2); p^T p (the sum of p_i^2) is a single number.", GRADIENT,
-                jacobian_inner_product, id="scaling/softmax_jacobian/an-inner-product-instead-of-the-outer-product-p"),
+                variant(softmax_jacobian, product="p^T p"),
+                id="scaling/softmax_jacobian/an-inner-product-instead-of-the-outer-product-p"),
         Mistake("torch.diag and torch.outer, which only work for one row", "for p of shape (..., m) with batch "
                 "dimensions, torch.diag returns a diagonal instead of building a matrix and torch.outer fails; "
                 "use torch.diag_embed(p) and p.unsqueeze(-1) * p.unsqueeze(-2).", GRADIENT,
@@ -539,65 +245,74 @@ MISTAKES: dict[str, list[Mistake]] = {
         Mistake("NaN on rows with zeros (0 * log 0)", "in floating point log(0) = -inf and 0 * -inf = NaN, but "
                 "the entropy uses the convention 0 log 0 = 0 (the limit of x log x as x -> 0): leave the zero "
                 "entries out of the sum, for example with torch.where on p > 0.", SATURATION,
-                entropy_nan_on_zeros, id="scaling/attention_entropy/nan-on-rows-with-zeros-0-log-0"),
+                variant(attention_entropy, zero_terms="computed"), id="scaling/attention_entropy/nan-on-rows-with-zeros-0-log-0"),
         Mistake("entropy in bits instead of nats", "the entropy here is in nats: use the natural logarithm "
                 "(torch.log), not log2. An entropy in bits is larger by a factor 1/ln 2.", SATURATION,
-                entropy_bits, id="scaling/attention_entropy/entropy-in-bits-instead-of-nats"),
+                variant(attention_entropy, log="torch.log2"), id="scaling/attention_entropy/entropy-in-bits-instead-of-nats"),
         Mistake("the minus sign forgotten", "H(p) = -sum_i p_i log p_i; each log p_i is <= 0, so without the "
-                "minus sign the result is negative.", SATURATION, entropy_no_minus,
+                "minus sign the result is negative.", SATURATION, variant(attention_entropy, minus=False),
                 id="scaling/attention_entropy/the-minus-sign-forgotten"),
         Mistake("an epsilon added inside the log", "log(p + eps) makes a one-hot row's entropy -eps instead "
                 "of exactly 0, and biases every other row; skip the zero entries instead.", SATURATION,
-                entropy_epsilon_in_log, id="scaling/attention_entropy/an-epsilon-added-inside-the-log"),
+                variant(attention_entropy, zero_terms="computed", epsilon=1e-12),
+                id="scaling/attention_entropy/an-epsilon-added-inside-the-log"),
         Mistake("the sum over the wrong axis", "each row is one distribution over the keys: sum over the "
-                "last axis (dim=-1).", SATURATION, entropy_wrong_axis,
+                "last axis (dim=-1).", SATURATION, variant(attention_entropy, dim=0),
                 id="scaling/attention_entropy/the-sum-over-the-wrong-axis"),
         Mistake("a mean instead of a sum over the keys", "H(p) = -sum_i p_i log p_i is a sum over the m "
-                "entries of the row, not a mean.", SATURATION, entropy_mean_not_sum,
+                "entries of the row, not a mean.", SATURATION, variant(attention_entropy, reduction="mean"),
                 id="scaling/attention_entropy/a-mean-instead-of-a-sum-over-the-keys"),
         Mistake("the entropy divided by log m", "return the entropy itself, in nats; dividing by its "
                 "maximum log m gives the normalised entropy, which is another quantity.", SATURATION,
-                entropy_normalised, id="scaling/attention_entropy/the-entropy-divided-by-log-m"),
+                variant(attention_entropy, normalised=True), id="scaling/attention_entropy/the-entropy-divided-by-log-m"),
         Mistake("keepdim=True", "the result has shape (...): one number per row, without a trailing axis "
-                "of size 1.", SATURATION, entropy_keepdim, id="scaling/attention_entropy/keepdim-true"),
+                "of size 1.", SATURATION, variant(attention_entropy, keepdim=True), id="scaling/attention_entropy/keepdim-true"),
     ],
     "saturation_curve": [
         Mistake("`scaled` ignored", "when `scaled` is True the scores Q K^T must be divided by sqrt(d_k) "
-                "before the softmax.", MEASURING_SATURATION, saturation_scaled_ignored,
+                "before the softmax.", MEASURING_SATURATION, variant(saturation_curve_reference, scaled_by=None),
                 id="scaling/saturation_curve/scaled-ignored"),
         Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k shrinks the scores to variance "
                 "1/d_k and the weights become nearly uniform; sqrt(d_k) restores variance 1.", MEAN_VARIANCE,
-                saturation_scaled_by_d_k, id="scaling/saturation_curve/scores-divided-by-d-k-instead-of-sqrt-d-k"),
+                variant(saturation_curve_reference, scaled_by="d_k"),
+                id="scaling/saturation_curve/scores-divided-by-d-k-instead-of-sqrt-d-k"),
         Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
                 "the last axis (dim=-1) of the (num_queries, num_keys) scores.", MEASURING_SATURATION,
-                saturation_softmax_over_queries, id="scaling/saturation_curve/softmax-over-the-queries"),
+                variant(saturation_curve_reference, softmax_dim=0), id="scaling/saturation_curve/softmax-over-the-queries"),
         Mistake("the largest weight taken over the queries", "the max weight of a row is the largest of its "
                 "num_keys weights: w.max(dim=-1), then the mean over the rows.", MEASURING_SATURATION,
-                saturation_max_over_queries, id="scaling/saturation_curve/the-largest-weight-taken-over-the-queries"),
+                variant(saturation_curve_reference, max_dim=0),
+                id="scaling/saturation_curve/the-largest-weight-taken-over-the-queries"),
         Mistake("entropy in bits instead of nats", "the entropy is in nats (natural logarithm), as "
-                "attention_entropy returns it.", SATURATION, saturation_entropy_bits,
+                "attention_entropy returns it.", SATURATION, variant(saturation_curve_reference, entropy_unit="bits"),
                 id="scaling/saturation_curve/entropy-in-bits-instead-of-nats"),
         Mistake("the entropy of the average row", "take the entropy of each row, then the mean of those "
                 "entropies; the average row is much flatter than a typical row.", MEASURING_SATURATION,
-                saturation_entropy_of_mean_row, id="scaling/saturation_curve/the-entropy-of-the-average-row"),
+                variant(saturation_curve_reference, entropy_of="the mean row"),
+                id="scaling/saturation_curve/the-entropy-of-the-average-row"),
         Mistake("the Jacobian without its off-diagonal terms", "the Jacobian of softmax is "
-                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT, saturation_jacobian_diag_only,
+                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT,
+                variant(saturation_curve_reference, jacobian="diag(p)"),
                 id="scaling/saturation_curve/the-jacobian-without-its-off-diagonal-terms"),
         Mistake("one norm for all rows together", "torch.linalg.norm of a (rows, m, m) tensor is one norm of "
                 "everything; take the Frobenius norm of each row's (m, m) Jacobian "
                 "(torch.linalg.matrix_norm) and then the mean over the rows.", MEASURING_SATURATION,
-                saturation_one_norm_for_all_rows, id="scaling/saturation_curve/one-norm-for-all-rows-together"),
+                variant(saturation_curve_reference, norm="one for all rows"),
+                id="scaling/saturation_curve/one-norm-for-all-rows-together"),
         Mistake("the spectral norm instead of the Frobenius norm", "the Jacobian norm asked for is the "
                 "Frobenius norm, the square root of the sum of the squared entries (torch.linalg.matrix_norm's "
-                "default), not the largest singular value.", MEASURING_SATURATION, saturation_spectral_norm,
+                "default), not the largest singular value.", MEASURING_SATURATION,
+                variant(saturation_curve_reference, norm="spectral, per row"),
                 id="scaling/saturation_curve/the-spectral-norm-instead-of-the-frobenius-norm"),
         Mistake("the keys drawn before the queries", "for each d_k the text draws Q first, then K: drawn the "
                 "other way the curves have the same distribution but other values, and a seeded generator no "
-                "longer gives the experiment's result.", MEASURING_SATURATION, saturation_keys_first,
+                "longer gives the experiment's result.", MEASURING_SATURATION,
+                variant(saturation_curve_reference, drawn_first="K"),
                 id="scaling/saturation_curve/the-keys-drawn-before-the-queries"),
         Mistake("one draw sliced for every d_k", "draw new queries and keys for each d_k, in the order of d_ks: "
                 "slicing the columns of one wide draw reuses the same numbers for every d_k and draws others "
-                "than the text prescribes.", MEASURING_SATURATION, saturation_drawn_once_and_sliced,
+                "than the text prescribes.", MEASURING_SATURATION,
+                variant(saturation_curve_reference, draws="one wide draw, sliced"),
                 id="scaling/saturation_curve/one-draw-sliced-for-every-d-k"),
     ],
 }
@@ -1006,7 +721,7 @@ class WrongAnswer(Mistake):
 
 def wrong_answer(name: str, explanation: str, section: str, value: float, id: str) -> WrongAnswer:
     """The wrong answer ``value`` of a numeric question, as a mistake."""
-    return WrongAnswer(name, explanation, section, lambda: value, id, value)
+    return WrongAnswer(name, explanation, section, lambda: value, id, value=value)
 
 
 #: The exact value of each numeric answer.

@@ -34,10 +34,8 @@ from ..references.decoding_and_training import (
     decode_case,
     decode_reference,
     require_cache,
-    rope_reference,
     run_decode,
 )
-from ..references.masking import lower_right_pattern
 from ..references.tiny_decoder import (
     BLOCK_ARGS,
     CountedCalls,
@@ -69,9 +67,8 @@ GENERATE = "8. Generating with and without the cache"
 TRAINING = "9. Training a tiny model on a task that needs attention"
 
 
-# --- references: what the student's classes are replaced by when the tests call a check alone ----------------
-# A reference with ``@decisions`` names the decisions its catalogued mistakes get wrong; the default of each is
-# the right choice.
+# --- references: each ``@decisions`` names what its catalogued mistakes get wrong (the defaults are right) ----
+# ReferenceKVCache and ReferenceTinyDecoder also stand in for the student's classes when a check is called alone.
 
 
 @decisions("grown_by", "returned", "room_checked", "length_counts")
@@ -120,62 +117,6 @@ class ReferenceKVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
-def reference_decode_step(q, k_new, v_new, cache, rope_base=10000.0):
-    """decode_step from PyTorch's SDPA: RoPE at len(cache)..., the cache keeps rotated keys, bottom-right causal."""
-    t = q.shape[-2]
-    positions = torch.arange(len(cache), len(cache) + t)
-    keys, values = cache.append(rope_reference(k_new, positions, rope_base), v_new)
-    q = rope_reference(q, positions, rope_base)
-    mask = lower_right_pattern(t, keys.shape[-2])
-    identity = torch.eye(keys.shape[-2], dtype=q.dtype).expand(*keys.shape[:-1], keys.shape[-2]).contiguous()
-    return (math_sdpa(q, keys, values, attn_mask=mask, enable_gqa=True),
-            math_sdpa(q, keys, identity, attn_mask=mask, enable_gqa=True))
-
-
-class ReferenceBlock(nn.Module):
-    """DecoderBlock with the parameter names of the notebook, attention from :func:`reference_decode_step`."""
-
-    def __init__(self, d_model, num_heads, d_ff, rope_base=10000.0):
-        super().__init__()
-        self.num_heads, self.rope_base = num_heads, rope_base
-        self.norm1, self.norm2 = nn.RMSNorm(d_model, eps=1e-6), nn.RMSNorm(d_model, eps=1e-6)
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, nn.Linear(d_model, d_model, bias=False))
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-
-    def forward(self, x, cache=None):
-        B, T, D = x.shape
-        normed = self.norm1(x)
-        q, k, v = (p(normed).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
-        if cache is None:
-            cache = ReferenceKVCache(B, self.num_heads, T, D // self.num_heads, dtype=x.dtype)
-        attended, _ = reference_decode_step(q, k, v, cache, self.rope_base)
-        x = x + self.out_proj(attended.transpose(1, 2).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
-class ReferenceTinyDecoder(nn.Module):
-    """The notebook's TinyDecoder built from :class:`ReferenceBlock` and :class:`ReferenceKVCache`."""
-
-    def __init__(self, vocab, d_model, num_heads, d_ff, num_layers):
-        super().__init__()
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
-        self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(ReferenceBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
-        self.norm = nn.RMSNorm(d_model, eps=1e-6)
-
-    def forward(self, tokens, caches=None):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if caches is None else caches[i])
-        return self.norm(x) @ self.embed.weight.T
-
-    def new_caches(self, batch, max_len):
-        return [ReferenceKVCache(batch, self.num_heads, max_len, self.d_head, dtype=self.embed.weight.dtype)
-                for _ in self.blocks]
-
-
 def paper_slopes(num_heads: int) -> list[float]:
     """The ALiBi paper's get_slopes (Press et al., 2022, the authors' code), in float64."""
 
@@ -204,9 +145,6 @@ def bias_reference(n, m, slopes, *, sign=-1, alignment="bottom-right", future_ke
         distance = distance.abs()
     bias = sign * slopes[:, None, None] * distance
     return bias.masked_fill(distance < 0, float("-inf")) if future_keys == "-inf" else bias
-
-
-# --- the other references of the catalogue, each with the decisions its mistakes get wrong ---------------------
 
 
 @decisions("alignment", "positions_from", "keys_rotated", "heads_shared_by")
@@ -335,6 +273,27 @@ def generate(model, prompt, steps, use_cache=True, *, with_cache="the prompt onc
                 tokens = torch.cat([tokens, token[:, None]], dim=1)
     new = torch.stack(chosen, dim=1).reshape(B, steps)
     return torch.cat([prompt, new], dim=1) if prompt_returned else new
+
+
+class ReferenceTinyDecoder(nn.Module):
+    """The notebook's TinyDecoder built from :class:`DecoderBlock` and :class:`ReferenceKVCache`."""
+
+    def __init__(self, vocab, d_model, num_heads, d_ff, num_layers):
+        super().__init__()
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.norm = nn.RMSNorm(d_model, eps=1e-6)
+
+    def forward(self, tokens, caches=None):
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])
+        return self.norm(x) @ self.embed.weight.T
+
+    def new_caches(self, batch, max_len):
+        return [ReferenceKVCache(batch, self.num_heads, max_len, self.d_head, dtype=self.embed.weight.dtype)
+                for _ in self.blocks]
 
 
 # The variants the tests name.
@@ -570,11 +529,10 @@ def check_decode_step(decode_step, KVCache=None) -> None:  # noqa: N803
         decode_case(gen, 1, 8, 2, 4, [2, 1, 3, 1], "8 query heads on 2 key/value heads, uneven steps"),
     ]
     mistakes = _mistakes_through(run_decode, "decode_step", ReferenceKVCache)
-    verify(run_decode(decode_step, KVCache), cases, decode_reference, exercise="decode_step", arg_names=DECODE_ARGS,
-           outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-10, atol=1e-12)
     float32 = [decode_case(gen, 2, 4, 2, 8, [3, 1, 2], "float32", dtype=torch.float32)]
-    verify(run_decode(decode_step, KVCache), float32, decode_reference, exercise="decode_step", arg_names=DECODE_ARGS,
-           outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
+    for group, rtol, atol in [(cases, 1e-10, 1e-12), (float32, 1e-4, 1e-5)]:
+        verify(run_decode(decode_step, KVCache), group, decode_reference, exercise="decode_step", arg_names=DECODE_ARGS,
+               outputs=DECODE_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=rtol, atol=atol)
     for (h, g, t_q, t_k), why in [((3, 2, 1, 1), "3 query heads cannot share 2 key/value heads equally"),
                                   ((2, 2, 2, 1), "q holds 2 new tokens but k_new holds 1")]:
         q, k_new, v_new = randn(1, h, t_q, 4, gen=gen), randn(1, g, t_k, 4, gen=gen), randn(1, g, t_k, 4, gen=gen)
@@ -664,12 +622,11 @@ def check_DecoderBlock(DecoderBlock, KVCache=None) -> None:  # noqa: N802, N803 
              label="with a cache: a prompt of 4, then 1, then 2"),
     ]
     mistakes = _mistakes_through(run_block, "DecoderBlock", ReferenceKVCache)
-    verify(run_block(DecoderBlock, KVCache), cases, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
-           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-10, atol=1e-10)
     float32 = [Case((Weights(9045, 8, 2, 16, dtype=torch.float32), randn(2, 5, 8, gen=gen, dtype=torch.float32)),
                     {"steps": [3, 2]}, label="float32, with a cache")]
-    verify(run_block(DecoderBlock, KVCache), float32, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
-           outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-4, atol=1e-5)
+    for group, rtol, atol in [(cases, 1e-10, 1e-10), (float32, 1e-4, 1e-5)]:
+        verify(run_block(DecoderBlock, KVCache), group, block_reference, exercise="DecoderBlock", arg_names=BLOCK_ARGS,
+               outputs=None, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=rtol, atol=atol)
 
     with case("it learns: DecoderBlock(16, 2, 32) trained for 40 steps"):
         result = probe(train_block, DecoderBlock, what="training DecoderBlock(16, 2, 32) for 40 steps",

@@ -128,7 +128,8 @@ def test_workers_default_to_the_cores_and_the_run_reports(tmp_path, monkeypatch,
     monkeypatch.setattr(grade, "grade_one", fake_grade_one)
     monkeypatch.setattr(grade, "prepare_gradebook", lambda jobs, settings: [])
     monkeypatch.setattr(grade.os, "cpu_count", lambda: 2)
-    summary = grade.autograde([A], grading_settings(tmp_path), progress=True)
+    no_server = {"Grading.forkserver": False}  # grade_one is a stand-in: nothing would run in the fork server
+    summary = grade.autograde([A], grading_settings(tmp_path, no_server), progress=True)
     assert peak[0] == 2
     assert len(summary.graded) == 4 and summary.failed == [(A, "c", "it broke")]
     progress = capsys.readouterr().err
@@ -149,7 +150,8 @@ def test_grading_refuses_to_run_student_code_without_a_sandbox(tmp_path, monkeyp
     with pytest.raises(grade.SandboxUnavailable, match="bubblewrap") as refused:
         grade.autograde([A], Settings.load(tmp_path), progress=False)
     assert "--no-sandbox" in str(refused.value) and graded == []
-    summary = grade.autograde([A], Settings.load(tmp_path, {"Grading.sandbox": False}), progress=False)
+    unsandboxed = {"Grading.sandbox": False, "Grading.forkserver": False}  # grade_one is a stand-in: no fork server
+    summary = grade.autograde([A], Settings.load(tmp_path, unsandboxed), progress=False)
     assert graded == ["s"] and "WITHOUT a sandbox" in summary.protection
 
 

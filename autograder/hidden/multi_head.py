@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 
 import torch
 from torch import nn
@@ -443,20 +444,16 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
         Case((TorchMHA(8, 2, seed=21), randn(1, 1, 8, gen=gen), *[randn(1, 4, 8, gen=gen)] * 2),
              label="one sequence, one query: dimensions of size 1 stay"),
     ]
-    verify(run_module(MultiHeadAttention), cases, torch_mha_reference, exercise="MultiHeadAttention",
-           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, mistakes=mistakes,
-           rtol=1e-10, atol=1e-10)
+    against = partial(verify, run_module(MultiHeadAttention), exercise="MultiHeadAttention",
+                      arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS, mistakes=mistakes)
+    against(cases, torch_mha_reference, rtol=1e-10, atol=1e-10)
     loop_cases = [Case(cases[i].args, cases[i].kwargs, cases[i].label + "; compared with a loop over heads")
                   for i in (1, 3, 6)]
-    verify(run_module(MultiHeadAttention), loop_cases, _loop_reference, exercise="MultiHeadAttention",
-           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS,
-           mistakes=mistakes, rtol=1e-10, atol=1e-10)
+    against(loop_cases, _loop_reference, rtol=1e-10, atol=1e-10)
     float32 = [Case((TorchMHA(12, 3, dtype=torch.float32, seed=19),
                      *(randn(2, 5, 12, gen=gen, dtype=torch.float32) for _ in range(3))),
                     {"key_padding_mask": _padding([5, 2], 5)}, label="float32 weights and inputs")]
-    verify(run_module(MultiHeadAttention), float32, torch_mha_reference, exercise="MultiHeadAttention",
-           arg_names=("mha", "query", "key", "value"), forbid=ATTENTION_BUILTINS,
-           mistakes=mistakes, rtol=1e-4, atol=1e-5)
+    against(float32, torch_mha_reference, rtol=1e-4, atol=1e-5)
 
     for d_model, num_heads, bias in [(12, 3, True), (8, 8, False)]:
         with case(f"the parameters of MultiHeadAttention({d_model}, {num_heads}, bias={bias})"):
@@ -539,13 +536,11 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
         # Dimensions of size 1 beyond the reduced one: a .squeeze() or an index [0] must not remove them.
         Case(qkv(1, 2, 1, 1, 4, 3, d_v=1), label="one sequence, one query, one key/value head, d_v = 1"),
     ]
-    verify(grouped_query_attention, cases, gqa_reference, exercise="grouped_query_attention",
-           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"],
-           rtol=1e-10, atol=1e-12)
+    against = partial(verify, grouped_query_attention, reference=gqa_reference, exercise="grouped_query_attention",
+                      arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"])
+    against(cases, rtol=1e-10, atol=1e-12)
     float32 = [Case(qkv(2, 8, 2, 5, 5, 8, dtype=torch.float32), {"mask": causal}, label="float32")]
-    verify(grouped_query_attention, float32, gqa_reference, exercise="grouped_query_attention",
-           arg_names=("Q", "K", "V"), forbid=ATTENTION_BUILTINS, mistakes=MISTAKES["grouped_query_attention"],
-           rtol=1e-4, atol=1e-5)
+    against(float32, rtol=1e-4, atol=1e-5)
     for shapes, why in [
         (((1, 6, 2, 4), (1, 4, 3, 4), (1, 4, 3, 4)), "6 query heads cannot be shared equally among 4 key/value heads"),
         (((1, 4, 2, 4), (1, 2, 3, 4), (1, 1, 3, 4)), "K has 2 heads but V has 1"),
@@ -711,14 +706,13 @@ def check_graph_attention(graph_attention) -> None:
         case(5, 3, 2, 1, random_graph(5, 7, gen, no_in_edge=(1,)), "values of one feature (d_v = 1)",
              self_loops=False),
     ]
-    verify(graph_attention, cases, graph_attention_reference, exercise="graph_attention",
-           arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,
-           mistakes=MISTAKES["graph_attention"], rtol=1e-10, atol=1e-12)
+    against = partial(verify, graph_attention, reference=graph_attention_reference, exercise="graph_attention",
+                      arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,
+                      mistakes=MISTAKES["graph_attention"])
+    against(cases, rtol=1e-10, atol=1e-12)
     float32 = [case(8, 5, 4, 3, random_graph(8, 14, gen, no_in_edge=(3,), duplicates=2), "float32",
                     dtype=torch.float32)]
-    verify(graph_attention, float32, graph_attention_reference, exercise="graph_attention",
-           arg_names=("X", "edges", "W_Q", "W_K", "W_V"), forbid=ATTENTION_BUILTINS,
-           mistakes=MISTAKES["graph_attention"], rtol=1e-4, atol=1e-5)
+    against(float32, rtol=1e-4, atol=1e-5)
 
     X, W_Q, W_K, W_V = weights(4, 3, 2, 2)
     ok = torch.tensor([[0, 1], [1, 2]])

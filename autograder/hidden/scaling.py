@@ -16,6 +16,7 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -485,16 +486,15 @@ def check_softmax_jacobian(softmax_jacobian) -> None:
     ]):
         cases.append(Case((torch.softmax(_softmax_rows(*shape, seed=300 + i, spread=spread), dim=-1),), label=label,
                           weight=0.25 if shape[-1] == 1 else 1.0))
-    verify(softmax_jacobian, cases, autograd_softmax_jacobian, exercise=exercise, arg_names=("p",), outputs=None,
-           forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
+    against = partial(verify, softmax_jacobian, exercise=exercise, arg_names=("p",), outputs=None,
+                      forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise])
+    against(cases, autograd_softmax_jacobian, rtol=1e-10, atol=1e-13)
     one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
-    verify(softmax_jacobian, [Case((one_hot,), label="one-hot rows: the Jacobian is exactly zero")],
-           lambda p: torch.zeros(2, 4, 4, dtype=torch.float64), exercise=exercise, arg_names=("p",), outputs=None,
-           forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=0.0, atol=0.0)
+    against([Case((one_hot,), label="one-hot rows: the Jacobian is exactly zero")],
+            lambda p: torch.zeros(2, 4, 4, dtype=torch.float64), rtol=0.0, atol=0.0)
     p32 = torch.softmax(_softmax_rows(2, 3, 5, seed=310, dtype=torch.float32), dim=-1)
-    verify(softmax_jacobian, [Case((p32,), label="float32 input: float32 output")],
-           lambda p: autograd_softmax_jacobian(p.double()).float(), exercise=exercise, arg_names=("p",),
-           outputs=None, forbid=JACOBIAN_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
+    against([Case((p32,), label="float32 input: float32 output")],
+            lambda p: autograd_softmax_jacobian(p.double()).float(), rtol=1e-5, atol=1e-7)
     expect_error(softmax_jacobian, torch.tensor(1.0, dtype=torch.float64), error=ValueError,
                  what="softmax_jacobian(p of shape ())", why="p must have a last axis of probabilities (..., m)")
 
@@ -521,21 +521,18 @@ def check_attention_entropy(attention_entropy) -> None:
         Case((mixed,), label="a one-hot row, a uniform row and a row with zeros"),
         Case((torch.softmax(randn(6, gen=gen), dim=-1),), label="a single row: the result has shape ()"),
     ]
-    verify(attention_entropy, cases, entropy_reference, exercise=exercise, arg_names=("weights",), outputs=None,
-           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-10, atol=1e-13)
-    verify(attention_entropy, [Case((one_hot,), label="one-hot rows: the entropy is exactly 0")],
-           lambda w: torch.zeros(2, dtype=torch.float64), exercise=exercise, arg_names=("weights",), outputs=None,
-           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=0.0, atol=0.0)
+    against = partial(verify, attention_entropy, exercise=exercise, arg_names=("weights",), outputs=None,
+                      forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise])
+    against(cases, entropy_reference, rtol=1e-10, atol=1e-13)
+    against([Case((one_hot,), label="one-hot rows: the entropy is exactly 0")],
+            lambda w: torch.zeros(2, dtype=torch.float64), rtol=0.0, atol=0.0)
     for m in (1, 2, 7, 1000):
         uniform = torch.full((2, m), 1.0 / m, dtype=torch.float64)
-        verify(attention_entropy, [Case((uniform,), label=f"uniform rows over {m} keys: the entropy is log {m}")],
-               lambda w, m=m: torch.full((2,), math.log(m), dtype=torch.float64), exercise=exercise,
-               arg_names=("weights",), outputs=None, forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise],
-               rtol=1e-12, atol=1e-14)
+        against([Case((uniform,), label=f"uniform rows over {m} keys: the entropy is log {m}")],
+                lambda w, m=m: torch.full((2,), math.log(m), dtype=torch.float64), rtol=1e-12, atol=1e-14)
     rows32 = torch.cat([torch.softmax(randn(3, 8, gen=gen), dim=-1), torch.eye(8, dtype=torch.float64)[:2]]).float()
-    verify(attention_entropy, [Case((rows32,), label="float32 input, two of its rows one-hot")],
-           lambda w: entropy_reference(w.double()).float(), exercise=exercise, arg_names=("weights",), outputs=None,
-           forbid=ENTROPY_BUILTINS, mistakes=MISTAKES[exercise], rtol=1e-5, atol=1e-7)
+    against([Case((rows32,), label="float32 input, two of its rows one-hot")],
+            lambda w: entropy_reference(w.double()).float(), rtol=1e-5, atol=1e-7)
     with case("one-hot float32 rows: the entropy is exactly 0"):
         result = call_student(attention_entropy, rows32, what="attention_entropy(float32 rows)",
                               forbid=ENTROPY_BUILTINS)

@@ -64,9 +64,9 @@ def merge_heads(x, *, layout="transposed to (B, T, h, d)"):
     if x.dim() != 4:
         raise ValueError(f"merge_heads expects x of shape (B, h, T, d), got shape {tuple(x.shape)}")
     B, h, T, d = x.shape
-    if layout == "(B, h, T, d)":
+    if layout == "(B, h, T, d)":  # a plain view back: heads mix tokens
         return x.reshape(B, T, h * d)
-    if layout == "(B, T, d, h)":
+    if layout == "(B, T, d, h)":  # heads merged feature by feature
         return x.permute(0, 2, 3, 1).reshape(B, T, h * d)
     return x.transpose(1, 2).reshape(B, T, h * d)
 

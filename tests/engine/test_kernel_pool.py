@@ -26,6 +26,7 @@ from autograder.engine.notes import KERNEL_DIED
 from autograder.grading import grade
 
 from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
+from ..demonstrations import release_without_demonstrations
 
 A = "01_soft_lookup"
 needs_bwrap = pytest.mark.skipif(sandbox.mode() == "limits only", reason="the pool runs only in the bubblewrap sandbox")
@@ -57,7 +58,7 @@ def graded(course: Path, student: str) -> nbformat.NotebookNode:
 @needs_bwrap
 def test_pooled_kernels_are_fresh_per_submission_and_grade_as_cold_ones(tmp_path, monkeypatch):
     course = make_course(tmp_path, [A])
-    rel, ref = released(course, A), reference_answers(A)
+    rel, ref = release_without_demonstrations(released(course, A), A), reference_answers(A)  # the pool: not the plots
     exercise, catalogue = sorted(importlib.import_module(f"autograder.hidden.{module_name(A)}").MISTAKES.items())[0]
     crashing = fill(rel, ref)
     first_test = next(i for i, c in enumerate(crashing.cells) if c.source.lstrip().startswith("from autograder.checks"))
@@ -121,7 +122,7 @@ if found:
 @needs_bwrap
 def test_a_graded_kernel_started_ahead_holds_nothing_of_the_notebooks_kernel_nor_of_another_submission(tmp_path):
     course = make_course(tmp_path, [A])
-    rel, ref = released(course, A), reference_answers(A)
+    rel, ref = release_without_demonstrations(released(course, A), A), reference_answers(A)  # the pool: not the plots
     students = ("s1", "s2", "s3")  # the first kernels of a run start cold; the next submissions' come from the pool
     for student in students:
         submit(course, A, student, fill(rel, dict(ref, hard_lookup=ref["hard_lookup"] + LEAVES_TRACES)))

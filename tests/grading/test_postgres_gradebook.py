@@ -25,6 +25,7 @@ from autograder.course.settings import Settings
 from autograder.grading import grade
 
 from ..course_copy import fill, grading_settings, make_course, mistake_source, reference_answers, released, submit
+from ..demonstrations import release_without_demonstrations
 
 #: One worker runs this module: its module-scoped fixtures are built once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("postgres")
@@ -92,7 +93,7 @@ def test_a_class_graded_into_postgresql(tmp_path, monkeypatch, postgres_url):
     monkeypatch.setenv("NBGRADER_DB_URL", postgres_url)
     course = make_course(tmp_path, [A])  # generate_assignment records the assignment in PostgreSQL
     assert grade.db_url(Settings.load(course)) == postgres_url  # nbgrader_config.py reads NBGRADER_DB_URL
-    rel, ref = released(course, A), reference_answers(A)
+    rel, ref = release_without_demonstrations(released(course, A), A), reference_answers(A)  # the gradebook: not the plots
     mistakes = importlib.import_module(f"autograder.hidden.{module_name(A)}").MISTAKES
     exercise = "scaled_dot_product_attention"
     submit(course, A, "reference", fill(rel, ref))

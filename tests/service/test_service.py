@@ -30,6 +30,7 @@ from autograder.service.serve import Service
 from autograder.service.state import Record, State, Status
 
 from ..course_copy import catalogue, fill, grading_settings, make_course, mistake_source, reference_answers
+from ..demonstrations import release_without_demonstrations
 from ..exchange_class import Student, release
 
 A = "01_soft_lookup"
@@ -337,7 +338,7 @@ def test_a_class_graded_on_submit(tmp_path, course):
     """Mistake named then fixed, a flood, the quota, a restart, and the final grade at the due date."""
     root, exchange = _class(tmp_path, course, quota=2)
     alice, bob, carol = (Student(n, tmp_path / n, exchange) for n in ("alice", "bob", "carol"))
-    released = alice.fetch(A)
+    released = release_without_demonstrations(alice.fetch(A), A)  # the service's work is the point, not the plots
     bob.fetch(A)
     carol.fetch(A)
     clock = {"now": None}

@@ -21,7 +21,7 @@ import functools
 import importlib
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ import torch
 from .compare import is_close
 from .errors import CheckFailed
 from .guard import Forbidden, ForbiddenCall, Guard
-from .variation import combined
+from .variation import combined, wrapping
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,13 @@ def matching(
     if not found:
         found = next(([pair] for pair in pairs(mistakes) if fits(pair)), [])
     return found
+
+
+def through(mistakes: Iterable[Mistake], wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> list[Mistake]:
+    """``mistakes`` as a check runs them: each through ``wrap`` (a scenario of calls, a result flattened), as the
+    student's answer is run. Pairs of them are still tried: made as variations first, then wrapped."""
+    marked = wrapping(wrap)
+    return [replace(m, fn=marked(m.fn)) for m in mistakes]
 
 
 def by_id(mistakes: Iterable[Mistake], ident: str) -> Mistake:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from ..diagnosis import Mistake, catalogue
+from ..diagnosis import Mistake, catalogue, through
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
@@ -31,7 +29,7 @@ NOTEBOOK = "multi_head"
 
 def module_mistakes(notebook: str) -> list[Mistake]:
     """The catalogued MultiHeadAttention classes (when the grader has them), each run as the student's class is run."""
-    return [replace(m, fn=run_module(m.fn)) for m in catalogue(notebook, "MultiHeadAttention")]
+    return through(catalogue(notebook, "MultiHeadAttention"), run_module)
 
 
 # --- the checks -----------------------------------------------------------------------------

@@ -11,11 +11,10 @@ grader has the catalogue (never in the student's bundle), a failing visible chec
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
-from ..diagnosis import catalogue
+from ..diagnosis import catalogue, through
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
@@ -100,8 +99,7 @@ def check_paged_attention(paged_attention) -> None:
                    "blocks out of pool order, 4 query heads on 2 key/value heads"),
         paged_case(gen, 4, 2, 1, 2, 4, [(0, [2, 3, 1], 5), (1, [], 0)], [1, 0], "an empty sequence first"),
     ]
-    mistakes = [replace(m, fn=lambda *args, fn=m.fn: paged_attention_on(fn, *args))
-                for m in catalogue(NOTEBOOK, "paged_attention")]
+    mistakes = through(catalogue(NOTEBOOK, "paged_attention"), lambda fn: lambda *args: paged_attention_on(fn, *args))
     verify(run_paged_attention(paged_attention, ATTENTION_BUILTINS), cases, paged_attention_reference,
            exercise="paged_attention", arg_names=PAGED_ARGS, outputs=None, forbid=ATTENTION_BUILTINS,
            mistakes=mistakes, rtol=1e-10, atol=1e-12)
@@ -127,7 +125,7 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
                   label=f"a prompt of 3, one token, then 2, absorbed={absorbed}") for absorbed in (False, True)]
     verify(run_mla(MultiHeadLatentAttention), cases, mla_reference, exercise="MultiHeadLatentAttention",
            arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12,
-           mistakes=[replace(m, fn=run_mla(m.fn)) for m in catalogue(NOTEBOOK, "MultiHeadLatentAttention")])
+           mistakes=through(catalogue(NOTEBOOK, "MultiHeadLatentAttention"), run_mla))
     problem = absorbed_problem(probe(absorbed_allocations, MultiHeadLatentAttention,
                                      LatentWeights(1131, 32, 4, 16, 8).state,
                                      what="an absorbed decode step after 256 cached tokens"))

@@ -10,7 +10,6 @@ a mistake is the reference with one decision changed.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,7 @@ from torch import nn
 
 from ..cases import case
 from ..compare import assert_close, assert_shape, assert_tensor, describe, is_close
-from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose
+from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose, through
 from ..errors import CheckFailed, fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
@@ -445,7 +444,7 @@ MISTAKES: dict[str, list[Mistake]] = {
 
 def _mistakes_through(harness, exercise: str, *parts) -> list[Mistake]:
     """The catalogue of ``exercise`` run the way the student's answer is run (``harness(mistake, *parts)``)."""
-    return [replace(m, fn=harness(m.fn, *parts)) for m in MISTAKES[exercise]]
+    return through(MISTAKES[exercise], lambda fn: harness(fn, *parts))
 
 
 # --- hidden checks -----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..cases import case
 from ..compare import assert_close, assert_shape, assert_tensor
-from ..diagnosis import Mistake, MistakeFound, by_id
+from ..diagnosis import Mistake, MistakeFound, by_id, through
 from ..errors import CheckFailed
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, math_sdpa, randn
@@ -479,8 +479,7 @@ def check_linear_attention_recurrent(linear_attention_recurrent) -> None:
         Case((randn(1, 5, 3, gen=gen), randn(1, 5, 3, gen=gen), randn(1, 5, 3, gen=gen)), {"eps": 2.0},
              label="a large eps"),
     ]
-    mistakes = [Mistake(m.name, m.explanation, m.section, run_recurrent(m.fn), m.id)
-                for m in MISTAKES["linear_attention_recurrent"]]
+    mistakes = through(MISTAKES["linear_attention_recurrent"], run_recurrent)
     verify(run_recurrent(linear_attention_recurrent), cases, recurrent_flat, exercise="linear_attention_recurrent",
            arg_names=LINEAR_ARGS, outputs=RECURRENT_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=1e-9,
            atol=1e-13)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import partial
 
 import torch
 from torch import nn
 
 from ..cases import case, needs
-from ..diagnosis import Mistake
+from ..diagnosis import Mistake, through
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
@@ -29,7 +28,7 @@ from ..references.multi_head import (
     torch_mha_reference,
 )
 from ..student import call_student, expect_error, probe
-from ..variation import decisions, variant, wrapping
+from ..variation import decisions, variant
 from ..verify import Case, verify
 from . import hidden
 
@@ -415,14 +414,13 @@ def _padding(lengths: list[int], m: int) -> torch.Tensor:
 
 
 #: How the check runs a catalogued class, as it runs the student's: two variants run so are combined into one.
-_run_class = wrapping(run_module)
 
 
 @hidden
 def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named after the class it checks
     """Against nn.MultiheadAttention (float64, 1e-10) and a loop over heads; masks; float32; errors."""
     # A catalogued mistake is a class: run it the way the student's class is run.
-    mistakes = [replace(m, fn=_run_class(m.fn)) for m in MISTAKES["MultiHeadAttention"]]
+    mistakes = through(MISTAKES["MultiHeadAttention"], run_module)
     gen = generator(503)
     x1, x2 = randn(2, 6, 12, gen=gen), randn(2, 5, 8, gen=gen)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()

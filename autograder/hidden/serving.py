@@ -11,13 +11,12 @@ kind of problem (paged cache) or the same result (everything else) on the same i
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..cases import case
-from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, matching
+from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, matching, through
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
@@ -498,7 +497,7 @@ def check_paged_attention(paged_attention) -> None:
         paged_case(gen, 6, 4, 2, 4, 16, [(1, [5, 0, 3], 12), (2, [4], 3)], [1, 2], "full blocks, 8 query heads per "
                    "key/value head"),
     ]
-    mistakes = [replace(m, fn=lambda *args, fn=m.fn: paged_attention_on(fn, *args)) for m in MISTAKES["paged_attention"]]
+    mistakes = through(MISTAKES["paged_attention"], lambda fn: lambda *args: paged_attention_on(fn, *args))
     float32 = [paged_case(gen, 5, 4, 2, 2, 8, [(0, [3, 1], 6), (1, [4, 0], 8)], [0, 1], "float32",
                           dtype=torch.float32)]
     for group, rtol, atol in [(cases, 1e-10, 1e-12), (float32, 1e-4, 1e-5)]:
@@ -539,7 +538,7 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
         for absorbed in (False, True):
             kwargs = {"absorbed": absorbed} if steps is None else {"steps": steps, "absorbed": absorbed}
             cases.append(Case((weights, x), kwargs, label=f"{label}, absorbed={absorbed}"))
-    mistakes = [replace(m, fn=run_mla(m.fn)) for m in MISTAKES["MultiHeadLatentAttention"]]
+    mistakes = through(MISTAKES["MultiHeadLatentAttention"], run_mla)
     float32 = [Case((LatentWeights(11035, 16, 2, 8, 6, dtype=torch.float32), randn(2, 5, 16, gen=gen, dtype=torch.float32)),
                     {"steps": [3, 2], "absorbed": absorbed}, label=f"float32, absorbed={absorbed}") for absorbed in (False, True)]
     for group, rtol, atol in [(cases, 1e-10, 1e-12), (float32, 1e-4, 1e-5)]:
@@ -563,7 +562,7 @@ def _same_run(student, theirs) -> bool:
 
 
 def _mistakes_named(student_value, case_args) -> list[Mistake]:
-    mistakes = [replace(m, fn=lambda *a, fn=m.fn: speculative_run(fn, *a)) for m in MISTAKES["speculative_generate"]]
+    mistakes = through(MISTAKES["speculative_generate"], lambda fn: lambda *a: speculative_run(fn, *a))
     return matching(Outcome(value=student_value), mistakes, case_args, same=_same_run)
 
 

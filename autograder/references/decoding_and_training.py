@@ -6,14 +6,13 @@ steps of checking both kinds of checks run. The tiny decoder's references are in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..cases import case as case_of_check
 from ..compare import assert_close, assert_shape, assert_tensor, describe
-from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose
+from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose, through
 from ..errors import CheckFailed, fail
 from ..inputs import generator, math_sdpa, randn
 from ..student import call_student, expect_error, probe
@@ -163,7 +162,7 @@ def allocation_problem(allocated: int, batch, kv_heads, d_head, dtype) -> str | 
 def check_cache_cases(KVCache, cases: Sequence[Case], mistakes: Sequence[Mistake] = ()) -> None:  # noqa: N803
     """Run :func:`cache_scenario` on every case and compare with the concatenation of the chunks."""
     names = ("batch", "kv_heads", "max_len", "d_head")
-    diagnosable = [replace(m, fn=_scenario_of(m.fn)) for m in mistakes]
+    diagnosable = through(mistakes, _scenario_of)
     for case in cases:
         batch, kv_heads, max_len, d_head, chunks = case.args
         shape = f"KVCache({batch}, {kv_heads}, {max_len}, {d_head}, dtype={case.kwargs.get('dtype', torch.float32)})"

@@ -5,19 +5,17 @@ student's RollingKVCache and watch what it holds."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from ..cases import case as case_of_check
 from ..compare import describe
-from ..diagnosis import Mistake, MistakeFound, Outcome, matching
+from ..diagnosis import Mistake, MistakeFound, Outcome, matching, through
 from ..errors import fail
 from ..guard import ATTENTION_BUILTINS
 from ..inputs import generator, randn
 from ..student import call_student, expect_error, probe
-from ..variation import wrapping
 from ..verify import Case
 from ..watches import TensorWatch, watched_call
 
@@ -211,7 +209,6 @@ def rolling_case(seed: int, batch: int, kv_heads: int, window: int, sinks: int, 
     return Case((batch, kv_heads, window, sinks, d_head, tokens), {"dtype": dtype}, label)
 
 
-@wrapping
 def _scenario_of(cache_class):
     def scenario(*args, **kwargs):
         return rolling_scenario(cache_class, *args, **kwargs)
@@ -221,7 +218,7 @@ def _scenario_of(cache_class):
 
 def check_rolling_cases(RollingKVCache, cases: Sequence[Case], mistakes: Sequence[Mistake] = ()) -> None:  # noqa: N803
     """Run :func:`rolling_scenario` on every case, compare with the kept tokens, name the mistakes that fit."""
-    diagnosable = [replace(m, fn=_scenario_of(m.fn)) for m in mistakes]
+    diagnosable = through(mistakes, _scenario_of)
     for case in cases:
         batch, kv_heads, window, sinks, d_head, tokens = case.args
         dtype = case.kwargs.get("dtype", torch.float32)
@@ -309,7 +306,6 @@ def expect_shape_errors(fn, exercise: str, gen: torch.Generator) -> None:
                      what=f"{exercise}(Q {q}, K {k}, V {v}{flags})", **kwargs)
 
 
-@wrapping
 def run_recurrent(linear_attention_recurrent):
     """How a check runs the recurrent form: its result checked for structure and flattened to (output, S, z)."""
 

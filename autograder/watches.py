@@ -209,8 +209,9 @@ def memory_rise(fn: Callable[..., Any], args: tuple, kwargs: dict, *, exercise: 
     return MemoryRise(value, int(seen["peak"]), False)
 
 
-def memory_message(rise: MemoryRise, exercise: str, case: str, bound: int) -> str:
-    """Why ``rise`` is too much, saying how it was measured (outside the kernel, or by the watch inside it)."""
+def memory_message(rise: MemoryRise, exercise: str, case: str, bound: int, hint: str | None = None) -> str:
+    """Why ``rise`` is too much, saying how it was measured (outside the kernel, or by the watch inside it), and
+    what to keep instead (``hint``; by default what FlashAttention keeps)."""
     mib = rise.bytes / 2**20
     if rise.outside:
         how = (f"the memory of your kernel's process, measured by the grader from outside it, reached {mib:.0f} MiB "
@@ -218,10 +219,10 @@ def memory_message(rise: MemoryRise, exercise: str, case: str, bound: int) -> st
                "ran")
     else:
         how = f"{exercise} had {mib:.0f} MiB of tensors alive at once"
+    hint = hint or ("FlashAttention never holds it, in any form (a tensor, a list of blocks, Python numbers). Keep "
+                    "only the current block and the per-query running values.")
     return (f"With {case}: {how}, more than the {bound // 2**20} MiB allowed. One n x m matrix of scores is "
-            f"{MEMORY_CASE_N * MEMORY_CASE_N * 4 // 2**20} MiB here: FlashAttention never holds it, in any form (a "
-            "tensor, a list of blocks, Python numbers). Keep only the current block and the per-query running "
-            "values.")
+            f"{MEMORY_CASE_N * MEMORY_CASE_N * 4 // 2**20} MiB here: {hint}")
 
 
 #: Reductions whose size the streaming check records: "max" ones and "sum" ones.

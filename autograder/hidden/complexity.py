@@ -5,9 +5,9 @@ allocates (:class:`autograder.watches.TensorWatch`, a ``TorchDispatchMode`` that
 operation, composite ones included): ``chunked_attention`` and ``flash_attention`` must
 never allocate an n x m tensor, ``flash_attention`` must tile the keys as well as the
 queries, and the bytes it keeps alive at once must stay well below one n x m matrix. On a case
-large enough for one n x m matrix to stand out (n = m = 4096), the memory of ``flash_attention``
-is measured from outside the kernel where grading has a control group
-(:func:`autograder.watches.memory_rise`), which code written to fool a watch cannot change.
+large enough for one n x m matrix to stand out (n = m = 4096), the memory of both is measured from
+outside the kernel where grading has a control group (:func:`autograder.watches.memory_rise`), which
+code written to fool a watch cannot change.
 """
 
 from __future__ import annotations
@@ -401,32 +401,43 @@ def _check_long_rows(flash_attention) -> None:
     _check_value(value, args, False, "flash_attention")
 
 
-def measured_memory_check(flash_attention) -> None:
-    """Config E: n = m = 4096 in float32; the memory may rise by at most MEMORY_RISE_BOUND while it runs.
+#: The chunk of queries of chunked_attention's measured case: its scores are 2 MiB, those of all the queries 64 MiB.
+MEMORY_CASE_CHUNK = 128
+#: What each exercise keeps instead of the n x m scores, said when its measured memory is too much.
+MEMORY_HINTS = {
+    "chunked_attention": "Chunked attention holds the scores of one chunk of queries at a time (chunk_size x m), "
+                         "never those of all n queries: compute each chunk's output, keep it, and let its scores go.",
+    "flash_attention": None,  # memory_message's own, about FlashAttention's blocks
+}
+
+
+def measured_memory_check(fn, exercise: str) -> None:
+    """Config E: n = m = 4096 in float32; the memory may rise by at most MEMORY_RISE_BOUND while ``fn`` runs.
 
     Measured from outside the kernel where grading has a control group, else by the watch. A call on a
     quarter of the size comes first, unmeasured: code that PyTorch loads the first time an operation
     runs at these sizes is then not counted against the student. The value is compared on every 64th
     query (the reference of the whole output would cost the grader more than the student's call).
     """
-    gen = generator(790)
-    n, d, block, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE
+    gen = generator(790 if exercise == "flash_attention" else 745)
+    n, d, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_DTYPE
+    size, size_name = (MEMORY_CASE_BLOCK, "block_size") if exercise == "flash_attention" else \
+        (MEMORY_CASE_CHUNK, "chunk_size")
     warm = tuple(randn(1, n // 4, d, gen=gen, dtype=dtype) for _ in range(3))
-    call_student(flash_attention, *warm, block, what=f"flash_attention(Q, K, V of shape {tuple(warm[0].shape)}, "
-                                                     f"block_size={block})", forbid=ATTENTION_BUILTINS)
-    args = (*(randn(1, n, d, gen=gen, dtype=dtype) for _ in range(3)), block)
-    case = f"{_shapes(args)} in float32, block_size={block}"
-    rise = memory_rise(flash_attention, args, {}, exercise="flash_attention", forbid=ATTENTION_BUILTINS, rows=n,
-                       cols=n)
+    call_student(fn, *warm, size, what=f"{exercise}(Q, K, V of shape {tuple(warm[0].shape)}, {size_name}={size})",
+                 forbid=ATTENTION_BUILTINS)
+    args = (*(randn(1, n, d, gen=gen, dtype=dtype) for _ in range(3)), size)
+    case = f"{_shapes(args)} in float32, {size_name}={size}"
+    rise = memory_rise(fn, args, {}, exercise=exercise, forbid=ATTENTION_BUILTINS, rows=n, cols=n)
     if rise.bytes > MEMORY_RISE_BOUND:
-        fail(memory_message(rise, "flash_attention", case, MEMORY_RISE_BOUND))
-    assert_tensor(rise.value, f"The result of flash_attention with {case}")
+        fail(memory_message(rise, exercise, case, MEMORY_RISE_BOUND, MEMORY_HINTS[exercise]))
+    assert_tensor(rise.value, f"The result of {exercise} with {case}")
     if tuple(rise.value.shape) != (1, n, d):
-        fail(f"With {case}: flash_attention returned shape {tuple(rise.value.shape)}, not {(1, n, d)}.")
+        fail(f"With {case}: {exercise} returned shape {tuple(rise.value.shape)}, not {(1, n, d)}.")
     rows = slice(None, None, 64)
     Q, K, V = (t.double() for t in args[:3])
-    assert_close(rise.value[:, rows], sdpa_reference(Q[:, rows], K, V, block), f"With {case}, the result of "
-                 "flash_attention (every 64th query)", rtol=1e-4, atol=1e-5)
+    assert_close(rise.value[:, rows], sdpa_reference(Q[:, rows], K, V, size), f"With {case}, the result of "
+                 f"{exercise} (every 64th query)", rtol=1e-4, atol=1e-5)
 
 
 # --- hidden checks -------------------------------------------------------------------------------
@@ -533,6 +544,8 @@ def check_chunked_attention(chunked_attention) -> None:
     """Against SDPA (math backend, float64) on many shapes, causal included; never an n x m tensor."""
     _check_attention(chunked_attention, "chunked_attention", "chunk_size", 740, [])
     _no_n_by_m_cases(chunked_attention, "chunked_attention", "chunk_size")
+    with case(f"the memory rise with n = m = {MEMORY_CASE_N} in float32"):
+        measured_memory_check(chunked_attention, "chunked_attention")
 
 
 @hidden
@@ -561,7 +574,7 @@ def check_flash_attention(flash_attention) -> None:
     with case("long rows: 4096 keys, the key blocks not all kept"):
         _check_long_rows(flash_attention)
     with case(f"the memory rise with n = m = {MEMORY_CASE_N} in float32"):
-        measured_memory_check(flash_attention)
+        measured_memory_check(flash_attention, "flash_attention")
 
 
 @hidden

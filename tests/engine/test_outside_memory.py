@@ -268,6 +268,7 @@ def test_without_a_group_the_same_answer_passes_the_watch(tmp_path, assignment, 
 @needs_group
 @needs_sandbox
 @pytest.mark.parametrize(("assignment", "module", "exercise"), [
+    ("07_complexity", "complexity", "chunked_attention"),
     ("07_complexity", "complexity", "flash_attention"),
     ("08_flash_backward", "flash_backward", "flash_attention_forward"),
     ("08_flash_backward", "flash_backward", "flash_attention_backward"),
@@ -312,19 +313,25 @@ def section_text(assignment: str, exercise: str) -> str:
     raise AssertionError(f"no answer cell {exercise} in {assignment}")
 
 
-@pytest.mark.parametrize(("assignment", "exercise"), [("07_complexity", "flash_attention"),
-                                                      ("08_flash_backward", "flash_attention_forward"),
-                                                      ("08_flash_backward", "flash_attention_backward")])
-def test_the_exercise_states_the_measured_case_and_its_bound(assignment, exercise):
+@pytest.mark.parametrize(("assignment", "exercise", "size"), [
+    ("07_complexity", "chunked_attention", f"`chunk_size={complexity.MEMORY_CASE_CHUNK}`"),
+    ("07_complexity", "flash_attention", f"`block_size={MEMORY_CASE_BLOCK}`"),
+    ("08_flash_backward", "flash_attention_forward", f"`block_size={MEMORY_CASE_BLOCK}`"),
+    ("08_flash_backward", "flash_attention_backward", f"`block_size={MEMORY_CASE_BLOCK}`"),
+])
+def test_the_exercise_states_the_measured_case_and_its_bound(assignment, exercise, size):
     """A student can pass from the text alone: the shapes, the dtype, the block size, the bound, the matrix it is
     measured against, and that the whole process is measured."""
     text = section_text(assignment, exercise)
     matrix_mib = MEMORY_CASE_N * MEMORY_CASE_N * torch.finfo(MEMORY_CASE_DTYPE).bits // 8 // 2**20
     dtype = str(MEMORY_CASE_DTYPE).removeprefix("torch.")
-    stated = [f"$(1, {MEMORY_CASE_N}, {MEMORY_CASE_D})$ in {dtype}", f"`block_size={MEMORY_CASE_BLOCK}`",
+    stated = [f"$(1, {MEMORY_CASE_N}, {MEMORY_CASE_D})$ in {dtype}", size,
               f"at most {MEMORY_RISE_BOUND // 2**20} MiB while `{exercise}` runs",
               f"${MEMORY_CASE_N} \\times {MEMORY_CASE_N}$ {dtype} matrix", f"is {matrix_mib} MiB",
               "memory of your whole process", "from outside your kernel's process"]
+    if exercise == "chunked_attention":  # what it keeps instead: one chunk's scores
+        stated.append(f"{complexity.MEMORY_CASE_CHUNK} queries are "
+                      f"{complexity.MEMORY_CASE_CHUNK * MEMORY_CASE_N * torch.finfo(MEMORY_CASE_DTYPE).bits // 8 // 2**20} MiB")
     missing = [s for s in stated if s not in text]
     assert not missing, f"{assignment}, {exercise}: the text does not state {missing}"
 
@@ -425,6 +432,20 @@ def test_memory_held_by_an_answer_cell_pays_for_nothing(tmp_path, monkeypatch, h
     print(f"graded in {seconds:.1f} s:", message)
     assert message is not None and "measured by the grader from outside it" in message, outputs
     assert "before your answer cells were loaded" in message
+
+
+@pytest.mark.slow
+@needs_group
+def test_chunked_attention_is_measured_from_outside_too(tmp_path):
+    """07's chunked_attention writing all n x m scores into pages an answer cell touched: no tensor the watch sees,
+    no rise above what the kernel held before its answer cells were loaded minus that cell's."""
+    hostile = PRE_TOUCHED_PAGES.replace("def flash_attention(", "def chunked_attention(")
+    outputs, seconds = graded_check(tmp_path, [tiled_answer(), hostile], "complexity", "chunked_attention",
+                                    sandboxed=True)
+    message = failure(outputs)
+    print(f"graded in {seconds:.1f} s:", message)
+    assert message is not None and "measured by the grader from outside it" in message, outputs
+    assert "one chunk of queries at a time" in message
 
 
 @pytest.mark.slow

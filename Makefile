@@ -146,9 +146,10 @@ bench-similarity: setup ## make similarity's time on a generated class of 1000 s
 bench-hub: setup ## the grading service's time from Submit to feedback, for one student and 20 at once (bench/results/)
 	$(BIN)/python bench/hub_bench.py
 
-bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient; the graded kernel's start
+bench-grading: setup ## grading throughput: a sweep of workers, with and without the kernel pool, vs plain nbclient; the graded kernel's start; pairs of mistakes named
 	$(BIN)/python bench/grading_bench.py
 	$(BIN)/python bench/graded_kernel_bench.py
+	$(BIN)/python bench/catalogue_pairs_bench.py
 
 .PHONY: bench-memory
 bench-memory: setup ## memory seen from outside: a grading kernel's rise on 07/08's case (needs root), the grader's own on the hostile class

@@ -73,7 +73,7 @@ def together(first: Mistake, second: Mistake) -> Mistake | None:
     both = combined(first.fn, second.fn)
     if both is None:
         return None
-    return Mistake(f"{first.name}' and '{second.name}", f"{first.explanation} {second.explanation}", first.section,
+    return Mistake(f"{first.name} and {second.name}", f"{first.explanation} {second.explanation}", first.section,
                    both, f"{first.id}+{second.id}", (first, second))
 
 

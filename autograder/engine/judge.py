@@ -80,8 +80,9 @@ RECORD = "record"
 
 
 def mistakes_record(mistakes: Sequence[Mistake]) -> NotebookNode:
-    """An output that shows nothing and records ``mistakes`` (id, name, section) for the class report."""
-    named = [{"id": m.id, "name": m.name, "section": m.section} for m in mistakes]
+    """An output that shows nothing and records ``mistakes`` (id, name, section) for the class report; two
+    mistakes made at once are recorded as the two catalogued mistakes they are."""
+    named = [{"id": m.id, "name": m.name, "section": m.section} for pair in mistakes for m in (pair.parts or (pair,))]
     return new_output("display_data", data={"text/plain": ""}, metadata={MISTAKES_KEY: named})
 
 

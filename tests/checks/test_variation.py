@@ -10,6 +10,7 @@ import torch
 
 from autograder import diagnosis
 from autograder.diagnosis import Mistake, matching, run
+from autograder.engine.judge import MISTAKES_KEY, mistakes_record
 from autograder.variation import combined, decisions, source_of, variant, wrapping
 
 
@@ -132,3 +133,9 @@ def test_pairs_survive_a_checks_wrapper():
     student = run(doubled(combined(SCALED.fn, STARTED.fn)), (LOW, W))
     assert [m.id for m in matching(student, wrapped, (LOW, W))] == ["t/scaled+t/started"]
     assert combined(doubled(SCALED.fn), STARTED.fn) is None  # one wrapped, one not: no pair
+
+
+def test_a_pair_is_recorded_for_the_class_report_as_the_two_mistakes_it_is():
+    pair = diagnosis.together(SCALED, STARTED)
+    record = mistakes_record([pair])
+    assert [m["id"] for m in record.metadata[MISTAKES_KEY]] == ["t/scaled", "t/started"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 from torch.nn.utils.rnn import pad_sequence
 
 from ..compare import is_close
@@ -31,6 +30,10 @@ def sdpa_causal_pattern(n: int, m: int) -> torch.Tensor:
 
 def lower_right_pattern(n: int, m: int) -> torch.Tensor:
     """``torch.nn.attention.bias.causal_lower_right(n, m)`` as a boolean (n, m) matrix."""
+    # imported here: it imports TorchDynamo (a CPU second), which every process that imports the checks would pay
+    # (each grading run's fork server, the grader), though only the checks of 03 and 09 call this
+    from torch.nn.attention.bias import causal_lower_right
+
     with warnings.catch_warnings():
         # PyTorch warns that rows without keys may give NaN when n > m; the pattern is what we want.
         warnings.simplefilter("ignore")

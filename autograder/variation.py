@@ -15,8 +15,10 @@ tries such pairs when no single mistake fits, :mod:`autograder.diagnosis`).
 
 What it does not do: a mistake that is another algorithm (autograd instead of the derivation, a loop
 over the whole sequence instead of the cache) is no variation of the reference and stays a function
-of its own; and an ``autograd.Function``'s static methods cannot read a decision through ``self``,
-so its mistakes stay classes of their own.
+of its own (an ``autograd.Function``'s static methods, which have no ``self``, read the class's
+decisions through its own name, which a variant keeps). A mistake whose message quotes a line of its
+own code (a traceback into the pasted answer) keeps its own function: a variant's lines are the
+reference's.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ cannot change. ``FlashAttention`` is run through autograd where the student's co
 (the probes of :mod:`autograder.checks.flash_backward`): its output, its gradients, what it saves
 for backward, ``torch.autograd.gradcheck``, and its backward under the guard.
 
-The catalogue: the mistakes of each function are variations of one reference with its decisions
-named (:mod:`autograder.variation`); written out are those that are another algorithm (autograd
-instead of the formulas), those whose recorded message quotes a line of their own source, and
-``FlashAttention``'s, whose static methods have no ``self`` to read a decision through.
+The catalogue: the mistakes of each function, and of ``FlashAttention``, are variations of one
+reference with its decisions named (:mod:`autograder.variation`; the class's static methods read its
+decisions through the class's own name); written out are those that are another algorithm (autograd
+instead of the formulas) and those whose recorded message quotes a line of their own source.
 """
 
 from __future__ import annotations
@@ -236,117 +236,52 @@ def flash_backward_lse_as_row(Q, K, V, O, dO, lse, block_size, is_causal=False):
     return dQ, dK, dV
 
 
-# FlashAttention's mistakes are classes of their own: an autograd.Function's static methods have no self.
-class FlashSavesP(torch.autograd.Function):
+# Its static methods have no self: they read the decisions through the class's own name, which a variant keeps.
+@decisions("saves_weights", "is_causal_on_ctx", "tensors_on_ctx", "returns_lse", "gradients_returned")
+class FlashAttention(torch.autograd.Function):
+    """Attention as an autograd.Function that keeps the logsumexp, with the decisions its mistakes get wrong."""
+
+    saves_weights = False
+    is_causal_on_ctx = True
+    tensors_on_ctx = False
+    returns_lse = False
+    gradients_returned = 5
+
     @staticmethod
     def forward(ctx, Q, K, V, block_size, is_causal=False):
         S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
         if is_causal:
             S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        P = torch.softmax(S, dim=-1)
-        O = P @ V
-        ctx.save_for_backward(Q, K, V, O, P)
-        return O
+        if FlashAttention.saves_weights:  # P itself, n x m, instead of its logsumexp
+            saved = torch.softmax(S, dim=-1)
+            O = saved @ V
+        else:
+            saved = torch.logsumexp(S, dim=-1)
+            O = torch.exp(S - saved.unsqueeze(-1)) @ V
+        if FlashAttention.tensors_on_ctx:
+            ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse = Q, K, V, O, saved
+        else:
+            ctx.save_for_backward(Q, K, V, O, saved)
+        if FlashAttention.is_causal_on_ctx:
+            ctx.is_causal = is_causal
+        return (O, saved) if FlashAttention.returns_lse else O
 
     @staticmethod
-    def backward(ctx, dO):
-        Q, K, V, O, P = ctx.saved_tensors
+    def backward(ctx, dO, *unused):
+        Q, K, V, O, saved = (ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse) if FlashAttention.tensors_on_ctx else ctx.saved_tensors
         scale = 1 / math.sqrt(Q.shape[-1])
+        P = saved
+        if not FlashAttention.saves_weights:
+            S = Q @ K.transpose(-2, -1) * scale
+            if FlashAttention.is_causal_on_ctx and ctx.is_causal:
+                S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
+            P = torch.exp(S - saved.unsqueeze(-1))
         dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
-        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
+        gradients = (dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None)
+        return gradients[:FlashAttention.gradients_returned]
 
 
-class FlashCausalForgotten(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, Q, K, V, block_size, is_causal=False):
-        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        lse = torch.logsumexp(S, dim=-1)
-        O = torch.exp(S - lse.unsqueeze(-1)) @ V
-        ctx.save_for_backward(Q, K, V, O, lse)
-        return O
-
-    @staticmethod
-    def backward(ctx, dO):
-        Q, K, V, O, lse = ctx.saved_tensors
-        scale = 1 / math.sqrt(Q.shape[-1])
-        P = torch.exp(Q @ K.transpose(-2, -1) * scale - lse.unsqueeze(-1))
-        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
-        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
-
-
-class FlashTensorsOnCtx(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, Q, K, V, block_size, is_causal=False):
-        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        lse = torch.logsumexp(S, dim=-1)
-        O = torch.exp(S - lse.unsqueeze(-1)) @ V
-        ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse, ctx.is_causal = Q, K, V, O, lse, is_causal
-        return O
-
-    @staticmethod
-    def backward(ctx, dO):
-        Q, K, V, O, lse = ctx.Q, ctx.K, ctx.V, ctx.O, ctx.lse
-        scale = 1 / math.sqrt(Q.shape[-1])
-        S = Q @ K.transpose(-2, -1) * scale
-        if ctx.is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        P = torch.exp(S - lse.unsqueeze(-1))
-        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
-        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
-
-
-class FlashThreeGradients(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, Q, K, V, block_size, is_causal=False):
-        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        lse = torch.logsumexp(S, dim=-1)
-        O = torch.exp(S - lse.unsqueeze(-1)) @ V
-        ctx.save_for_backward(Q, K, V, O, lse)
-        ctx.is_causal = is_causal
-        return O
-
-    @staticmethod
-    def backward(ctx, dO):
-        Q, K, V, O, lse = ctx.saved_tensors
-        scale = 1 / math.sqrt(Q.shape[-1])
-        S = Q @ K.transpose(-2, -1) * scale
-        if ctx.is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        P = torch.exp(S - lse.unsqueeze(-1))
-        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
-        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO
-
-
-class FlashReturnsLse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, Q, K, V, block_size, is_causal=False):
-        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-        if is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        lse = torch.logsumexp(S, dim=-1)
-        O = torch.exp(S - lse.unsqueeze(-1)) @ V
-        ctx.save_for_backward(Q, K, V, O, lse)
-        ctx.is_causal = is_causal
-        return O, lse
-
-    @staticmethod
-    def backward(ctx, dO, dlse):
-        Q, K, V, O, lse = ctx.saved_tensors
-        scale = 1 / math.sqrt(Q.shape[-1])
-        S = Q @ K.transpose(-2, -1) * scale
-        if ctx.is_causal:
-            S = S.masked_fill(torch.ones(S.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf"))
-        P = torch.exp(S - lse.unsqueeze(-1))
-        dS = P * (dO @ V.transpose(-2, -1) - (dO * O).sum(dim=-1, keepdim=True))
-        return dS @ K * scale, dS.transpose(-2, -1) @ Q * scale, P.transpose(-2, -1) @ dO, None, None
-
-
+# Another algorithm: autograd through the forward formula instead of its derivation.
 class FlashBackwardByAutograd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, block_size, is_causal=False):
@@ -520,20 +455,22 @@ MISTAKES: dict[str, list[Mistake]] = {
     "FlashAttention": [
         Mistake("saving P (an n x m tensor) for backward", "the point of FlashAttention is that nothing of size "
                 "n x m survives the forward pass: save Q, K, V, O and lse, and recompute P block by block in "
-                "backward as exp(S - lse).", FUNCTION, FlashSavesP,
+                "backward as exp(S - lse).", FUNCTION, variant(FlashAttention, saves_weights=True),
                 id="flash_backward/FlashAttention/saving-p-an-n-x-m-tensor-for-backward"),
         Mistake("is_causal not passed to the backward", "backward only sees ctx and dO: keep is_causal (and "
                 "block_size) on ctx in forward (ctx.is_causal = is_causal) and mask again in backward.", FUNCTION,
-                FlashCausalForgotten, id="flash_backward/FlashAttention/is-causal-not-passed-to-the-backward"),
+                variant(FlashAttention, is_causal_on_ctx=False),
+                id="flash_backward/FlashAttention/is-causal-not-passed-to-the-backward"),
         Mistake("tensors kept as attributes of ctx", "ctx.save_for_backward(Q, K, V, O, lse) is how a Function keeps "
                 "tensors for backward (autograd checks them and frees them after use); attributes of ctx are for "
-                "plain values such as block_size and is_causal.", FUNCTION, FlashTensorsOnCtx,
+                "plain values such as block_size and is_causal.", FUNCTION, variant(FlashAttention, tensors_on_ctx=True),
                 id="flash_backward/FlashAttention/tensors-kept-as-attributes-of-ctx"),
         Mistake("backward returns three gradients for five inputs", "forward takes Q, K, V, block_size and "
                 "is_causal, so backward returns five values: (dQ, dK, dV, None, None).", FUNCTION,
-                FlashThreeGradients, id="flash_backward/FlashAttention/backward-returns-three-gradients-for-five-inputs"),
+                variant(FlashAttention, gradients_returned=3),
+                id="flash_backward/FlashAttention/backward-returns-three-gradients-for-five-inputs"),
         Mistake("forward returns (O, lse)", "FlashAttention.apply returns O only, like attention; lse is saved for "
-                "backward with ctx.save_for_backward, not returned.", FUNCTION, FlashReturnsLse,
+                "backward with ctx.save_for_backward, not returned.", FUNCTION, variant(FlashAttention, returns_lse=True),
                 id="flash_backward/FlashAttention/forward-returns-o-lse"),
         Mistake("backward by autograd through the forward formula", "backward must compute the gradients from "
                 "the saved tensors with the formulas of section 5; running autograd through the naive formula "

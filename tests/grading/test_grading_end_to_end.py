@@ -8,8 +8,10 @@ demonstrations no graded cell needs, as a student may
 (:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are for
 and are most of the time a notebook takes; the reference submission answers and runs everything, the
 untouched one runs everything, and nbval runs every solution. Each mistake is judged on its own
-exercise's hidden test cell: that cell loses points (the cases the mistake gets right may keep their
-share) and its output names the mistake; the feedback page names it too and shows no hidden test.
+exercise's hidden test cell, as the judge judges it, by its cases: that cell loses points (the cases
+the mistake gets right keep their share), a failed case names the mistake, its section and its
+catalogue id, and the check goes on past it (only a forbidden call stops a check, and the stop names
+the mistake); the cell's output names it, and the feedback page too, showing no hidden test.
 One test per notebook, each grading its part of the class once, so that both pytest workers share
 the class (the latest notebooks, the longest to grade, first); every problem found is reported at
 the end.
@@ -28,6 +30,7 @@ from nbgrader.api import Gradebook
 
 from autograder.course.repository import assignments
 from autograder.course.settings import Settings
+from autograder.engine import judge
 from autograder.grading import feedback, grade
 
 from ..course_copy import (
@@ -54,17 +57,42 @@ def feedback_text(course, student, assignment) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
 
 
-def cell_outputs(course, student, assignment) -> dict[str, str]:
-    """grade_id -> everything the cell printed or raised, in the autograded notebook."""
+def graded_cells(course, student, assignment) -> dict[str, nbformat.NotebookNode]:
+    """grade_id -> the cell, in the autograded notebook."""
     graded = nbformat.read(course / "autograded" / student / assignment / f"{assignment}.ipynb", as_version=4)
-    found = {}
-    for cell in graded.cells:
-        parts = []
-        for out in cell.get("outputs", []):
-            parts += [out.get("text", ""), out.get("evalue", ""), *out.get("traceback", []),
-                      str(out.get("data", {}).get("text/plain", ""))]
-        found[nbgrader_meta(cell).get("grade_id", "")] = "\n".join(parts)
-    return found
+    return {nbgrader_meta(cell).get("grade_id", ""): cell for cell in graded.cells}
+
+
+def printed(cell) -> str:
+    """Everything ``cell`` printed or raised."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts += [out.get("text", ""), out.get("evalue", ""), *out.get("traceback", []),
+                  str(out.get("data", {}).get("text/plain", ""))]
+    return "\n".join(parts)
+
+
+def judged_problems(where: str, cell, mistake) -> list[str]:
+    """What is wrong in what the judge wrote for the hidden test ``cell`` of ``mistake``: the check goes on past it
+    (only a forbidden call stops it, naming the mistake), and a failed case names it, its section and its catalogue
+    id; or, where the source reader found a forbidden built-in before any case ran, the cell's failure does."""
+    record = judge.case_record(cell)
+    if record is None:
+        named = [m["id"] for m in judge.named_mistakes(cell)]
+        if mistake.id in named and mistake.section in printed(cell):
+            return []
+        return [f"{where}: no case ran, and the cell does not name it with its section and id: {named}"]
+    if record["stopped"]:
+        if f"'{mistake.name}'" in record["stopped"]:
+            return []  # a forbidden call: the whole cell scores zero, and says why
+        return [f"{where}: the check stopped outside its cases: {record['stopped'][:600]}"]
+    failed = [c for c in record["cases"] if not c["passed"]]
+    named = [c for c in failed if f"'{mistake.name}'" in c["message"] and mistake.section in c["message"]]
+    if not named:
+        return [f"{where}: no failed case names it with its section: {[c['message'][:300] for c in failed]}"]
+    if not any(mistake.id in c["mistakes"] for c in named):
+        return [f"{where}: the case that names it records {[c['mistakes'] for c in named]}, not {mistake.id}"]
+    return []
 
 
 def submit_the_class(course, assignments: list[str]) -> dict[tuple[str, str], dict]:
@@ -116,15 +144,16 @@ def test_a_class_of_every_notebook(tmp_path, assignment):
         for (assignment, student), mistakes in expected.items():
             grades = gb.find_submission_notebook(assignment, assignment, student).grades
             scores, maxima = {g.name: g.score for g in grades}, {g.name: g.max_score for g in grades}
-            outputs = cell_outputs(course, student, assignment)
+            cells = graded_cells(course, student, assignment)
             page = feedback_text(course, student, assignment)
             for exercise, mistake in mistakes.items():
                 where = f"{assignment} {student} {exercise}: {mistake.name!r}"
                 cell = f"test_{exercise}_hidden"
                 if scores[cell] >= maxima[cell]:  # the cases it gets right may earn their share, never all
                     problems.append(f"{where} earned all {scores[cell]} points of {cell}")
-                if mistake.name not in outputs[cell]:
-                    problems.append(f"{where} is not named by {cell}: {outputs[cell][-600:]}")
+                if mistake.name not in printed(cells[cell]):
+                    problems.append(f"{where} is not named by {cell}: {printed(cells[cell])[-600:]}")
+                problems += judged_problems(where, cells[cell], mistake)
                 if mistake.name not in page:
                     problems.append(f"{where} is not named by the feedback page")
             if "BEGIN HIDDEN TESTS" in page or "autograder.hidden" in page:

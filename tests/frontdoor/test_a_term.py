@@ -10,9 +10,12 @@ content).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
+import os
 import re
+import signal
 import subprocess
 import zipfile
 from pathlib import Path
@@ -24,6 +27,7 @@ from autograder.engine import sandbox
 
 from ..course_copy import depends_on, fill, mistake_source, mistake_submissions, reference_answers
 from . import user
+from .test_make_targets import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("frontdoor-term"),
               pytest.mark.skipif(bool(user.why_not()), reason=user.why_not() or "-")]
@@ -40,6 +44,8 @@ COMMANDS = {
     # docs/term.md's command line, with its limits (01's cells take well under a second each): graded again
     "python -m autograder autograde": ["-m", "autograder", "autograde", A, "--cell-timeout", "60",
                                        "--notebook-timeout", "600"],
+    # docs/scale.md's "By hand": a scheduler, a worker in the course's .venv, then make autograde CLUSTER=...
+    "autograde on a cluster": ["autograde", f"ASSIGNMENTS={A}"],
     "feedback": ["feedback"],
     "grades": ["grades"],
     "report": ["report"],
@@ -83,12 +89,40 @@ def term():
                 done[name] = subprocess.run([str(user.VENV / "bin" / "python"), *args], cwd=course, env=user.user_env(),
                                             capture_output=True, text=True, timeout=user.HANG, stdin=subprocess.DEVNULL)
                 continue
-            if name == "autograde" and sandbox.mode() == "limits only":
+            if name.startswith("autograde") and sandbox.mode() == "limits only":
                 args = [*args, "NO_SANDBOX=1"]
+            if name == "autograde on a cluster":
+                if sandbox.mode() != "limits only" or os.geteuid() == 0:  # else its test says why it is skipped
+                    done[name] = on_a_cluster(course, args)
+                continue
             done[name] = user.make(course, *args)
         yield course, done
     finally:
         user.remove(course)
+
+
+def on_a_cluster(course: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """docs/scale.md's guide typed as written, on this machine: `.venv/bin/dask scheduler --port P`, `.venv/bin/dask
+    worker tcp://host:P --nworkers 1 --nthreads 1` (one worker where the guide starts 8 a machine, and a free port
+    for 8786: this machine has 2 cores and other tests), `make autograde CLUSTER=...`."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = str(user.VENV / "bin" / "dask")
+    started = [subprocess.Popen(command, cwd=course, env=user.user_env(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+               for command in ([dask, "scheduler", "--port", str(port)],
+                               [dask, "worker", address, "--nworkers", "1", "--nthreads", "1"])]
+    try:
+        return user.make(course, *args, f"CLUSTER={address}")
+    finally:
+        for process in reversed(started):  # the worker (its nanny and its process), then the scheduler
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def page_text(path: Path) -> str:
@@ -118,6 +152,14 @@ def test_make_autograde_grades_the_class(term):
     assert "graded 3, could not be graded 0" in done["autograde"].stdout, user.said(done["autograde"])
     for student in CANVAS:
         assert (course / "autograded" / student / A / f"{A}.ipynb").is_file(), student
+
+
+@pytest.mark.skipif(sandbox.mode() == "limits only" and os.geteuid() != 0,
+                    reason="no sandbox here and not root: a Dask worker would run student code as you")
+def test_make_autograde_on_a_cluster_as_the_manual_starts_one(term):
+    _, done = term
+    graded = done["autograde on a cluster"]
+    assert graded.returncode == 0 and "graded 3, could not be graded 0" in graded.stdout, user.said(graded)
 
 
 def test_python_m_autograder_autograde_grades_it_again_with_its_limits(term):

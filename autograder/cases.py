@@ -60,6 +60,7 @@ class CheckRecord:
     results: list[CaseResult] = field(default_factory=list)
     stopped: str = ""
     timed_out: bool = False  # a call ran past the cell's time (the kernel must be brought back before the next cell)
+    pairs_tried: bool = False  # a case's diagnosis tried pairs of mistakes (once a check: see first_pair_search)
 
     @property
     def failed(self) -> list[CaseResult]:
@@ -142,6 +143,17 @@ def needs(built: object, by: str) -> None:
 def recording() -> bool:
     """Whether a failing case is recorded and the check goes on (a check judged under :func:`judging`)."""
     return _OPEN.get() is not None and not _IN_CASE.get()
+
+
+def first_pair_search() -> bool:
+    """Whether a diagnosis may try pairs of mistakes now: once a judged check (the first of its failing cases that
+    no single mistake explains), always elsewhere (the first failing case stops the check there). A wrong answer
+    that fails every case pays for the pairs once, not once a case."""
+    record = _OPEN.get()
+    if record is None:
+        return True
+    tried, record.pairs_tried = record.pairs_tried, True
+    return not tried
 
 
 class case:  # noqa: N801 - used as a statement, ``with case("causal, n != m"):``

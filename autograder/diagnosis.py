@@ -6,7 +6,7 @@ exactly that mistake. A wrong answer is run on the same input as every mistake i
 catalogue; the mistakes that produce the same result (or raise the same error) are named
 in the message, all of them when several give that result. When none does, pairs of
 mistakes declared as variations of one reference (:mod:`autograder.variation`) are tried,
-within :data:`PAIR_BUDGET`, and the first pair that gives the result is named.
+within :data:`PAIR_BUDGET` and once a judged check, and the first pair that gives the result is named.
 
 The catalogue is instructor-only: the grader has it, the student's bundle does not.
 :func:`catalogue` finds it when it is there, so that the visible checks name catalogued
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .cases import first_pair_search
 from .compare import is_close
 from .errors import CheckFailed
 from .guard import Forbidden, ForbiddenCall, Guard
@@ -198,7 +199,7 @@ def matching(
         if not any(_same_mistake(m, mistake) for m in found) and fits(mistake):
             found.append(mistake)
     # No single mistake fits: two at once, when the catalogue declares them as variations of one reference.
-    if not found:
+    if not found and first_pair_search():
         found = next(([pair] for pair in pairs(mistakes) if fits(pair)), [])
     return found
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from autograder import diagnosis
+from autograder.cases import case, checking, judging
 from autograder.diagnosis import Mistake, matching, run
 from autograder.engine.judge import MISTAKES_KEY, mistakes_record
+from autograder.errors import CheckFailed, fail
 from autograder.variation import combined, decisions, source_of, variant, wrapping
 
 
@@ -139,3 +141,19 @@ def test_a_pair_is_recorded_for_the_class_report_as_the_two_mistakes_it_is():
     pair = diagnosis.together(SCALED, STARTED)
     record = mistakes_record([pair])
     assert [m["id"] for m in record.metadata[MISTAKES_KEY]] == ["t/scaled", "t/started"]
+
+
+def test_pairs_are_tried_once_a_judged_check_not_once_a_failing_case(monkeypatch):
+    """A wrong answer that no mistake explains fails every case: the pairs cost one search a check, not one a case."""
+    searched = []
+    monkeypatch.setattr(diagnosis, "pairs", lambda mistakes, budget=None: searched.append(1) or [])
+    wrong = run(lambda x, w: x.mean(dim=-1), (LOW, W))
+    with pytest.raises(CheckFailed), judging(), checking("weighted"):
+        for i in range(3):
+            with case(f"input {i}"):
+                assert matching(wrong, CATALOGUE, (LOW, W)) == []
+                fail("wrong")
+    assert len(searched) == 1
+    for _ in range(2):  # not judged: the first failing case stops the check, and each search may try them
+        matching(wrong, CATALOGUE, (LOW, W))
+    assert len(searched) == 3

@@ -20,7 +20,7 @@ from traitlets.config import Config
 import autograder
 from autograder import serve
 from autograder.course.repository import assignments
-from autograder.engine import source_check
+from autograder.engine import judge, source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
 
@@ -55,7 +55,6 @@ def probes_in_the_code() -> dict[str, list[str]]:
 def test_the_probes_are_found_in_the_code():
     found = probes_in_the_code()
     for known in ("autograder.watches:watch_allocations", "autograder.references.flash_backward:function_record",
-                  "autograder.references.flash_backward:gradcheck_record",
                   "autograder.references.flash_backward:backward_under_guard",
                   "autograder.references.tiny_decoder:model_calls"):
         assert known in found
@@ -67,6 +66,15 @@ def test_every_probe_in_the_code_is_held(monkeypatch):
     serve.hold_probes()
     missing = sorted(set(probes_in_the_code()) - set(serve._held))
     assert not missing, f"probes not held in the graded kernel (add their modules to serve.PROBE_MODULES): {missing}"
+
+
+def test_every_probe_in_the_code_says_what_its_result_is():
+    """A probe whose result is a property seen in the kernel (not data judged against a reference) says what backs
+    it: a new probe is classified (serve.PROBE_KINDS) before it is run, and a probe that goes takes its entry."""
+    found, classified = set(probes_in_the_code()), set(serve.PROBE_KINDS)
+    assert not found - classified, f"classify these probes in serve.PROBE_KINDS: {sorted(found - classified)}"
+    assert not classified - found, f"no longer probes: {sorted(classified - found)}"
+    assert all(kind in (serve.DATA, serve.OBSERVED) and why for kind, why in serve.PROBE_KINDS.values())
 
 
 @pytest.mark.parametrize("assignment", assignments())
@@ -259,8 +267,7 @@ def _record(function, Q, K, V, dO, block_size, is_causal):
 
 
 import autograder.references.flash_backward as _fb
-for _name, _fake in [("function_record", _record), ("gradcheck_record", lambda *args: None),
-                     ("backward_under_guard", lambda *args: None)]:
+for _name, _fake in [("function_record", _record), ("backward_under_guard", lambda *args: None)]:
     setattr([_fb][0], _name, _fake)
 '''
 
@@ -272,3 +279,39 @@ def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp
     outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED_WITH_PROBES_REPLACED)
     message = failure(outputs)
     assert message is not None and "not written yet" in message, outputs
+
+
+# -- graded: 08's FlashAttention with a wrong backward, torch.autograd.gradcheck replaced ------------------------
+
+#: A forward from basic operations and a backward that returns zeros; the answer cell makes gradcheck accept anything.
+WRONG_BACKWARD_GRADCHECK_REPLACED = '''
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            keep = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        ctx.save_for_backward(Q, K, V)
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V = ctx.saved_tensors
+        return torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V), None, None
+
+
+torch.autograd.gradcheck = lambda *args, **kwargs: True
+'''
+
+
+@pytest.mark.slow
+def test_a_wrong_backward_earns_nothing_from_gradcheck_replaced_in_the_kernel(tmp_path, monkeypatch):
+    """gradcheck runs in the grader, on the outputs and gradients fetched from the kernel: nothing there can pass it."""
+    monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)  # the hold and the wire alone are tested
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", WRONG_BACKWARD_GRADCHECK_REPLACED)
+    cases = judge.case_record({"outputs": outputs})["cases"]
+    gradchecks = [c for c in cases if c["name"].startswith("gradcheck")]
+    assert len(gradchecks) == 3 and not any(c["passed"] for c in gradchecks), gradchecks
+    assert "Jacobian mismatch" in gradchecks[0]["message"], gradchecks[0]["message"]

@@ -14,6 +14,10 @@ define probes (:data:`PROBE_MODULES`), each copy with its own copy of its module
 ``setattr`` on its module, however the module is reached; a new ``__code__`` on the function; another
 module put in ``sys.modules``) changes the original, not the copy that runs.
 
+Each probe says what its result is (:data:`PROBE_KINDS`): data the grader judges against a reference, or a
+property seen here, with what in the grader backs it (08's gradcheck, once a probe, is data compared in the
+grader; where an exercise forbids built-ins the grader reads the source before each probe).
+
 A check that must know how the student's code calls a model (how many calls, with what) does not
 count in the kernel: it serves the model from the grader (:mod:`autograder.served`), and :func:`serve`
 lets the stand-in's calls reach the grader as input requests while a request runs.
@@ -104,15 +108,15 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
                                                                            "in the grader backs it"),
     "autograder.references.decoding_and_training:cache_allocations": (OBSERVED, "bytes allocated; nothing in the "
                                                                                  "grader backs it"),
-    "autograder.references.long_context:rolling_bytes_held": (OBSERVED, "bytes held; nothing in the grader backs it"),
+    "autograder.references.long_context:rolling_bytes_held": (OBSERVED, "bytes held; backed as gradcheck_failure is"),
     "autograder.references.serving:absorbed_allocations": (OBSERVED, "the first large tensor; nothing in the grader "
                                                                       "backs it"),
     "autograder.references.serving:append_allocations": (OBSERVED, "bytes allocated; nothing in the grader backs it"),
     "autograder.references.tiny_decoder:model_calls": (
         OBSERVED, "the model's calls, counted in the kernel (the visible check); the hidden check serves the model "
                   "from the grader and counts them there"),
-    "autograder.references.tiny_decoder:train_block": (OBSERVED, "the losses of a training run in the kernel; "
-                                                                 "nothing in the grader backs it"),
+    "autograder.references.tiny_decoder:train_block": (OBSERVED, "the losses of a training run in the kernel; backed "
+                                                                 "as gradcheck_failure is"),
 }
 
 

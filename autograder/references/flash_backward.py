@@ -368,6 +368,10 @@ def check_function_cases(FlashAttention, cases: Sequence[Case], mistakes: Sequen
 
 
 def check_backward_guard(FlashAttention, Q, K, V, dO, block_size: int, is_causal: bool) -> None:  # noqa: N803
-    """Fail if the student's backward calls automatic differentiation or SDPA."""
+    """Fail if the student's backward calls automatic differentiation or SDPA.
+
+    The guard that watches the backward runs in the student's kernel, where code can replace it; the
+    grader also reads the Function's source for the same built-ins before the probe runs (``forbid``).
+    """
     probe(backward_under_guard, FlashAttention, Q, K, V, dO, block_size, is_causal,
-          what=f"FlashAttention's backward (Q, K, V, {block_size}, {is_causal})", forbid=FORWARD_BUILTINS)
+          what=f"FlashAttention's backward (Q, K, V, {block_size}, {is_causal})", forbid=BACKWARD_BUILTINS)

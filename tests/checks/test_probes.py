@@ -15,6 +15,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+import torch
 from traitlets.config import Config
 
 import autograder
@@ -315,3 +316,69 @@ def test_a_wrong_backward_earns_nothing_from_gradcheck_replaced_in_the_kernel(tm
     gradchecks = [c for c in cases if c["name"].startswith("gradcheck")]
     assert len(gradchecks) == 3 and not any(c["passed"] for c in gradchecks), gradchecks
     assert "Jacobian mismatch" in gradchecks[0]["message"], gradchecks[0]["message"]
+
+
+# -- 08's backward under the guard: the grader reads the source for what the kernel's guard watches for ----------
+
+AUTOGRAD_IN_BACKWARD = """
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        ctx.save_for_backward(Q, K, V)
+        ctx.is_causal = is_causal
+        return _naive(Q, K, V, is_causal)
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (Q, K, V)]
+            dQ, dK, dV = torch.autograd.grad(_naive(*leaves, ctx.is_causal), leaves, dO)
+        return dQ, dK, dV, None, None
+
+
+def _naive(Q, K, V, is_causal):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+"""
+
+
+class _ReadingChannel(serve.LocalChannel):
+    """A namespace in this process whose source the grader reads, as grading reads the graded kernel's."""
+
+    def __init__(self, sources: list[str]) -> None:
+        namespace: dict = {}
+        for source in sources:
+            exec(source, namespace)  # noqa: S102 - the test's own answer
+        super().__init__(namespace)
+        self.sources = sources
+
+    def forbidden_use(self, name, rules, exercise):
+        return source_check.forbidden_use(self.sources, name, rules, exercise)
+
+
+def test_a_backward_through_autograd_is_caught_with_the_kernels_guard_replaced(monkeypatch):
+    """The guard in the kernel is replaced (as an answer cell can replace it there): the grader's reading of the
+    Function's source for the built-ins the backward may not call still catches automatic differentiation."""
+    from autograder import remote
+    from autograder.guard import ForbiddenCall, Guard
+    from autograder.references.flash_backward import check_backward_guard, qkv
+
+    channel = _ReadingChannel(["import math\nimport torch", AUTOGRAD_IN_BACKWARD])
+    found, FlashAttention = remote.lookup(channel, "FlashAttention")  # noqa: N806
+    assert found
+    monkeypatch.setattr(Guard, "__torch_function__", lambda self, func, types, args=(), kwargs=None:
+                        func(*args, **(kwargs or {})))
+    Q, K, V, dO = qkv(torch.Generator().manual_seed(0), (1,), 5, 7, 3, 2)
+    with pytest.raises(ForbiddenCall, match="torch.autograd.grad"):
+        check_backward_guard(FlashAttention, Q, K, V, dO, 3, True)
+
+
+@pytest.mark.slow
+def test_the_reference_flash_attention_keeps_every_point_in_the_graded_kernel(tmp_path):
+    """With the source read for what the backward may not call, and gradcheck run in the grader."""
+    answer = reference_answers("08_flash_backward")["FlashAttention"]
+    assert failure(graded_one(tmp_path, "08_flash_backward", "FlashAttention", answer)) is None

@@ -8,7 +8,9 @@ in the message, all of them when several give that result. When none does, pairs
 mistakes declared as variations of one reference (:mod:`autograder.variation`) are tried,
 within :data:`PAIR_BUDGET` and once a judged check, and the first pair that gives the result is named.
 
-The catalogue is instructor-only: the grader has it, the student's bundle does not.
+The catalogue is instructor-only: the grader has it, the student's bundle does not. Its
+entries are data, a file per hidden module that :func:`read_mistakes` reads (an entry it
+cannot read is a :class:`CatalogueError` naming the file, the entry and the problem).
 :func:`catalogue` finds it when it is there, so that the visible checks name catalogued
 mistakes at grading time, while in the bundle only the generic diagnoses of
 :mod:`autograder.diagnoses` speak.

@@ -67,12 +67,14 @@ PROBE_MODULES = (
 )
 _held: dict[str, Callable[..., Any]] = {}
 
-#: What each probe's result is, so that a new probe cannot be added without saying (tests/checks/test_probes.py):
-#: ``DATA`` is compared by the grader with a reference (code in the kernel that forges it has computed the right
-#: answer); ``OBSERVED`` is a property seen in the kernel (bytes, counts, saved tensors, forbidden calls, how a
-#: result was built), which code in the kernel can forge; the text says what the grader checks it against, or
-#: that nothing does (docs/safety.md, "What each part protects").
-DATA, OBSERVED = "data", "observed"
+#: A probe's result that the grader compares with a reference: code in the kernel that forges it has computed the
+#: right answer.
+DATA = "data"
+#: A probe's result that is a property seen in the kernel (bytes, counts, saved tensors, forbidden calls, how a result
+#: was built), which code in the kernel can forge.
+OBSERVED = "observed"
+#: Each probe (``module:qualname``) -> (:data:`DATA` or :data:`OBSERVED`, what the grader checks it against, or that
+#: nothing does), so that a new probe is not added without saying (tests/checks/test_probes.py; docs/safety.md).
 PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.decoding_and_training:cache_scenario": (DATA, "lengths, keys and values against the reference"),
     "autograder.references.long_context:rolling_scenario": (DATA, "lengths, keys, values and positions against the reference"),

@@ -101,7 +101,7 @@ def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
         serve._examiner("autograder.references.tiny_decoder:Weights")
 
 
-# -- graded: a generate that never uses the cache, and a replaced model_calls --------------------------------
+# -- graded: a generate that never uses the cache, served a model from the grader --------------------------------
 
 A = "09_decoding_and_training"
 NEVER_CACHES = '''
@@ -115,24 +115,6 @@ def generate(model, prompt, steps, use_cache=True):
             tokens = torch.cat([tokens, token[:, None]], dim=1)
     return torch.stack(chosen, dim=1).reshape(prompt.shape[0], steps)
 '''
-FAKE = '''
-
-def _looks_cached(generate, model, prompt, steps, use_cache=True):
-    tokens = generate(model, prompt, steps, use_cache=use_cache)
-    fed = torch.tensor([prompt.shape[-1]] + [1] * (steps - 1))
-    return tokens, fed, torch.ones(steps, dtype=torch.bool)
-
-'''
-REPLACEMENTS = {
-    "setattr-on-a-list-element": "import autograder.references.tiny_decoder as _td\n"
-                                 "setattr([_td][0], 'model_calls', _looks_cached)\n",
-    "new-code": "import autograder.references.tiny_decoder as _td\n_td.model_calls.__code__ = _looks_cached.__code__\n",
-    "sys-modules": "import sys, types, autograder.references.tiny_decoder as _td\n"
-                   "sys.modules['autograder.references.tiny_decoder'] = types.SimpleNamespace("
-                   "**{**vars(_td), 'model_calls': _looks_cached})\n",
-}
-
-
 #: Never caches, and writes into the probe's own lists (reached through the wrapper the probe put on the model) what a
 #: caching generate would have been counted: the held probe is not what is fooled, what it counts is.
 REWRITES_THE_COUNT = '''
@@ -184,9 +166,8 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("style", sorted(REPLACEMENTS))
-def test_a_generate_that_never_caches_fails_with_model_calls_replaced(tmp_path, style):
-    message = failure(graded_generate(tmp_path, NEVER_CACHES + FAKE + REPLACEMENTS[style]))
+def test_a_generate_that_never_caches_fails(tmp_path):
+    message = failure(graded_generate(tmp_path, NEVER_CACHES))
     assert message is not None and "use_cache=True" in message, message
 
 
@@ -237,9 +218,9 @@ def test_a_speculative_decoder_that_rewrites_its_targets_count_fails(tmp_path):
     assert message is not None and "target" in message, message
 
 
-# -- graded: 08's FlashAttention left as released, its three probes replaced -----------------------------------
+# -- graded: 08's FlashAttention left as released, the probes its hidden check runs replaced in three styles -------
 
-UNTOUCHED_WITH_PROBES_REPLACED = '''
+UNTOUCHED = '''
 class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, block_size, is_causal=False):
@@ -250,36 +231,66 @@ class FlashAttention(torch.autograd.Function):
         raise NotImplementedError()
 
 
-def _attention(Q, K, V, is_causal):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if is_causal:
-        keep = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
-
-
 def _record(function, Q, K, V, dO, block_size, is_causal):
+    import math, torch
+
+    def attend(Q, K, V):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
     Q, K, V = (t.detach().clone().requires_grad_(True) for t in (Q, K, V))
-    out = _attention(Q, K, V, is_causal)
+    out = attend(Q, K, V)
     grads = torch.autograd.grad(out, (Q, K, V), dO.to(out.dtype))
     return {"saved": [], "saved_bytes": 0, "ctx_tensors": [], "output": out.detach(),
             "grads": tuple(g.detach() for g in grads)}
 
 
+def _values(function, points, dOs, block_size, is_causal):
+    import math, torch
+
+    def attend(Q, K, V):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in points[0]]
+    out = attend(*leaves)
+    return ([attend(*p).detach() for p in points],
+            [tuple(g.detach() for g in torch.autograd.grad(out, leaves, dO, retain_graph=True)) for dO in dOs])
+
+
+def _nothing(*args):
+    return None
+
+
 import autograder.references.flash_backward as _fb
-for _name, _fake in [("function_record", _record), ("backward_under_guard", lambda *args: None)]:
-    setattr([_fb][0], _name, _fake)
 '''
+#: How an answer cell replaces the probes; each would make the untouched stub pass every case if the probes ran as
+#: the module holds them after the answer cells (the probes' forged results are right: reference values, nothing saved).
+PROBES_REPLACED = {
+    "setattr-on-a-list-element": "for _name, _fake in [('function_record', _record), ('function_values', _values), "
+                                 "('backward_under_guard', _nothing)]:\n    setattr([_fb][0], _name, _fake)\n",
+    "new-code": "_fb.function_record.__code__ = _record.__code__\n_fb.function_values.__code__ = _values.__code__\n"
+                "_fb.backward_under_guard.__code__ = _nothing.__code__\n",
+    "sys-modules": "import sys, types\nsys.modules['autograder.references.flash_backward'] = types.SimpleNamespace("
+                   "**{**vars(_fb), 'function_record': _record, 'function_values': _values, "
+                   "'backward_under_guard': _nothing})\n",
+}
 
 
 @pytest.mark.slow
-def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("style", sorted(PROBES_REPLACED))
+def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp_path, monkeypatch, style):
     # the source reader (which refuses an answer cell that patches a module) is off: the hold alone is tested
     monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)
-    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED_WITH_PROBES_REPLACED)
-    message = failure(outputs)
-    assert message is not None and "not written yet" in message, outputs
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED + PROBES_REPLACED[style])
+    record = judge.case_record({"outputs": outputs})  # none when the check stopped: the cell scores nothing
+    assert (record or {"score": 0})["score"] == 0 and "not written yet" in failure(outputs), outputs
 
 
 # -- graded: 08's FlashAttention with a wrong backward, torch.autograd.gradcheck replaced ------------------------

@@ -4,12 +4,14 @@ error, naming the file, the entry and the problem, for every entry it cannot rea
 from __future__ import annotations
 
 import math
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from autograder.diagnosis import CatalogueError, read_mistakes
+from autograder.diagnosis import CatalogueError, by_id, read_mistakes
 from autograder.variation import decisions
 
 SECTION = "1. A first exercise"
@@ -124,3 +126,19 @@ def test_a_file_that_is_no_toml_or_no_list_of_entries_is_a_clear_error(tmp_path)
         read_mistakes(namespace(tmp_path, 'weights = "wrong"\n'))
     with pytest.raises(CatalogueError, match=r"missing\.toml"):
         read_mistakes({**namespace(tmp_path, ""), "__file__": str(tmp_path / "missing.py")})
+
+
+def test_the_manuals_example_entry_is_the_catalogues_own(tmp_path):
+    """The entry docs/architecture.md shows reads as the mistake the catalogue of 08 holds."""
+    from autograder.hidden import flash_backward
+
+    page = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "mistakes").mkdir()
+    (tmp_path / "mistakes" / "flash_backward.toml").write_text(example)
+    shown = read_mistakes({**vars(flash_backward), "__file__": str(tmp_path / "flash_backward.py")})
+    (exercise, (mistake,)), = shown.items()
+    held = by_id(flash_backward.MISTAKES[exercise], mistake.id)
+    assert (mistake.name, mistake.explanation, mistake.section) == (held.name, held.explanation, held.section)
+    assert mistake.fn.__variation__.reference is held.fn.__variation__.reference
+    assert mistake.fn.__variation__.changed == held.fn.__variation__.changed

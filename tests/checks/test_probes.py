@@ -101,6 +101,40 @@ def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
         serve._examiner("autograder.references.tiny_decoder:Weights")
 
 
+class _Concatenating:
+    """A KV cache grown by torch.cat at every append (what 09's allocation check catches)."""
+
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.k = self.v = torch.zeros(batch, kv_heads, 0, d_head, dtype=dtype)
+
+    def append(self, k, v):
+        self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def test_a_held_probe_keeps_the_built_ins_it_was_held_with(monkeypatch):
+    """An answer cell can put its own ``range`` in ``builtins`` (here: no appends where the probe counts them)."""
+    import builtins
+    import sys
+
+    from autograder.references import decoding_and_training
+
+    monkeypatch.setattr(serve, "_held", {})
+    serve.hold_probes(["autograder.references.decoding_and_training"])
+    held = serve._held["autograder.references.decoding_and_training:cache_allocations"]
+    held(_Concatenating, 1, 2, 4, 8, 4)  # what PyTorch imports the first time, imported before range is replaced
+    real = builtins.range
+
+    def short(*args):
+        counted = len(args) == 2 and sys._getframe(1).f_code.co_name == "cache_allocations"  # the appends counted
+        return real(0) if counted else real(*args)
+
+    monkeypatch.setattr(builtins, "range", short)
+    assert decoding_and_training.cache_allocations(_Concatenating, 1, 2, 16, 8, 16) == (0, 0)  # fooled
+    allocated, by_cat = held(_Concatenating, 1, 2, 16, 8, 16)
+    assert by_cat > 0 and allocated >= by_cat
+
+
 # -- graded: a generate that never uses the cache, served a model from the grader --------------------------------
 
 A = "09_decoding_and_training"

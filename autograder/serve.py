@@ -115,9 +115,6 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.serving:absorbed_allocations": (OBSERVED, "the first large tensor; nothing in the grader "
                                                                       "backs it"),
     "autograder.references.serving:append_allocations": (OBSERVED, "bytes allocated; nothing in the grader backs it"),
-    "autograder.references.tiny_decoder:model_calls": (
-        OBSERVED, "the model's calls, counted in the kernel (the visible check); the hidden check serves the model "
-                  "from the grader and counts them there"),
     "autograder.references.tiny_decoder:train_block": (OBSERVED, "the losses of a training run in the kernel; backed "
                                                                  "as gradcheck_failure is"),
 }

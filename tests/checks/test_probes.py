@@ -57,7 +57,7 @@ def test_the_probes_are_found_in_the_code():
     found = probes_in_the_code()
     for known in ("autograder.watches:watch_allocations", "autograder.references.flash_backward:function_record",
                   "autograder.references.flash_backward:backward_under_guard",
-                  "autograder.references.tiny_decoder:model_calls"):
+                  "autograder.references.flash_backward:function_values"):
         assert known in found
     assert len(found) > 20
 
@@ -175,9 +175,10 @@ def graded_generate(tmp_path, generate_cell: str) -> list:
     return graded_one(tmp_path, A, "generate", generate_cell)
 
 
-def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
+def graded_one(tmp_path, assignment: str, exercise: str, answer: str, test: str = "") -> list:
     """``assignment`` graded as grading runs it with ``answer`` as ``exercise``'s answer cell (the reference answers
-    elsewhere), only ``exercise``'s hidden test run: that test cell's outputs."""
+    elsewhere), only ``exercise``'s hidden test run (or the test cell ``test``): that test cell's outputs."""
+    test = test or f"test_{exercise}_hidden"
     notebook = source_notebook(assignment)
     answers = dict(reference_answers(assignment), **{exercise: answer})
     cells = []
@@ -185,7 +186,7 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
         meta = nbgrader_meta(cell)
         if meta.get("solution"):
             cell.source = answers[meta["grade_id"]]
-        elif is_test_cell(cell) and meta.get("grade_id") != f"test_{exercise}_hidden":
+        elif is_test_cell(cell) and meta.get("grade_id") != test:
             cell.source = "pass"
         elif cell.cell_type == "code" and not meta and not cell.source.startswith("import"):
             continue  # the demonstrations: the graded kernel holds none of them anyway
@@ -196,7 +197,7 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
     config.CourseDirectory.root = str(ROOT)
     graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": assignment, "notebook": assignment}})
-    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == f"test_{exercise}_hidden")
+    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == test)
 
 
 @pytest.mark.slow
@@ -213,8 +214,16 @@ def test_a_generate_that_rewrites_what_the_count_noted_fails(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path):
-    assert failure(graded_generate(tmp_path, reference_answers(A)["generate"])) is None
+def test_a_generate_that_rewrites_what_the_count_noted_fails_the_visible_check(tmp_path):
+    """The visible check serves its model from the grader too (its test cell has points)."""
+    message = failure(graded_one(tmp_path, A, "generate", REWRITES_THE_COUNT, test="test_generate"))
+    assert message is not None and "use_cache=True" in message, message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("test", ["test_generate", "test_generate_hidden"])
+def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path, test):
+    assert failure(graded_one(tmp_path, A, "generate", reference_answers(A)["generate"], test=test)) is None
 
 
 # -- graded: 11's speculative decoder that verifies token by token and rewrites the count of its target's calls ---

@@ -17,7 +17,8 @@ A cell must draw as many figures. Drawn by the pinned Matplotlib, a figure must 
 pixels, with at most :data:`FIGURE_SHARE` of its pixels differing (another PyTorch moves a curve by far
 less than a pixel; a changed curve, legend or axis moves far more). Drawn by another Matplotlib, which
 places its text and ticks a little differently (measured at Matplotlib 3.9.4: up to 11% of a figure's
-pixels, 31 figures a few pixels off in size, a side by up to 2.6%), only its size is compared, within :data:`FIGURE_SIZE` of each side.
+pixels, 31 figures a few pixels off in size, a side by up to 2.6%), only its size is compared, within
+:data:`FIGURE_SIZE` of each side.
 
 Not compared: the test cells whose hidden tests the release takes out, the cells nbval does not
 compare (tagged ``nbval-ignore-output``: timings), what a cell writes to stderr (warnings, whose

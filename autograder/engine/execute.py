@@ -449,7 +449,7 @@ class ResilientExecute(KernelRequests, Execute):
         or one for a measured call."""
         manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
         manager.zygote_address = (getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
-                                  or manager.zygote_address)
+                                  or getattr(manager, "zygote_address", None))
         kernel = GradedKernel(manager, self.startup_timeout, self._check_modules)
         try:
             path = self.resources.get("metadata", {}).get("path") or None

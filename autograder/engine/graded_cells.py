@@ -132,11 +132,11 @@ def check_modules(notebook: NotebookNode) -> list[str]:
     """The package's modules the test cells of ``notebook`` import, and every one of the package they import in turn.
 
     Read from the source files (nothing is imported): the graded kernel holds the probes of these only
-    (:func:`autograder.serve.hold_probes`), so that it imports no more than the checks need.
+    (:func:`autograder.kernel.serve.hold_probes`), so that it imports no more than the checks need.
     """
     root = Path(__file__).resolve().parents[1]
     todo = [name for cell in notebook.cells if _meta(cell).get("grade") and not _meta(cell).get("solution")
-            for name in _imported(_python(cell.source), "")]
+            for name in imported_modules(_python(cell.source), "")]
     found: set[str] = set()
     while todo:
         name = todo.pop()
@@ -148,11 +148,11 @@ def check_modules(notebook: NotebookNode) -> list[str]:
             tree = ast.parse(path.read_text())
         except (OSError, SyntaxError):
             continue
-        todo += _imported(tree, name.rpartition(".")[0])
+        todo += imported_modules(tree, name.rpartition(".")[0])
     return sorted(found)
 
 
-def _imported(tree: ast.Module | None, package: str) -> list[str]:
+def imported_modules(tree: ast.Module | None, package: str) -> list[str]:
     """The modules ``tree`` imports (``from a import b``: ``a`` and ``a.b``), relative ones resolved in ``package``."""
     names: list[str] = []
     for node in ast.walk(tree) if tree is not None else ():

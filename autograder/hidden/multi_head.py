@@ -8,11 +8,13 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..cases import case, needs
-from ..diagnosis import Mistake, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.cases import case, needs
+from ..grader.diagnosis import Mistake, through
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error, probe
+from ..grader.variation import decisions, variant
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.multi_head import (
     TorchMHA,
     check_parameters,
@@ -27,9 +29,7 @@ from ..references.multi_head import (
     split_reference,
     torch_mha_reference,
 )
-from ..student import call_student, expect_error, probe
-from ..variation import decisions, variant
-from ..verify import Case, verify
+from ..shared.errors import fail
 from . import hidden
 
 SPLIT = "2. Splitting d_model into heads"

@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder import remote, serve
 from autograder.checks import flash_backward as visible
 from autograder.engine.source_check import forbidden_use
-from autograder.errors import CheckFailed
+from autograder.grader import remote
 from autograder.hidden import flash_backward as hidden
 from autograder.hidden.flash_backward import MISTAKES
+from autograder.kernel import serve
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import mistake_source
 from ..notebook_code import answer_cells, solution_namespace

@@ -257,20 +257,6 @@ def test_the_objects_a_harness_runs_carry_the_rules_of_the_checks_call():
     assert channel.calls == [("MultiHeadAttention", [])] * 2
 
 
-def test_the_kernels_side_imports_nothing_of_the_graders():
-    """What runs in the student's kernel (autograder/kernel, and autograder/shared beside it) never imports the grader's
-    side, nor the instructor's: the graded kernel loads only what it runs."""
-    package = ROOT / "autograder"
-    allowed = {"kernel": ("autograder.kernel", "autograder.shared"), "shared": ("autograder.shared",)}
-    for side, within in allowed.items():
-        for path in sorted((package / side).glob("*.py")):
-            names = imported_modules(ast.parse(path.read_text()), f"autograder.{side}")
-            modules = [n for n in names if (ROOT / n.replace(".", "/")).with_suffix(".py").is_file()
-                       or (ROOT / n.replace(".", "/")).is_dir()]  # not a name the root package holds
-            outside = [n for n in modules if n.startswith("autograder.") and not n.startswith(within)]
-            assert not outside, f"{path.relative_to(ROOT)} imports {outside}"
-
-
 def test_objects_stay_in_the_kernel_and_answer_through_handles():
     class Counter:
         def __init__(self, start):
@@ -418,8 +404,19 @@ GRADER_SIDE = ("autograder.grader.remote", "autograder.engine", "autograder.grad
 
 def test_the_kernel_side_imports_nothing_of_the_graders_and_the_reverse():
     """serve (what answers in the student's kernel) and the grader's side never import each other, so no code of
-    the grader's is loaded where the student's runs, and none of the kernel's is trusted where the grader's runs."""
-    kernel = _modules_loaded_by("import autograder.kernel.serve, autograder.grader.student, autograder.kernel.watches\n"
+    the grader's is loaded where the student's runs, and none of the kernel's is trusted where the grader's runs.
+    No module of autograder/kernel (nor of autograder/shared, beside it) imports autograder/grader, nor the
+    instructor's side."""
+    package = ROOT / "autograder"
+    allowed = {"kernel": ("autograder.kernel", "autograder.shared"), "shared": ("autograder.shared",)}
+    for side, within in allowed.items():
+        for path in sorted((package / side).glob("*.py")):
+            names = imported_modules(ast.parse(path.read_text()), f"autograder.{side}")
+            modules = [n for n in names if (ROOT / n.replace(".", "/")).with_suffix(".py").is_file()
+                       or (ROOT / n.replace(".", "/")).is_dir()]  # not a name the root package holds
+            outside = [n for n in modules if n.startswith("autograder.") and not n.startswith(within)]
+            assert not outside, f"{path.relative_to(ROOT)} imports {outside}"
+    kernel = _modules_loaded_by("import autograder.kernel.serve, autograder.kernel.call, autograder.kernel.watches\n"
                                 "autograder.kernel.serve.hold_probes()")
     assert "autograder.kernel.serve" in kernel
     assert not {m for m in kernel if m.startswith(GRADER_SIDE)}, sorted(kernel)

@@ -328,9 +328,10 @@ def startup_file(rel, ref, course):
 
 def _forging_package(course, student):
     folder = course / "submitted" / student / A / "autograder"
-    folder.mkdir(parents=True)
+    (folder / "kernel").mkdir(parents=True)
     (folder / "__init__.py").write_text("")
-    (folder / "serve.py").write_text(
+    (folder / "kernel" / "__init__.py").write_text("")
+    (folder / "kernel" / "serve.py").write_text(
         "import base64, json, struct\n"
         "def serve(request, namespace=None):\n"
         "    header = json.dumps({'dict': [['value', {'bool': True}]]}).encode()\n"

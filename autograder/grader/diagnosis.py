@@ -233,7 +233,7 @@ def catalogue(notebook: str, exercise: str) -> tuple[Mistake, ...]:
     of :class:`Mistake`.
     """
     try:
-        module = importlib.import_module(f"autograder.hidden.{notebook}")
+        module = importlib.import_module(f"..hidden.{notebook}", __package__)
     except ImportError:
         return ()
     for value in vars(module).values():

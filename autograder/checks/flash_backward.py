@@ -7,8 +7,9 @@ student's functions those built-ins, and automatic differentiation, are forbidde
 
 ``FlashAttention`` is a ``torch.autograd.Function``: autograd must run through it, so the checks
 examine it where the student's code runs (:func:`autograder.grader.student.probe`) with the probes of
-:mod:`autograder.references.flash_backward` (``function_record``, ``backward_under_guard``,
-``gradcheck_record``), which return plain data: the output, the gradients, what the function saved for backward.
+:mod:`autograder.references.flash_backward` (``function_record``, ``backward_under_guard``), which return
+plain data: the output, the gradients, what the function saved for backward. ``torch.autograd.gradcheck`` runs
+in the checks' own process, on outputs and gradients fetched through ``function_record``.
 """
 
 from __future__ import annotations

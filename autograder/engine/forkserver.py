@@ -136,6 +136,7 @@ def serve() -> None:
     import pkgutil
 
     import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
+    import nbformat.validator
     import nbgrader.apps.nbgraderapp  # noqa: F401
     import nbgrader.converters.autograde  # noqa: F401
     import nbgrader.preprocessors  # noqa: F401
@@ -145,13 +146,19 @@ def serve() -> None:
     import autograder.checks
     import autograder.hidden
 
-    from . import cgroup, execute, judge, kernel_manager  # noqa: F401
+    from . import cgroup, execute, graded_cells, judge, kernel_manager  # noqa: F401
 
     # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
     torch.set_num_threads(1)
-    for package in (autograder.checks, autograder.hidden):
-        for module in pkgutil.iter_modules(package.__path__):
-            __import__(f"{package.__name__}.{module.name}")
+    checks = [f"{package.__name__}.{module.name}" for package in (autograder.checks, autograder.hidden)
+              for module in pkgutil.iter_modules(package.__path__)]
+    for name in checks:
+        __import__(name)
+    # what each grading would otherwise work out again: the modules each check imports (the graded kernel holds
+    # their probes), and nbformat's validators of the course's notebooks, strict and relaxed (nbconvert's)
+    graded_cells.package_closure(checks)
+    for relaxed in (False, True):
+        nbformat.validator.get_validator(4, nbformat.v4.nbformat_minor, relax_add_props=relaxed)
     sandbox.mode()  # probe bubblewrap and control groups once, for every child
     cgroup.controllers()
     gc.freeze()  # what every child inherits is never garbage: its collector need not scan it (0.2 s a full pass)

@@ -23,6 +23,7 @@ imports cell runs the module it names (a file the submission ships among them).
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,22 +135,42 @@ def check_modules(notebook: NotebookNode) -> list[str]:
     Read from the source files (nothing is imported): the graded kernel holds the probes of these only
     (:func:`autograder.kernel.serve.hold_probes`), so that it imports no more than the checks need.
     """
-    root = Path(__file__).resolve().parents[1]
     todo = [name for cell in notebook.cells if _meta(cell).get("grade") and not _meta(cell).get("solution")
             for name in imported_modules(_python(cell.source), "")]
+    return sorted(package_closure(todo))
+
+
+def package_closure(names: list[str]) -> set[str]:
+    """The modules of the package among ``names``, and every one of the package they import in turn."""
+    todo = list(names)
     found: set[str] = set()
     while todo:
         name = todo.pop()
-        path = root.parent.joinpath(*name.split(".")).with_suffix(".py")
-        if name in found or name.split(".")[0] != "autograder" or not path.is_file():
+        if name in found:
             continue
-        found.add(name)
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError):
-            continue
-        todo += imported_modules(tree, name.rpartition(".")[0])
-    return sorted(found)
+        imports = _package_imports(name)
+        if imports is not None:
+            found.add(name)
+            todo += imports
+    return found
+
+
+@functools.cache
+def _package_imports(name: str) -> tuple[str, ...] | None:
+    """What the package's module ``name`` imports, read from its source file (None: not a module of the package).
+
+    Kept for the process: the fork server reads every check's once (:func:`package_closure` of them all), and each
+    submission's grading, forked from it, finds them read (the package's files are the grader's, not a student's).
+    """
+    root = Path(__file__).resolve().parents[1]
+    path = root.parent.joinpath(*name.split(".")).with_suffix(".py")
+    if name.split(".")[0] != "autograder" or not path.is_file():
+        return None
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return ()
+    return tuple(imported_modules(tree, name.rpartition(".")[0]))
 
 
 def imported_modules(tree: ast.Module | None, package: str) -> list[str]:

@@ -8,7 +8,9 @@ in the message, all of them when several give that result. When none does, pairs
 mistakes declared as variations of one reference (:mod:`autograder.grader.variation`) are tried,
 within :data:`PAIR_BUDGET` and once a judged check, and the first pair that gives the result is named.
 
-The catalogue is instructor-only: the grader has it, the student's bundle does not.
+The catalogue is instructor-only: the grader has it, the student's bundle does not. Its
+entries are data, a file per hidden module that :func:`read_mistakes` reads (an entry it
+cannot read is a :class:`CatalogueError` naming the file, the entry and the problem).
 :func:`catalogue` finds it when it is there, so that the visible checks name catalogued
 mistakes at grading time, while in the bundle only the generic diagnoses of
 :mod:`autograder.grader.diagnoses` speak.
@@ -16,10 +18,12 @@ mistakes at grading time, while in the bundle only the generic diagnoses of
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,7 +33,7 @@ from ..kernel.guard import Forbidden, ForbiddenCall, Guard
 from ..shared.errors import CheckFailed
 from .cases import first_pair_search
 from .compare import is_close
-from .variation import combined, wrapping
+from .variation import combined, variant, wrapping
 
 
 @dataclass(frozen=True)
@@ -241,3 +245,118 @@ def catalogue(notebook: str, exercise: str) -> tuple[Mistake, ...]:
                 and all(isinstance(m, Mistake) for m in value[exercise]):
             return tuple(value[exercise])
     return ()
+
+
+class CatalogueError(ValueError):
+    """A mistake catalogue's data file that cannot be read; the message names the file, the entry and the problem."""
+
+
+#: The keys of a catalogued mistake in its data file; it has ``variant`` or ``function``, not both.
+ENTRY_KEYS = ("id", "name", "explanation", "section", "variant", "function")
+
+
+def read_mistakes(namespace: dict[str, Any]) -> dict[str, list[Mistake]]:
+    """The catalogue of the hidden module whose globals are ``namespace``, from ``mistakes/<module>.toml`` beside it.
+
+    Each exercise is an array of tables, one per mistake, in the order they are tried: ``id``, ``name``,
+    ``explanation``, ``section`` (the title of the notebook's section that explains it) and either ``variant``, a
+    reference of the module called with the decisions it changes (``"flash_forward(start_max=-inf)"``: Python
+    constants, and ``inf``), or ``function``, the name of the module's own function or class that makes the
+    mistake (another algorithm). A list of either gives several implementations of one mistake, tried in order.
+    Anything else is a :class:`CatalogueError`.
+    """
+    import tomllib  # only the grader reads a catalogue (3.11 and later); the student's side never does
+    from pathlib import Path
+
+    module = Path(namespace["__file__"])
+    path = module.parent / "mistakes" / f"{module.stem}.toml"
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise CatalogueError(f"{path}: {error}") from None
+    mistakes: dict[str, list[Mistake]] = {}
+    ids: set[str] = set()
+    for exercise, entries in data.items():
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise CatalogueError(f"{path}: '{exercise}' is not a list of mistakes: write each one as [[{exercise}]]")
+        mistakes[exercise] = []
+        for number, entry in enumerate(entries, 1):
+            where = f"{path}, [[{exercise}]] number {number}" + (f" ({entry['id']})" if isinstance(entry.get("id"), str) else "")
+            try:
+                made = _entry_mistakes(entry, f"{module.stem}/{exercise}/", namespace)
+            except (CatalogueError, TypeError) as error:
+                raise CatalogueError(f"{where}: {error}") from None
+            if made[0].id in ids:
+                raise CatalogueError(f"{where}: the id is also another mistake's: give several implementations of one "
+                                     "mistake as a list in one entry")
+            ids.add(made[0].id)
+            mistakes[exercise] += made
+    return mistakes
+
+
+def _entry_mistakes(entry: dict[str, Any], prefix: str, namespace: dict[str, Any]) -> list[Mistake]:
+    """The mistakes of one entry of a catalogue's data file (one per implementation)."""
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
+    missing = [key for key in ENTRY_KEYS[:4] if key not in entry]
+    if unknown or missing:
+        raise CatalogueError(f"unknown keys {unknown}" if unknown else f"missing {missing}")
+    if ("variant" in entry) == ("function" in entry):
+        raise CatalogueError("give either variant (a reference with decisions changed) or function (a function or "
+                             "class of the module), one of them")
+    bad = [key for key in ENTRY_KEYS[:4] if not isinstance(entry[key], str) or not entry[key].strip()]
+    if bad:
+        raise CatalogueError(f"{bad} must be text")
+    if not entry["id"].startswith(prefix):
+        raise CatalogueError(f"the id must start with '{prefix}' (notebook module/exercise/)")
+    kind = "variant" if "variant" in entry else "function"
+    written = entry[kind] if isinstance(entry[kind], list) else [entry[kind]]
+    if not written or not all(isinstance(text, str) for text in written):
+        raise CatalogueError(f"{kind} must be text, or a list of texts (several implementations of one mistake)")
+    made = [_variant(text, namespace) if kind == "variant" else _function(text, namespace) for text in written]
+    return [Mistake(entry["name"], entry["explanation"], entry["section"], fn, id=entry["id"]) for fn in made]
+
+
+def _variant(text: str, namespace: dict[str, Any]) -> Any:
+    """``"reference(decision=value, ...)"`` made with :func:`~autograder.grader.variation.variant`."""
+    try:
+        call = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise CatalogueError(f"variant {text!r} is not Python: {error.msg}") from None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args \
+            or any(k.arg is None for k in call.keywords):
+        raise CatalogueError(f"variant {text!r} must be a reference called with decisions: reference(decision=value)")
+    reference = namespace.get(call.func.id)
+    if reference is None:
+        raise CatalogueError(f"variant {text!r}: the module has no reference {call.func.id!r}")
+    if not call.keywords:
+        raise CatalogueError(f"variant {text!r} changes no decision: that is the reference, not a mistake")
+    changed = {}
+    for keyword in call.keywords:
+        try:
+            changed[keyword.arg] = _constant(keyword.value)
+        except ValueError:
+            raise CatalogueError(f"variant {text!r}: the value of {keyword.arg} is not a constant "
+                                 "(a number, inf, -inf, text, True, False, None, or a tuple of them)") from None
+    return variant(reference, **changed)
+
+
+def _constant(node: ast.expr) -> Any:
+    """A decision's value as written in a catalogue: a Python constant, or ``inf`` and ``-inf``."""
+    if isinstance(node, ast.Name) and node.id == "inf":
+        return math.inf
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
+            and isinstance(node.operand, ast.Name) and node.operand.id == "inf":
+        return -math.inf
+    return ast.literal_eval(node)
+
+
+def _function(text: str, namespace: dict[str, Any]) -> Any:
+    """The module's own function or class named ``text`` (a mistake that is another algorithm)."""
+    fn = namespace.get(text)
+    if not text.isidentifier() or not callable(fn) or getattr(fn, "__module__", None) != namespace["__name__"]:
+        raise CatalogueError(f"function {text!r} is no function or class of this module")
+    if hasattr(fn, "__decisions__"):
+        raise CatalogueError(f"function {text!r} is a reference with declared decisions: a mistake is a variant of it, "
+                             f"variant = \"{text}(decision=value)\"")
+    return fn

@@ -3,7 +3,8 @@
 Never shipped to students: the mistakes are near-solutions. Each module defines
 ``check_<exercise>(fn)`` for the hidden test cells, decorated with :func:`hidden`, and
 ``MISTAKES``, a dict from an exercise name to its list of
-:class:`~autograder.grader.diagnosis.Mistake`, each with a stable ``id``; the test suite feeds every
+:class:`~autograder.grader.diagnosis.Mistake`, each with a stable ``id``, read from the module's data file
+``mistakes/<module>.toml`` (:func:`~autograder.grader.diagnosis.read_mistakes`); the test suite feeds every
 mistake to its check and expects the mistake's name in the message.
 
 A module takes its references from its notebook's :mod:`autograder.references` module (the one

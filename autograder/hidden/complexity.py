@@ -18,7 +18,7 @@ import torch
 
 from ..grader.cases import case
 from ..grader.compare import assert_close, assert_tensor
-from ..grader.diagnosis import Mistake
+from ..grader.diagnosis import read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.memory import (
     MEMORY_CASE_BLOCK,
@@ -32,7 +32,7 @@ from ..grader.memory import (
     watched_call,
 )
 from ..grader.student import call_student, expect_error
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify, verify_number
 from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.complexity import (
@@ -46,14 +46,6 @@ from ..references.complexity import (
 )
 from ..shared.errors import fail
 from . import hidden
-
-FLOPS = "1. Counting the work: FLOPs"
-MEMORY = "2. The memory wall: the n x m score matrix"
-POWER_LAW = "3. Measuring growth: the exponent of a power law"
-CHUNKS = "4. Chunking the queries"
-FLASH = "5. Tiling the keys: online softmax (FlashAttention's forward pass)"
-WINDOW = "6. Local attention: a sliding window"
-
 
 # --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------
 
@@ -180,145 +172,7 @@ def _fit(ns, costs):
     return float((dx * (y - y.mean())).sum() / (dx * dx).sum())
 
 
-LAST_CHUNK = (
-    "when chunk_size does not divide n the last chunk is shorter, and it must still be computed: loop with "
-    "range(0, n, chunk_size) and slice Q[..., start:start + chunk_size, :] (a slice past the end just stops)."
-)
-LAST_BLOCK = (
-    "when block_size does not divide the length, the last block is shorter, and it must still be processed: "
-    "loop with range(0, length, block_size); a slice past the end just stops."
-)
-BOTTOM_RIGHT = (
-    "with is_causal=True, F.scaled_dot_product_attention aligns the diagonal to the top-left corner: query i "
-    "may attend to key j when j <= i, whatever n and m are. Shifting the diagonal by m - n (bottom-right, as "
-    "for decoding with a cache) is a different mask."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "attention_flops": [
-        Mistake("FLOPs without the factor 2", "a multiply-add counts as 2 FLOPs, so a (p x r)(r x q) product costs "
-                "2pqr FLOPs: the total is 2 b h n m (d_k + d_v).", FLOPS, variant(flops, per_multiply_add=1),
-                id="complexity/attention_flops/flops-without-the-factor-2"),
-        Mistake("only Q K^T counted", "attention has two matrix products: the scores Q K^T (2 b h n m d_k) and "
-                "the output A V (2 b h n m d_v).", FLOPS, variant(flops, value_size="not counted"),
-                id="complexity/attention_flops/only-q-k-t-counted"),
-        Mistake("d_k used for both products", "the output product A V is (n x m)(m x d_v): its length is d_v, "
-                "not d_k.", FLOPS, variant(flops, value_size="d_k"), id="complexity/attention_flops/d-k-used-for-both-products"),
-        Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", FLOPS, variant(flops, keys="n"),
-                id="complexity/attention_flops/n-squared-instead-of-n-times-m"),
-        Mistake("heads forgotten", "every head computes its own attention: multiply by the number of heads.",
-                FLOPS, variant(flops, heads_counted=False), id="complexity/attention_flops/heads-forgotten"),
-        Mistake("batch forgotten", "every sequence of the batch computes its own attention: multiply by the "
-                "batch size.", FLOPS, variant(flops, batch_counted=False), id="complexity/attention_flops/batch-forgotten"),
-    ],
-    "attention_memory_bytes": [
-        Mistake("bytes that ignore the dtype (4 bytes assumed)", "an element of float16 or bfloat16 takes 2 "
-                "bytes and one of float64 8 bytes: use torch.empty((), dtype=dtype).element_size() (or "
-                "dtype.itemsize).", MEMORY, variant(score_bytes, bytes_per_entry=4),
-                id="complexity/attention_memory_bytes/bytes-that-ignore-the-dtype-4-bytes-assumed"),
-        Mistake("two matrices counted (the scores and the weights)", "the function returns the bytes of ONE "
-                "(batch, heads, n, m) matrix; the softmax weights are a second matrix of the same size, which the "
-                "notebook counts on its own.", MEMORY, variant(score_bytes, matrices=2),
-                id="complexity/attention_memory_bytes/two-matrices-counted-the-scores-and-the-weights"),
-        Mistake("bits instead of bytes", "torch.finfo(dtype).bits counts bits; a byte is 8 bits.", MEMORY,
-                variant(score_bytes, in_bits=True), id="complexity/attention_memory_bytes/bits-instead-of-bytes"),
-        Mistake("entries counted instead of bytes", "the function returns bytes: multiply the number of entries "
-                "by the size of one element of the dtype.", MEMORY, variant(score_bytes, bytes_per_entry=1),
-                id="complexity/attention_memory_bytes/entries-counted-instead-of-bytes"),
-        Mistake("n squared instead of n times m", "the score matrix has n rows (queries) and m columns (keys); "
-                "n = m only for self-attention.", MEMORY, variant(score_bytes, keys="n"),
-                id="complexity/attention_memory_bytes/n-squared-instead-of-n-times-m"),
-        Mistake("heads forgotten", "every head has its own score matrix: multiply by the number of heads.",
-                MEMORY, variant(score_bytes, heads_counted=False), id="complexity/attention_memory_bytes/heads-forgotten"),
-    ],
-    "fit_power_law": [
-        Mistake("line forced through the origin", "fitting log(cost) = p log(n) without an intercept assumes "
-                "the constant c is 1; fit log(cost) = log(c) + p log(n) with both unknowns (centre x and y).",
-                POWER_LAW, variant(power_law_fit, intercept=False), id="complexity/fit_power_law/line-forced-through-the-origin"),
-        Mistake("slope of the two end points", "the slope between the first and the last point ignores every "
-                "other measurement; with noisy data the least-squares slope over all points differs.",
-                POWER_LAW, fit_end_points, id="complexity/fit_power_law/slope-of-the-two-end-points"),
-        Mistake("log n regressed on log cost", "the exponent is the slope of log(cost) against log(n): divide "
-                "the covariance by the variance of log(n), not of log(cost).", POWER_LAW,
-                variant(power_law_fit, regressed_on="costs"), id="complexity/fit_power_law/log-n-regressed-on-log-cost"),
-        Mistake("semi-log fit (n not logged)", "a power law is a straight line when both n and the cost are on "
-                "a log scale: take the logarithm of the sizes too.", POWER_LAW, variant(power_law_fit, log_sizes=False),
-                id="complexity/fit_power_law/semi-log-fit-n-not-logged"),
-        Mistake("straight line fitted without logarithms", "the exponent is the slope on a log-log plot: take "
-                "the logarithm of the sizes and of the costs before fitting.", POWER_LAW,
-                variant(power_law_fit, log_sizes=False, log_costs=False),
-                id="complexity/fit_power_law/straight-line-fitted-without-logarithms"),
-    ],
-    "chunked_attention": [
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, variant(chunked, keep_last_chunk=False),
-                id="complexity/chunked_attention/last-chunk-dropped"),
-        Mistake("last chunk dropped", LAST_CHUNK, CHUNKS, variant(chunked, keep_last_chunk=False, into_zeros=True),
-                id="complexity/chunked_attention/last-chunk-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, CHUNKS, variant(chunked, alignment="bottom-right"),
-                id="complexity/chunked_attention/bottom-right-causal-alignment"),
-        Mistake("causal mask not shifted to the chunk's rows", "row r of the chunk that starts at query s is "
-                "query s + r: the causal mask of the chunk must compare the keys with the global query index.",
-                CHUNKS, variant(chunked, alignment="chunk-local"),
-                id="complexity/chunked_attention/causal-mask-not-shifted-to-the-chunk-s-rows"),
-        Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k), in every chunk.", CHUNKS,
-                variant(chunked, scaled=False), id="complexity/chunked_attention/no-scaling-by-sqrt-d-k"),
-        Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
-                "the last axis (dim=-1).", CHUNKS, variant(chunked, softmax_dim=-2),
-                id="complexity/chunked_attention/softmax-over-the-queries"),
-    ],
-    "flash_attention": [
-        Mistake("output accumulator not rescaled", "when a block raises the running max from m_old to m_new, "
-                "the accumulated output was computed with exp(s - m_old): multiply it by exp(m_old - m_new), "
-                "like the running sum, before adding the new block.", FLASH, variant(flash, rescale_accumulator=False),
-                id="complexity/flash_attention/output-accumulator-not-rescaled"),
-        Mistake("running sum not rescaled", "when a block raises the running max from m_old to m_new, the "
-                "running sum must be multiplied by exp(m_old - m_new) before adding the new block's sum.",
-                FLASH, variant(flash, rescale_sum=False), id="complexity/flash_attention/running-sum-not-rescaled"),
-        Mistake("no running max (exp overflows)", "exp of a raw score overflows to inf for large scores and "
-                "inf / inf is NaN: subtract the running max before exponentiating.", FLASH, variant(flash, subtract_max=False),
-                id="complexity/flash_attention/no-running-max-exp-overflows"),
-        Mistake("the running max started at 0", "start the running max at -inf (m_0 = -inf): from a finite start c, "
-                "a row whose scores all lie far below c (by more than about 745 in float64) has every exp(s - c) "
-                "underflow to 0, and the output is 0/0.", FLASH, variant(flash, start_max=0.0),
-                id="complexity/flash_attention/the-running-max-started-at-0"),
-        Mistake("no final division by the running sum", "the accumulator holds sum_j exp(s_j - m) v_j; the "
-                "output is the accumulator divided by the running sum.", FLASH, variant(flash, divide_by_sum=False),
-                id="complexity/flash_attention/no-final-division-by-the-running-sum"),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, variant(flash, keep_last_key_block=False),
-                id="complexity/flash_attention/last-key-block-dropped"),
-        Mistake("last query block dropped", LAST_BLOCK, FLASH, variant(flash, keep_last_query_block=False, into_zeros=True),
-                id="complexity/flash_attention/last-query-block-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, variant(flash, alignment="bottom-right"),
-                id="complexity/flash_attention/bottom-right-causal-alignment"),
-        Mistake("causal mask with indices inside the block", "inside the block of queries starting at q0 and "
-                "keys starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare "
-                "global indices, not positions inside the blocks.", FLASH, variant(flash, alignment="block-local"),
-                id="complexity/flash_attention/causal-mask-with-indices-inside-the-block"),
-        Mistake("no scaling by sqrt(d_k)", "the scores are Q K^T / sqrt(d_k); scale the queries (or every "
-                "block of scores).", FLASH, variant(flash, scaled=False), id="complexity/flash_attention/no-scaling-by-sqrt-d-k"),
-    ],
-    "sliding_window_mask": [
-        Mistake("window off by one (w + 1 keys)", "query i sees the w keys i - w + 1, ..., i: the condition is "
-                "0 <= i - j < w, with a strict <.", WINDOW, variant(window_mask, extra_keys=1),
-                id="complexity/sliding_window_mask/window-one-key-too-many"),
-        Mistake("window off by one (w - 1 keys)", "query i sees the w keys i - w + 1, ..., i, itself included: "
-                "the condition is 0 <= i - j < w.", WINDOW, variant(window_mask, extra_keys=-1),
-                id="complexity/sliding_window_mask/window-one-key-too-few"),
-        Mistake("future keys allowed", "the window is causal: keys after the query (i - j < 0) are not allowed, "
-                "so the condition needs 0 <= i - j as well as i - j < w.", WINDOW, variant(window_mask, past_only=False),
-                id="complexity/sliding_window_mask/future-keys-allowed"),
-        Mistake("window looking ahead", "the window holds the w most recent keys, j <= i; the mask is "
-                "transposed (it allows 0 <= j - i < w).", WINDOW, variant(window_mask, looking_ahead=True),
-                id="complexity/sliding_window_mask/window-looking-ahead"),
-        Mistake("symmetric window", "|i - j| < w also allows future keys: the sliding window is causal, "
-                "0 <= i - j < w.", WINDOW, variant(window_mask, symmetric=True),
-                id="complexity/sliding_window_mask/symmetric-window"),
-        Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention), so the allowed "
-                "pairs 0 <= i - j < w are the True entries.", WINDOW, variant(window_mask, inverted=True),
-                id="complexity/sliding_window_mask/inverted-boolean-convention"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/complexity.toml
 
 
 # --- watching the tensors a function allocates ----------------------------------------------------

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..grader.cases import case
 from ..grader.compare import assert_close, assert_shape, assert_tensor, describe, is_close
-from ..grader.diagnosis import Mistake, MistakeFound, by_id, diagnose, through
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, diagnose, read_mistakes, through
 from ..grader.inputs import generator, math_sdpa, randn
 from ..grader.student import attempt, call_student, expect_error, probe, served_to
 from ..grader.variation import decisions, variant
@@ -55,17 +55,6 @@ from ..references.tiny_decoder import (
 )
 from ..shared.errors import CheckFailed, fail
 from . import hidden
-
-DECODING = "1. Generating one token at a time"
-CACHE = "2. The KV cache"
-GROUPS = "3. How big is the cache? Grouped key/value heads"
-ALIGN = "4. Decoding needs the bottom-right causal mask"
-ROPE = "5. RoPE positions continue from the cache"
-ALIBI = "6. ALiBi: distance as a bias"
-BLOCK = "7. A decoder block"
-GENERATE = "8. Generating with and without the cache"
-TRAINING = "9. Training a tiny model on a task that needs attention"
-
 
 # --- references: each ``@decisions`` names what its catalogued mistakes get wrong (the defaults are right) ----
 # ReferenceKVCache and ReferenceTinyDecoder also stand in for the student's classes when a check is called alone.
@@ -302,145 +291,7 @@ CacheWholeStorage = variant(ReferenceKVCache, returned="the whole storage")
 BlockPostNorm = variant(DecoderBlock, norm="post")
 generate_whole_sequence_each_step = variant(generate, with_cache="the whole sequence, new caches at every step")
 
-
-QUADRATIC = (
-    "torch.cat makes a new tensor and copies into it everything the cache holds, at every step: decoding n tokens "
-    "copies 1 + 2 + ... + n = n(n+1)/2 tokens of keys and values, O(n^2) work that grows faster than the attention "
-    "it serves. Allocate the (batch, kv_heads, max_len, d_head) storage once and write each new token into it."
-)
-ROPE_POSITIONS = (
-    "a new token sits at position len(cache) + i, not i: its query and key must be rotated by that angle, and the "
-    "cache keeps every key rotated at its own position, so that the score of a query with a key depends on their "
-    "distance."
-)
-ROTATE_ONCE = (
-    "each key is rotated exactly once, at its own position, before it enters the cache; keys read back from the "
-    "cache are used as they are. Cached unrotated and rotated only when new, the keys of earlier steps are used "
-    "without their rotation: the tokens of the current step look right, the others do not. Rotated before caching "
-    "and again after reading, every key is turned by twice its angle, wrong from the first step."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "KVCache": [
-        Mistake("the cache grown by concatenating a new tensor at every step", QUADRATIC, CACHE, CacheConcatenated,
-                id="decoding_and_training/KVCache/the-cache-grown-by-concatenating-a-new-tensor"),
-        Mistake("the whole storage returned instead of the first len(cache) positions", "append returns "
-                "storage[:, :, :len(cache)] for keys and values: the positions beyond len(cache) hold no token yet, "
-                "and attention over them would attend to zeros or garbage.", CACHE, CacheWholeStorage,
-                id="decoding_and_training/KVCache/the-whole-storage-returned-instead-of-the-first"),
-        Mistake("the caller's tensors kept instead of copied", "a decoder reuses its buffers, so the k and v passed "
-                "to append may change afterwards: copy them into the cache's own storage (storage[..., a:b, :] = k), "
-                "do not keep references to them.", CACHE,
-                variant(ReferenceKVCache, grown_by="keeping the caller's tensors"),
-                id="decoding_and_training/KVCache/the-caller-s-tensors-kept-instead-of-copied"),
-        Mistake("no check that the cache has room", "before writing, compare len(cache) + t with max_len and raise a "
-                "ValueError naming both; otherwise the copy into a too-short slice fails with PyTorch's "
-                "RuntimeError about sizes, which does not say the cache is full.", CACHE,
-                variant(ReferenceKVCache, room_checked=False),
-                id="decoding_and_training/KVCache/no-check-that-the-cache-has-room"),
-        Mistake("len(cache) counting appends instead of tokens", "len(cache) is the number of tokens held (the "
-                "position of the next token), and one append may bring several tokens (a prompt).", CACHE,
-                variant(ReferenceKVCache, length_counts="appends"),
-                id="decoding_and_training/KVCache/len-cache-counting-appends-instead-of-tokens"),
-    ],
-    "decode_step": [
-        Mistake("top-left causal alignment when decoding", "the t new queries are the last t positions of the "
-                "sequence: query i of t sits at position len(cache) + i and sees the keys j <= len(cache) + i "
-                "(bottom-right). With the top-left mask every new token sees nothing past the first keys.",
-                ALIGN, variant(decode_step, alignment="top-left"),
-                id="decoding_and_training/decode_step/top-left-causal-alignment-when-decoding"),
-        Mistake("RoPE restarting at position 0 for each new token", ROPE_POSITIONS, ROPE, variant(decode_step, positions_from=0),
-                id="decoding_and_training/decode_step/rope-restarting-at-position-0-for-each-new-token"),
-        Mistake("keys cached before the rotation but used after it", ROTATE_ONCE, ROPE,
-                variant(decode_step, keys_rotated="when new only"),
-                id="decoding_and_training/decode_step/keys-cached-before-the-rotation-but-used-after"),
-        Mistake("keys cached unrotated and rotated at every step", "the outputs are right, but each key is rotated "
-                "once, at its own position, before it enters the cache, and the cache holds it rotated: rotating "
-                "every cached key again at every step costs len(cache) rotations per new token, and whoever reads "
-                "the cache gets keys without their positions.", ROPE, variant(decode_step, keys_rotated="when read"),
-                id="decoding_and_training/decode_step/keys-cached-unrotated-and-rotated-at-every-step"),
-        Mistake("keys rotated before caching and again after", ROTATE_ONCE, ROPE,
-                variant(decode_step, keys_rotated="before and when read"),
-                id="decoding_and_training/decode_step/keys-rotated-before-caching-and-again-after"),
-        Mistake("key/value heads tiled with repeat instead of repeat_interleave", "query head i uses key/value head "
-                "i // (h / g): consecutive query heads share one. repeat tiles the whole group (0, 1, ..., g-1, 0, "
-                "1, ...); repeat_interleave repeats each head in place.", GROUPS, variant(decode_step, heads_shared_by="repeat"),
-                id="decoding_and_training/decode_step/key-value-heads-tiled-with-repeat-instead-of"),
-    ],
-    "alibi_slopes": [
-        Mistake("slopes of the next power of two without the interleave", "for h not a power of two the paper does "
-                "not use 2^(-8i/p) of the next power of two p (its first h slopes are too close to each other and "
-                "miss the gentle ones): it takes the h' slopes of the largest power of two h' < h, then every other "
-                "slope of 2h' (2^(-8i/2h') for i = 1, 3, 5, ...) until there are h.", ALIBI,
-                variant(alibi_slopes, power_of_two="next"),
-                id="decoding_and_training/alibi_slopes/slopes-of-the-next-power-of-two-without-the"),
-        Mistake("the power-of-two formula used for every head count", "2^(-8i/h) is the paper's rule for h a power "
-                "of two only; for other h it takes the slopes of the largest power of two below h, then every "
-                "other slope of twice that power.", ALIBI, variant(alibi_slopes, power_of_two="num_heads itself"),
-                id="decoding_and_training/alibi_slopes/the-power-of-two-formula-used-for-every-head"),
-        Mistake("heads counted from 0", "the slopes are 2^(-8i/h) for i = 1, ..., h: the first slope is 2^(-8/h), "
-                "not 2^0 = 1.", ALIBI, variant(alibi_slopes, first_i=0),
-                id="decoding_and_training/alibi_slopes/heads-counted-from-0"),
-        Mistake("the interleave starting at the second slope", "the extra slopes are 2^(-8i/2h') for i = 1, 3, 5, "
-                "...: slopes[0::2] of the 2h' slopes, not slopes[1::2] (those are the slopes of h' again).", ALIBI,
-                variant(alibi_slopes, interleave_from=1),
-                id="decoding_and_training/alibi_slopes/the-interleave-starting-at-the-second-slope"),
-    ],
-    "alibi_bias": [
-        Mistake("ALiBi bias with the wrong sign", "the bias is -slope * distance: the further back a key, the lower "
-                "its score. With +slope * distance old tokens win.", ALIBI, variant(bias_reference, sign=1),
-                id="decoding_and_training/alibi_bias/alibi-bias-with-the-wrong-sign"),
-        Mistake("top-left alignment of the bias", "query i of n sits at position i + m - n (the new tokens are the "
-                "last ones): its distance to key j is i + m - n - j, and it may see every key j <= i + m - n.",
-                ALIBI, variant(bias_reference, alignment="top-left"),
-                id="decoding_and_training/alibi_bias/top-left-alignment-of-the-bias"),
-        Mistake("future keys left unmasked", "the bias is a complete causal mask: -inf where the distance is "
-                "negative (a key after the query), so that SDPA needs no other mask.", ALIBI,
-                variant(bias_reference, future_keys="unmasked"),
-                id="decoding_and_training/alibi_bias/future-keys-left-unmasked"),
-        Mistake("the absolute value of the distance", "ALiBi is causal: keys after the query get -inf, not the "
-                "penalty of their distance.", ALIBI, variant(bias_reference, future_keys="the absolute distance"),
-                id="decoding_and_training/alibi_bias/the-absolute-value-of-the-distance"),
-    ],
-    "DecoderBlock": [
-        Mistake("a decoder block with post-norm where pre-norm was asked", "pre-norm normalises the input of each "
-                "sublayer and adds the result to the untouched stream: x + attn(norm1(x)), then "
-                "+ mlp(norm2(.)). Post-norm (norm1(x + attn(x))) is the original Transformer's order; it trains "
-                "less stably in deep stacks.", BLOCK, BlockPostNorm,
-                id="decoding_and_training/DecoderBlock/a-decoder-block-with-post-norm-where-pre-norm"),
-        Mistake("GELU with the tanh approximation", "the block uses the exact GELU, x * Phi(x) (F.gelu with its "
-                "default approximate='none'); the tanh approximation differs by up to about 1e-3.", BLOCK,
-                variant(DecoderBlock, gelu_approximate="tanh"),
-                id="decoding_and_training/DecoderBlock/gelu-with-the-tanh-approximation"),
-        Mistake("the MLP fed without norm2", "pre-norm normalises the input of both sublayers: the MLP reads "
-                "norm2(x), not x.", BLOCK, variant(DecoderBlock, mlp_normed=False),
-                id="decoding_and_training/DecoderBlock/the-mlp-fed-without-norm2"),
-        Mistake("RoPE positions restarting with a cache", ROPE_POSITIONS, ROPE, variant(DecoderBlock, positions_restart=True),
-                id="decoding_and_training/DecoderBlock/rope-positions-restarting-with-a-cache"),
-        Mistake("RoPE applied to the values", "RoPE rotates queries and keys only, so that scores depend on "
-                "distances; the values are mixed as they are.", ROPE, variant(DecoderBlock, values_rotated=True),
-                id="decoding_and_training/DecoderBlock/rope-applied-to-the-values"),
-    ],
-    "generate": [
-        *(Mistake("generate that feeds the whole sequence at every step when use_cache=True", "with a cache each "
-                  "step feeds only the token just chosen: the keys and values of all the others are in the cache. "
-                  "Feeding the whole sequence again recomputes everything, O(n^2) per step, and is what the cache "
-                  "is there to avoid (into the same caches, it also appends every earlier token again).", GENERATE,
-                  fn, id="decoding_and_training/generate/generate-that-feeds-the-whole-sequence-at-every")
-          for fn in (generate_whole_sequence_each_step,
-                     variant(generate, with_cache="the whole sequence into one cache"))),
-        Mistake("use_cache ignored", "with use_cache=True, make caches with model.new_caches(batch, prompt length "
-                "+ steps), feed the prompt once with them, then one token per step.", GENERATE,
-                variant(generate, with_cache="ignored"), id="decoding_and_training/generate/use-cache-ignored"),
-        Mistake("the prompt returned with the new tokens", "generate returns the (B, steps) new tokens only, not "
-                "the prompt in front of them.", DECODING, variant(generate, prompt_returned=True),
-                id="decoding_and_training/generate/the-prompt-returned-with-the-new-tokens"),
-        Mistake("logits of the first position instead of the last", "the next token is predicted by the logits "
-                "of the last position, logits[:, -1]; logits[:, 0] predict the token after the first one.",
-                DECODING, variant(generate, position=0),
-                id="decoding_and_training/generate/logits-of-the-first-position-instead-of-the-last"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/decoding_and_training.toml
 
 
 def _mistakes_through(harness, exercise: str, *parts) -> list[Mistake]:

@@ -25,7 +25,7 @@ import torch
 
 from ..grader.cases import case
 from ..grader.compare import assert_close
-from ..grader.diagnosis import Mistake, MistakeFound, by_id
+from ..grader.diagnosis import MistakeFound, by_id, read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.memory import (
     MEMORY_CASE_BLOCK,
@@ -39,7 +39,7 @@ from ..grader.memory import (
     watched_call,
 )
 from ..grader.student import call_student, expect_error
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..kernel.guard import ForbiddenCall
 from ..references.complexity import very_negative_scores
@@ -63,13 +63,6 @@ from ..references.flash_backward import (
 )
 from ..shared.errors import fail
 from . import hidden
-
-SOFTMAX = "1. The gradient of softmax, row by row"
-BACKWARD = "2. The backward pass of attention"
-LSE = "4. The logsumexp: all the forward pass needs to keep"
-FLASH = "5. FlashAttention's backward pass, block by block"
-FUNCTION = "6. A torch.autograd.Function"
-
 
 # --- the mistake catalogue: each reference names its decisions, each mistake changes some ------------
 
@@ -306,178 +299,7 @@ class FlashBackwardByAutograd(torch.autograd.Function):
             return (*torch.autograd.grad(out, leaves, dO), None, None)
 
 
-# --- the catalogue --------------------------------------------------------------------------------
-
-NO_ROWSUM = (
-    "p_i depends on every score of its row, not only on s_i: d p_i / d s_j = p_i (delta_ij - p_j), so the "
-    "gradient is p * (grad_p - rowsum(grad_p * p)). Without the rowsum term only diag(p) of the Jacobian "
-    "diag(p) - p p^T is used: the diagonal-only Jacobian of notebook 02 again."
-)
-UNWEIGHTED = (
-    "the term subtracted from each entry is the weighted sum sum_i g_i p_i, the rowsum of grad_p * p, not the "
-    "plain rowsum of the incoming gradient."
-)
-BOTTOM_RIGHT = (
-    "with is_causal=True this course follows F.scaled_dot_product_attention: the diagonal is aligned to the "
-    "top-left corner, query i sees key j when j <= i, whatever n and m are. Shifting it by m - n (bottom-right) "
-    "is a different mask."
-)
-MASK_AGAIN = (
-    "the backward pass recomputes P from the scores, so it must mask them again: where j > i the forward pass "
-    "had P_ij = 0, and without the mask exp(s_ij - lse_i) is not zero there. Mask every block that crosses "
-    "the diagonal (and skip the blocks above it)."
-)
-DQ_SCALE = "S = Q K^T / sqrt(d), so dQ = dS K / sqrt(d): the factor 1/sqrt(d) of the forward pass comes back."
-DK_SCALE = "S = Q K^T / sqrt(d), so dK = dS^T Q / sqrt(d): the factor 1/sqrt(d) of the forward pass comes back."
-DS_TRANSPOSED = (
-    "dK_j = sum_i dS_ij q_i / sqrt(d): the sum runs over the queries i, the rows of dS, so dK = dS^T Q / sqrt(d) "
-    "((m x n)(n x d)). dS Q only has the right shape when n = m, and then it is the wrong matrix."
-)
-LAST_BLOCK = (
-    "when block_size does not divide the length, the last block is shorter and must still be processed: loop "
-    "with range(0, length, block_size); a slice past the end just stops."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "softmax_backward": [
-        Mistake("softmax backward without the rowsum term", NO_ROWSUM, SOFTMAX, variant(softmax_gradient, jacobian="diag(p)"),
-                id="flash_backward/softmax_backward/softmax-backward-without-the-rowsum-term"),
-        Mistake("only the diagonal of the Jacobian (p (1 - p) grad_p)", "d p_i / d s_i = p_i (1 - p_i) is only "
-                "the diagonal of the Jacobian; every other score of the row contributes -p_i p_j too, which sums "
-                "to p * (grad_p - rowsum(grad_p * p)).", SOFTMAX, variant(softmax_gradient, jacobian="its diagonal"),
-                id="flash_backward/softmax_backward/only-the-diagonal-of-the-jacobian-p-1-p-grad-p"),
-        Mistake("the rowsum of grad_p without the weights p", UNWEIGHTED, SOFTMAX,
-                variant(softmax_gradient, rowsum_weighted=False),
-                id="flash_backward/softmax_backward/the-rowsum-of-grad-p-without-the-weights-p"),
-        Mistake("the rowsum term with the wrong sign", "d p_i / d s_j = p_i (delta_ij - p_j): the off-diagonal "
-                "terms are negative, so the rowsum is subtracted: p * (grad_p - rowsum(grad_p * p)).", SOFTMAX,
-                variant(softmax_gradient, subtract_rowsum=False),
-                id="flash_backward/softmax_backward/the-rowsum-term-with-the-wrong-sign"),
-        Mistake("dim ignored (rowsum over the last axis)", "the rows of the softmax run along dim: take the "
-                "rowsum with .sum(dim=dim, keepdim=True), not over the last axis.", SOFTMAX,
-                variant(softmax_gradient, rowsum_over_last_axis=True),
-                id="flash_backward/softmax_backward/dim-ignored-rowsum-over-the-last-axis"),
-        Mistake("the rowsum without keepdim", "(grad_p * p).sum(dim) drops the axis, and broadcasting then lines "
-                "the sums up with the wrong axis (or fails): keep it with keepdim=True.", SOFTMAX,
-                softmax_backward_no_keepdim, id="flash_backward/softmax_backward/the-rowsum-without-keepdim"),
-        Mistake("the gradient by autograd", "the exercise is to write the formula: calling torch.autograd.grad "
-                "(or .backward()) on a softmax computes the answer instead of deriving it.", SOFTMAX,
-                softmax_backward_by_autograd, id="flash_backward/softmax_backward/the-gradient-by-autograd"),
-    ],
-    "attention_backward": [
-        Mistake("softmax backward without the rowsum term", NO_ROWSUM + " Here: dS = P * (dP - rowsum(dP * P)).",
-                SOFTMAX, variant(attention_gradients, rowsum=None),
-                id="flash_backward/attention_backward/softmax-backward-without-the-rowsum-term"),
-        Mistake("the rowsum of dP without the weights P", UNWEIGHTED + " Here: rowsum(dP * P).", SOFTMAX,
-                variant(attention_gradients, rowsum="dP"),
-                id="flash_backward/attention_backward/the-rowsum-of-dp-without-the-weights-p"),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, BACKWARD, variant(attention_gradients, scale_dq=False),
-                id="flash_backward/attention_backward/dq-without-the-1-sqrt-d-factor"),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, BACKWARD, variant(attention_gradients, scale_dk=False),
-                id="flash_backward/attention_backward/dk-without-the-1-sqrt-d-factor"),
-        Mistake("dS transposed when forming dK", DS_TRANSPOSED, BACKWARD, variant(attention_gradients, transpose_ds=False),
-                id="flash_backward/attention_backward/ds-transposed-when-forming-dk"),
-        Mistake("dV = P dO (P not transposed)", "dV_j = sum_i P_ij dO_i: the sum runs over the queries, the rows "
-                "of P, so dV = P^T dO ((m x n)(n x d_v)).", BACKWARD, variant(attention_gradients, transpose_p=False),
-                id="flash_backward/attention_backward/dv-p-do-p-not-transposed"),
-        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, BACKWARD,
-                variant(attention_gradients, mask_again=False),
-                id="flash_backward/attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, BACKWARD, variant(attention_gradients, alignment="bottom-right"),
-                id="flash_backward/attention_backward/bottom-right-causal-alignment"),
-        Mistake("the gradients by autograd", "the exercise is to write the backward pass from the formulas: "
-                "torch.autograd.grad through the forward formula computes the answer instead of deriving it.",
-                BACKWARD, attention_backward_by_autograd, id="flash_backward/attention_backward/the-gradients-by-autograd"),
-    ],
-    "flash_attention_forward": [
-        Mistake("the logsumexp of unscaled scores", "the weights are softmax(Q K^T / sqrt(d)), so the backward pass "
-                "recomputes them as exp(s - lse) with the scaled scores s: lse must be the logsumexp of the scaled "
-                "scores, m + log(l) of the online softmax run on them.", LSE, variant(flash_forward, lse_of_unscaled_scores=True),
-                id="flash_backward/flash_attention_forward/the-logsumexp-of-unscaled-scores"),
-        Mistake("the running max returned as the logsumexp", "log sum_j exp(s_j) = m + log sum_j exp(s_j - m): "
-                "the logsumexp is the running max plus the log of the running sum.", LSE, variant(flash_forward, lse_form="m"),
-                id="flash_backward/flash_attention_forward/the-running-max-returned-as-the-logsumexp"),
-        Mistake("the max not added back to log(l)", "the running sum l = sum_j exp(s_j - m) is measured against "
-                "the running max m, so log sum_j exp(s_j) = m + log(l).", LSE, variant(flash_forward, lse_form="log(l)"),
-                id="flash_backward/flash_attention_forward/the-max-not-added-back-to-log-l"),
-        Mistake("lse kept as a column (..., n, 1)", "lse has one number per query: shape (..., n), like "
-                "torch.logsumexp(S, dim=-1) and SDPA's; squeeze the trailing axis.", LSE,
-                variant(flash_forward, lse_as_column=True),
-                id="flash_backward/flash_attention_forward/lse-kept-as-a-column-n-1"),
-        Mistake("the running max started at 0", "start the running max at -inf: from a finite start c, a row whose "
-                "scores all lie far below c (by more than about 745 in float64) has every exp(s - c) underflow to 0, "
-                "and the row is 0/0 (its lse log 0).", LSE, variant(flash_forward, start_max=0.0),
-                id="flash_backward/flash_attention_forward/the-running-max-started-at-0"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, LSE, variant(flash_forward, alignment="bottom-right"),
-                id="flash_backward/flash_attention_forward/bottom-right-causal-alignment"),
-        Mistake("last key block dropped", LAST_BLOCK, LSE, variant(flash_forward, keep_last_block=False),
-                id="flash_backward/flash_attention_forward/last-key-block-dropped"),
-        Mistake("causal mask with indices inside the block", "in the block of queries starting at q0 and keys "
-                "starting at k0, query q0 + r may see key k0 + c only when k0 + c <= q0 + r: compare global "
-                "indices, not positions inside the blocks.", LSE, variant(flash_forward, alignment="block-local"),
-                id="flash_backward/flash_attention_forward/causal-mask-with-indices-inside-the-block"),
-    ],
-    "flash_attention_backward": [
-        Mistake("D computed as rowsum(dO) instead of rowsum(dO * O)", "D_i = sum_j dP_ij P_ij = "
-                "sum_j (dO_i . v_j) P_ij = dO_i . o_i: the rowsum of the elementwise product dO * O.", FLASH,
-                variant(flash_backward, D_of="dO"),
-                id="flash_backward/flash_attention_backward/d-computed-as-rowsum-do-instead-of-rowsum-do-o"),
-        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                variant(flash_backward, mask_again=False),
-                id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
-        Mistake("the causal mask not re-applied in the backward pass", MASK_AGAIN, FLASH,
-                variant(flash_backward, skip_blocks_above_diagonal=True, mask_again=False),
-                id="flash_backward/flash_attention_backward/the-causal-mask-not-re-applied-in-the-backward"),
-        Mistake("dQ without the 1/sqrt(d) factor", DQ_SCALE, FLASH, variant(flash_backward, scale_dq=False),
-                id="flash_backward/flash_attention_backward/dq-without-the-1-sqrt-d-factor"),
-        Mistake("dK without the 1/sqrt(d) factor", DK_SCALE, FLASH, variant(flash_backward, scale_dk=False),
-                id="flash_backward/flash_attention_backward/dk-without-the-1-sqrt-d-factor"),
-        Mistake("dS transposed when forming dK", DS_TRANSPOSED + " Per block: dK_j += dS_ij^T Q_i / sqrt(d).",
-                FLASH, variant(flash_backward, transpose_ds=False),
-                id="flash_backward/flash_attention_backward/ds-transposed-when-forming-dk"),
-        Mistake("P recomputed from unscaled scores", "lse is the logsumexp of the scaled scores Q K^T / sqrt(d), so "
-                "P_ij = exp(q_i . k_j / sqrt(d) - lse_i): scale the scores before subtracting lse.", FLASH,
-                variant(flash_backward, scale_scores=False),
-                id="flash_backward/flash_attention_backward/p-recomputed-from-unscaled-scores"),
-        Mistake("each block normalised on its own (lse ignored)", "a softmax over one block of keys divides by "
-                "the sum over that block only; the weights of the whole row are exp(s - lse), with the lse of the "
-                "whole row that the forward pass saved.", FLASH, variant(flash_backward, weights="softmax of the block"),
-                id="flash_backward/flash_attention_backward/each-block-normalised-on-its-own-lse-ignored"),
-        Mistake("lse not broadcast as a column", "lse has one number per query (a row of the block): subtract "
-                "lse[..., q0:q0 + B, None] (shape (..., B, 1)), not lse[..., q0:q0 + B], which broadcasts along "
-                "the keys.", FLASH, flash_backward_lse_as_row,
-                id="flash_backward/flash_attention_backward/lse-not-broadcast-as-a-column"),
-        Mistake("last key block dropped", LAST_BLOCK, FLASH, variant(flash_backward, keep_last_block=False),
-                id="flash_backward/flash_attention_backward/last-key-block-dropped"),
-        Mistake("bottom-right causal alignment", BOTTOM_RIGHT, FLASH, variant(flash_backward, alignment="bottom-right"),
-                id="flash_backward/flash_attention_backward/bottom-right-causal-alignment"),
-    ],
-    "FlashAttention": [
-        Mistake("saving P (an n x m tensor) for backward", "the point of FlashAttention is that nothing of size "
-                "n x m survives the forward pass: save Q, K, V, O and lse, and recompute P block by block in "
-                "backward as exp(S - lse).", FUNCTION, variant(FlashAttention, saves_weights=True),
-                id="flash_backward/FlashAttention/saving-p-an-n-x-m-tensor-for-backward"),
-        Mistake("is_causal not passed to the backward", "backward only sees ctx and dO: keep is_causal (and "
-                "block_size) on ctx in forward (ctx.is_causal = is_causal) and mask again in backward.", FUNCTION,
-                variant(FlashAttention, is_causal_on_ctx=False),
-                id="flash_backward/FlashAttention/is-causal-not-passed-to-the-backward"),
-        Mistake("tensors kept as attributes of ctx", "ctx.save_for_backward(Q, K, V, O, lse) is how a Function keeps "
-                "tensors for backward (autograd checks them and frees them after use); attributes of ctx are for "
-                "plain values such as block_size and is_causal.", FUNCTION, variant(FlashAttention, tensors_on_ctx=True),
-                id="flash_backward/FlashAttention/tensors-kept-as-attributes-of-ctx"),
-        Mistake("backward returns three gradients for five inputs", "forward takes Q, K, V, block_size and "
-                "is_causal, so backward returns five values: (dQ, dK, dV, None, None).", FUNCTION,
-                variant(FlashAttention, gradients_returned=3),
-                id="flash_backward/FlashAttention/backward-returns-three-gradients-for-five-inputs"),
-        Mistake("forward returns (O, lse)", "FlashAttention.apply returns O only, like attention; lse is saved for "
-                "backward with ctx.save_for_backward, not returned.", FUNCTION, variant(FlashAttention, returns_lse=True),
-                id="flash_backward/FlashAttention/forward-returns-o-lse"),
-        Mistake("backward by autograd through the forward formula", "backward must compute the gradients from "
-                "the saved tensors with the formulas of section 5; running autograd through the naive formula "
-                "inside backward rebuilds the n x m graph that FlashAttention avoids.", FUNCTION,
-                FlashBackwardByAutograd, id="flash_backward/FlashAttention/backward-by-autograd-through-the-forward-formula"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/flash_backward.toml
 
 _GUARD_MISTAKES = {
     "softmax_backward": "flash_backward/softmax_backward/the-gradient-by-autograd",

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from ..grader.cases import case
 from ..grader.compare import assert_close, assert_shape, assert_tensor
-from ..grader.diagnosis import Mistake, MistakeFound, by_id, through
+from ..grader.diagnosis import MistakeFound, by_id, read_mistakes, through
 from ..grader.inputs import generator, math_sdpa, randn
 from ..grader.student import call_student, expect_error, probe
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.long_context import (
@@ -34,13 +34,6 @@ from ..references.long_context import (
 )
 from ..shared.errors import CheckFailed
 from . import hidden
-
-WINDOW = "2. Sliding windows: attention over the most recent keys"
-SINKS = "3. Attention sinks: the first tokens matter"
-ROLLING = "4. A rolling KV cache of constant size"
-LINEAR = "5. Linear attention: the softmax replaced by a feature map"
-RECURRENT = "6. Causal linear attention is an RNN"
-
 
 # --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------
 
@@ -211,122 +204,7 @@ def recurrent_quadratic(Q, K, V, eps=1e-6):  # another algorithm: the n x n matr
     return (A @ V) / (A.sum(-1, keepdim=True) + eps), (fk.transpose(-2, -1) @ V, fk.sum(-2))
 
 
-MISTAKES: dict[str, list[Mistake]] = {
-    "sink_window_mask": [
-        Mistake("window off by one (window + 1 keys)", "query i at position p sees the window keys p - window + 1, "
-                "..., p, itself included: the condition is 0 <= p - j < window, with a strict <.", WINDOW,
-                variant(sink_window, extra_keys=1), id="long_context/sink_window_mask/window-one-key-too-many"),
-        Mistake("window off by one (window - 1 keys)", "the window counts the query's own key: query i at position "
-                "p sees p - window + 1, ..., p, which is window keys.", WINDOW, variant(sink_window, extra_keys=-1),
-                id="long_context/sink_window_mask/window-one-key-too-few"),
-        Mistake("window anchored top-left", "with n queries and m keys the queries are the last n positions: query "
-                "i sits at p = i + m - n (bottom-right, as in decoding), not at i.", WINDOW,
-                variant(sink_window, bottom_right=False),
-                id="long_context/sink_window_mask/window-anchored-top-left"),
-        Mistake("window on both sides of the query (causality forgotten)", "the window is the window most recent keys: "
-                "0 <= p - j < window, so a query never sees a key after its own position, however near.", WINDOW,
-                variant(sink_window, both_sides=True), id="long_context/sink_window_mask/window-on-both-sides"),
-        Mistake("window over the next keys instead of the last ones", "query i at position p sees the keys p - window "
-                "+ 1, ..., p, the most recent ones: the condition is on p - j, not on j - p.", WINDOW,
-                variant(sink_window, looking_ahead=True),
-                id="long_context/sink_window_mask/window-over-the-next-keys"),
-        Mistake("sinks counted inside the window", "the sinks come on top of the window: a query keeps its window "
-                "most recent keys and the first sinks keys, so up to sinks + window keys.", SINKS,
-                variant(sink_window, sinks_in_window=True), id="long_context/sink_window_mask/sinks-counted-inside-the-window"),
-        Mistake("sinks in the future", "a sink is still a key: query i at position p sees sink j only when j <= p, "
-                "so the first queries do not see sinks that come after them.", SINKS, variant(sink_window, sinks_causal=False),
-                id="long_context/sink_window_mask/sinks-in-the-future"),
-        Mistake("inverted boolean convention", "True means 'may attend' (SDPA's convention): the allowed pairs are "
-                "the True entries.", WINDOW, variant(sink_window, inverted=True),
-                id="long_context/sink_window_mask/inverted-boolean-convention"),
-    ],
-    "RollingKVCache": [
-        Mistake("the cache evicts a sink", "the first sinks tokens are never evicted: only the window rolls, so the "
-                "storage has sinks slots that are written once and window slots used as a ring.", ROLLING,
-                variant(RollingCache, sinks_kept=False), id="long_context/RollingKVCache/the-cache-evicts-a-sink"),
-        Mistake("the ring's slot index forgets the sinks", "the ring starts after the sinks' slots: token p >= sinks "
-                "goes to slot sinks + (p - sinks) % window; without the + sinks the window overwrites the sinks.",
-                ROLLING, variant(RollingCache, ring_after_sinks=False),
-                id="long_context/RollingKVCache/slot-index-forgets-the-sinks"),
-        Mistake("tokens returned out of order", "the kept tokens must come back ordered by position (sinks, then the "
-                "window from oldest to newest); a ring buffer's slots are not in that order once it wraps.", ROLLING,
-                variant(RollingCache, in_order=False), id="long_context/RollingKVCache/tokens-returned-out-of-order"),
-        Mistake("sinks counted inside the window", "the cache keeps the first sinks tokens and, besides them, the "
-                "last window tokens: sinks + window in all.", ROLLING, variant(RollingCache, sinks_in_window=True),
-                id="long_context/RollingKVCache/sinks-counted-inside-the-window"),
-        Mistake("window off by one (window + 1 tokens)", "the window counts the token just appended: after an append "
-                "the cache holds the last window tokens, the new one included.", ROLLING, variant(RollingCache, extra_window=1),
-                id="long_context/RollingKVCache/window-one-token-too-many"),
-        Mistake("len counts the tokens held", "len(cache) is the number of tokens seen, evicted ones included: it "
-                "is the position of the next token.", ROLLING, variant(RollingCache, len_counts_seen=False),
-                id="long_context/RollingKVCache/len-counts-the-tokens-held"),
-        Mistake("the cache keeps every token", "a rolling cache holds constant storage, sinks + window tokens; "
-                "keeping every token (a growing tensor or list) and returning the kept ones gives the right tokens "
-                "with memory that grows without bound.", ROLLING, CacheKeepsEveryToken,
-                id="long_context/RollingKVCache/the-cache-keeps-every-token"),
-    ],
-    "linear_attention": [
-        Mistake("phi not positive (phi(x) = x)", "the feature map must be positive, phi(x) = elu(x) + 1: with "
-                "phi(x) = x the normaliser phi(q) . z can be 0 or negative, and the weights are no longer an "
-                "average.", LINEAR, variant(linear, feature_map="x"), id="long_context/linear_attention/phi-identity"),
-        Mistake("phi not positive (relu)", "relu is 0 for every negative input, so phi(q) . z can be 0 and the "
-                "output collapses to 0 / eps; elu(x) + 1 is positive everywhere.", LINEAR, variant(linear, feature_map="relu"),
-                id="long_context/linear_attention/phi-relu"),
-        Mistake("eps left out", "the denominator is phi(q) . z + eps: without eps a normaliser near 0 (inputs near "
-                "-12 make phi about 6e-6) divides by almost nothing.", LINEAR, variant(linear, eps_in="nowhere"),
-                id="long_context/linear_attention/eps-left-out"),
-        Mistake("eps added to phi", "eps goes in the denominator only, phi(q) S / (phi(q) z + eps); adding it to "
-                "the features changes every weight when they are small.", LINEAR, variant(linear, eps_in="features"),
-                id="long_context/linear_attention/eps-added-to-phi"),
-        Mistake("eps added to the numerator and the denominator", "eps guards the denominator only: phi(q) S / (phi(q) "
-                "z + eps). Added above as well, it adds eps / (phi(q) z + eps) to every output, which is large exactly "
-                "where the features are small.", LINEAR, variant(linear, eps_in="numerator and denominator"),
-                id="long_context/linear_attention/eps-in-numerator-too"),
-        Mistake("phi = exp instead of elu + 1", "the feature map is phi(x) = elu(x) + 1 (x + 1 above 0, e^x below): "
-                "exp is positive too, but another similarity, and it overflows for large inputs.", LINEAR,
-                variant(linear, feature_map="exp"), id="long_context/linear_attention/phi-exp"),
-        Mistake("phi = elu without the + 1", "elu(x) is negative for x < 0; the + 1 makes phi(x) = elu(x) + 1 positive "
-                "everywhere, so the weights stay positive and the denominator never vanishes.", LINEAR,
-                variant(linear, feature_map="elu"), id="long_context/linear_attention/phi-elu-without-one"),
-        Mistake("queries scaled by 1/sqrt(d)", "linear attention has no temperature: phi is applied to q and k as "
-                "they are; 1/sqrt(d) belongs to softmax attention's scores.", LINEAR, variant(linear, queries_scaled=True),
-                id="long_context/linear_attention/queries-scaled"),
-        Mistake("causal form without the query's own key", "query i uses the keys j <= i, itself included: the "
-                "prefix sums up to i, not up to i - 1.", LINEAR, variant(linear, causal_form="own key left out"),
-                id="long_context/linear_attention/causal-without-own-key"),
-        Mistake("is_causal ignored", "with is_causal=True query i may use only keys j <= i: prefix sums of "
-                "phi(k_j) v_j^T and phi(k_j), not the sums over every key.", LINEAR, variant(linear, causal_form="ignored"),
-                id="long_context/linear_attention/is-causal-ignored"),
-        Mistake("the causal form built with an n x n mask", "a causal mask is n x n, the size linear attention "
-                "exists to avoid: use prefix sums (torch.cumsum) of phi(k_j) v_j^T and of phi(k_j).", LINEAR,
-                variant(linear, causal_form="n x n mask"), id="long_context/linear_attention/causal-with-n-by-n-mask"),
-        Mistake("the n x m matrix phi(Q) phi(K)^T built", "multiply phi(K)^T V first (d x d_v) and then phi(Q): "
-                "by associativity the same output in O(n d d_v), without the n x m matrix.", LINEAR,
-                linear_quadratic_form, id="long_context/linear_attention/n-by-m-matrix-built"),
-    ],
-    "linear_attention_recurrent": [
-        Mistake("state read before adding the token (updated after the output)", "token i adds phi(k_i) v_i^T and "
-                "phi(k_i) to the state before its output is read: query i sees its own key, as in the causal form, "
-                "and the first query does not get 0 / eps.", RECURRENT,
-                variant(recurrent, read_after_adding=False), id="long_context/linear_attention_recurrent/update-after-output"),
-        Mistake("state overwritten instead of accumulated", "S and z are sums over every token so far: S = S + phi(k_i) "
-                "v_i^T and z = z + phi(k_i); assigned, they hold the last token only.", RECURRENT,
-                variant(recurrent, accumulated=False), id="long_context/linear_attention_recurrent/state-overwritten"),
-        Mistake("the recurrence computed by the parallel form", "the recurrent form holds one (d, d_v) state and "
-                "updates it token by token; the prefix sums of all n outer products (n d d_v numbers, what "
-                "linear_attention(..., is_causal=True) builds) are the parallel form.", RECURRENT,
-                recurrent_by_prefix_sums, id="long_context/linear_attention_recurrent/parallel-form"),
-        Mistake("normaliser left out", "the output is phi(q_i) S / (phi(q_i) z + eps): without the division it is "
-                "a sum, not an average, and grows with the number of tokens.", RECURRENT, variant(recurrent, normalised=False),
-                id="long_context/linear_attention_recurrent/normaliser-left-out"),
-        Mistake("phi left out of the keys", "the state adds phi(k_i) v_i^T and the normaliser phi(k_i): the keys "
-                "go through the same feature map as the queries.", RECURRENT, variant(recurrent, keys_through_phi=False),
-                id="long_context/linear_attention_recurrent/keys-without-phi"),
-        Mistake("the n x n matrix instead of a state", "the recurrent form keeps only S (d x d_v) and z (d,): "
-                "building phi(Q) phi(K)^T with a causal mask is the quadratic form, not an RNN.", RECURRENT,
-                recurrent_quadratic, id="long_context/linear_attention_recurrent/n-by-n-matrix"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/long_context.toml
 
 
 # --- hidden checks -----------------------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ import math
 import torch
 
 from ..grader.cases import case
-from ..grader.diagnosis import Mistake, MistakeFound
+from ..grader.diagnosis import MistakeFound, read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.student import call_student, expect_error, probe
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.masking import (
@@ -25,15 +25,6 @@ from ..references.masking import (
     same_off_the_default_device,
 )
 from . import hidden
-
-BOOL_VS_ADDITIVE = "2. Boolean and additive masks"
-CAUSAL = "3. The causal mask"
-CORNER = "4. Queries and keys of different lengths: which corner?"
-PADDING = "5. Padding masks and broadcasting"
-NO_KEY = "7. Rows with no key to attend to"
-MASKED = "8. Masked attention"
-MHA_SECTION = "9. nn.MultiheadAttention says the opposite"
-
 
 # --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
 
@@ -121,110 +112,7 @@ def masked_attention(Q, K, V, mask=None, *, scaled=True, masked="scores", bool_m
     return weights @ V, weights
 
 
-INVERTED = (
-    "in this course, as in F.scaled_dot_product_attention, True means may attend. nn.MultiheadAttention uses the "
-    "opposite (True = masked out), and a mask written in that convention hides exactly the keys it should keep."
-)
-MINUS_1E9 = (
-    "a large finite negative number (-1e9, or torch.finfo(dtype).min) is not -inf: on a row where every key is "
-    "masked all scores become that same number, and the softmax spreads uniform weights over keys that should "
-    "get none. In float16 -1e9 does not even exist (it rounds to -inf, or masked_fill refuses it). Use "
-    "float('-inf') and handle rows with no allowed key yourself."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "to_additive_mask": [
-        Mistake("-1e9 instead of -inf", "a forbidden position must get -inf, so its weight is exactly 0 in every "
-                "dtype; -1e9 is a finite number in float32 and float64 (and silently -inf in float16).",
-                BOOL_VS_ADDITIVE, to_additive_mask_minus_1e9, id="masking/to_additive_mask/1e9-instead-of-inf"),
-        Mistake("torch.finfo(dtype).min instead of -inf", "the most negative finite number is still finite: a score "
-                "added to it can round back to it, and a row of them gets uniform weights. Use -inf.",
-                BOOL_VS_ADDITIVE, variant(to_additive_mask, fill="finfo(dtype).min"),
-                id="masking/to_additive_mask/torch-finfo-dtype-min-instead-of-inf"),
-        Mistake("inverted boolean convention", INVERTED + " So True becomes 0 and False becomes -inf.",
-                MHA_SECTION, variant(to_additive_mask, inverted=True), id="masking/to_additive_mask/inverted-boolean-convention"),
-        Mistake("1 and 0 instead of 0 and -inf", "mask.to(dtype) gives 1.0 and 0.0; an additive mask must add 0 "
-                "to allowed scores and -inf to forbidden ones.", BOOL_VS_ADDITIVE, to_additive_mask_cast,
-                id="masking/to_additive_mask/1-and-0-instead-of-0-and-inf"),
-        Mistake("NaN from 0 * -inf", "multiplying the mask by -inf gives 0 * -inf = NaN at every allowed "
-                "position. Fill the forbidden positions instead (masked_fill or torch.where).", BOOL_VS_ADDITIVE,
-                to_additive_mask_zero_times_inf, id="masking/to_additive_mask/nan-from-0-inf"),
-        Mistake("the dtype argument ignored", "the additive mask is added to the scores, so it must have the "
-                "requested dtype (the scores' dtype).", BOOL_VS_ADDITIVE, variant(to_additive_mask, dtype_used=False),
-                id="masking/to_additive_mask/the-dtype-argument-ignored"),
-    ],
-    "causal_mask": [
-        Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor: a float mask is added "
-                "to the scores, so ones and zeros would shift scores instead of masking them.", BOOL_VS_ADDITIVE,
-                variant(causal_mask, boolean=False), id="masking/causal_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
-        Mistake("a causal mask that excludes the diagonal", "a token may attend to itself: query i sees keys "
-                "0..i, the diagonal included (otherwise the first query sees nothing).", CAUSAL,
-                variant(causal_mask, diagonal_kept=False), id="masking/causal_mask/a-causal-mask-that-excludes-the-diagonal"),
-        Mistake("bottom-right alignment ignored", "with align='bottom_right' the diagonal ends in the bottom-right "
-                "corner: query i sees keys 0..i + (m - n), as when new queries are decoded against a KV cache. "
-                "The align argument must change the mask.", CORNER, variant(causal_mask, align_used=False),
-                id="masking/causal_mask/bottom-right-alignment-ignored"),
-        Mistake("inverted boolean convention", INVERTED + " A causal mask is True on the past and the present.",
-                MHA_SECTION, variant(causal_mask, inverted=True), id="masking/causal_mask/inverted-boolean-convention"),
-        Mistake("the future instead of the past", "query i may attend to keys j <= i (lower triangle), not j >= i "
-                "(upper triangle).", CAUSAL, variant(causal_mask, triangle="upper"),
-                id="masking/causal_mask/the-future-instead-of-the-past"),
-        Mistake("the diagonal shifted the wrong way", "bottom-right alignment shifts the diagonal by m - n (to the "
-                "right when there are more keys than queries), not by n - m.", CORNER, variant(causal_mask, shift="n - m"),
-                id="masking/causal_mask/the-diagonal-shifted-the-wrong-way"),
-    ],
-    "padding_mask": [
-        Mistake("a 0/1 mask of numbers instead of a boolean one", "return a torch.bool tensor (True = real token).",
-                PADDING, variant(padding_mask, boolean=False),
-                id="masking/padding_mask/a-0-1-float-mask-instead-of-a-boolean-one"),
-        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
-                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                variant(padding_mask, real="j <= L"), id="masking/padding_mask/a-padding-mask-off-by-one"),
-        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
-                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                variant(padding_mask, real="j < L - 1"), id="masking/padding_mask/a-padding-mask-off-by-one"),
-        Mistake("a padding mask off by one", "a sequence of length L has real tokens at positions 0..L-1, so "
-                "position j is real when j < L (not j <= L, not j < L - 1, and positions start at 0).", PADDING,
-                variant(padding_mask, first_position=1), id="masking/padding_mask/a-padding-mask-off-by-one"),
-        Mistake("inverted boolean convention", INVERTED + " A padding mask is True on real tokens.", MHA_SECTION,
-                variant(padding_mask, real="j >= L"), id="masking/padding_mask/inverted-boolean-convention"),
-        Mistake("the mask transposed", "the mask has one row per sequence: shape (B, max_len), not (max_len, B).",
-                PADDING, variant(padding_mask, transposed=True), id="masking/padding_mask/the-mask-transposed"),
-        Mistake("the mask made on the default device", "torch.arange(max_len) goes to PyTorch's default device, "
-                "which a program may set elsewhere (torch.set_default_device(\"cuda\")); the mask belongs on the "
-                "device of lengths: torch.arange(max_len, device=lengths.device).", PADDING,
-                variant(padding_mask, on_lengths_device=False), id="masking/padding_mask/the-mask-made-on-the-default-device"),
-    ],
-    "masked_attention": [
-        Mistake("inverted boolean convention", INVERTED, MHA_SECTION, variant(masked_attention, inverted=True),
-                id="masking/masked_attention/inverted-boolean-convention"),
-        Mistake("mask applied after softmax", "the mask must change the scores before the softmax, so the "
-                "weights of the allowed keys are renormalised to sum to one; zeroing weights afterwards leaves "
-                "rows that sum to less than one.", BOOL_VS_ADDITIVE, variant(masked_attention, masked="weights"),
-                id="masking/masked_attention/mask-applied-after-softmax"),
-        Mistake("NaN on rows with no allowed key", "when every key of a row is masked the row is all -inf and "
-                "softmax computes 0/0 = NaN. Detect those rows and give them zero weights and zero output.",
-                NO_KEY, variant(masked_attention, empty_rows="NaN"),
-                id="masking/masked_attention/nan-on-rows-with-no-allowed-key"),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, variant(masked_attention, fill="-1e9"),
-                id="masking/masked_attention/1e9-instead-of-inf"),
-        Mistake("-1e9 instead of -inf", MINUS_1E9, NO_KEY, variant(masked_attention, fill="finfo(dtype).min"),
-                id="masking/masked_attention/1e9-instead-of-inf"),
-        Mistake("a float mask treated as boolean", "a float mask is added to the scores (0 keeps a score, -inf "
-                "removes it, other values shift it); converting it with .bool() makes 0 False and -inf True, "
-                "the opposite of what it means.", BOOL_VS_ADDITIVE, variant(masked_attention, float_mask="as bool()"),
-                id="masking/masked_attention/a-float-mask-treated-as-boolean"),
-        Mistake("a float mask used only for its -inf entries", "a float mask is added to the scores: its finite "
-                "entries (biases such as ALiBi's) change the weights too.", BOOL_VS_ADDITIVE,
-                variant(masked_attention, float_mask="its -inf only"),
-                id="masking/masked_attention/a-float-mask-used-only-for-its-inf-entries"),
-        Mistake("a boolean mask added to the scores", "adding a bool mask adds 1 to allowed scores and 0 to the "
-                "others; a boolean mask must select (masked_fill with -inf where it is False).", BOOL_VS_ADDITIVE,
-                variant(masked_attention, bool_mask="added"), id="masking/masked_attention/a-boolean-mask-added-to-the-scores"),
-        Mistake("no scaling", "the scores Q K^T are divided by sqrt(d_k) before the mask and the softmax, as in "
-                "notebook 01.", MASKED, variant(masked_attention, scaled=False), id="masking/masked_attention/no-scaling"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/masking.toml
 
 
 # --- hidden checks ------------------------------------------------------------------------

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from ..grader.cases import case, needs
-from ..grader.diagnosis import Mistake, through
+from ..grader.diagnosis import read_mistakes, through
 from ..grader.inputs import generator, randn
 from ..grader.student import call_student, expect_error, probe
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.multi_head import (
@@ -31,13 +31,6 @@ from ..references.multi_head import (
 )
 from ..shared.errors import fail
 from . import hidden
-
-SPLIT = "2. Splitting d_model into heads"
-LOOP = "3. A loop over heads, or one batched matmul"
-OUTPUT = "4. The output projection"
-MODULE = "5. Multi-head attention as a module"
-GROUPS = "8. Fewer key/value heads: multi-query and grouped-query attention"
-
 
 # --- the mistake catalogue: each reference names the decisions its mistakes get wrong -------------
 
@@ -219,111 +212,7 @@ def grouped_query_attention(Q, K, V, mask=None, *, heads_shared_by="repeat_inter
     return weights @ V, weights
 
 
-PLAIN_VIEW = (
-    "reshaping straight between (B, T, D) and (B, h, T, d) keeps the memory order, which is token by token: "
-    "the first 'head' then receives whole tokens (the first T/h of them, all their features) instead of the "
-    "first d features of every token, so heads mix tokens. Reshape to (B, T, h, d) and transpose axes 1 and 2 "
-    "(and the reverse to merge)."
-)
-INTERLEAVED = (
-    "head i must get the contiguous block of features i*d ... (i+1)*d - 1 of every token (the convention of "
-    "nn.MultiheadAttention and of the weights you copy), not every h-th feature. Reshape the last axis as "
-    "(h, d), heads first."
-)
-NON_CONTIGUOUS = (
-    "Tensor.view cannot reinterpret a tensor whose memory is not laid out in the right order (a transposed "
-    "tensor, for instance). Use Tensor.reshape, which copies only when it has to."
-)
-SCALE = (
-    "each head is scaled dot-product attention on vectors of d_head = d_model / h features, so its scores are "
-    "divided by sqrt(d_head). Dividing by sqrt(d_model) shrinks them by a further sqrt(h) and flattens every "
-    "head's softmax."
-)
-MASKS = (
-    "in this course a boolean mask means True = may attend (attn_mask) and True = real token "
-    "(key_padding_mask). nn.MultiheadAttention's boolean masks mean the opposite (True = masked): your module "
-    "must follow this course's convention, so positions where the mask is False get -inf."
-)
-REPEAT = (
-    "query head i must use key/value head i // (h / g): consecutive query heads share a key/value head. "
-    "K.repeat(1, h // g, 1, 1) tiles the whole group (heads 0, 1, ..., g-1, 0, 1, ...) and gives head i the "
-    "key/value head i % g. Use K.repeat_interleave(h // g, dim=1), which repeats each head in place."
-)
 
-MISTAKES: dict[str, list[Mistake]] = {
-    "split_heads": [
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT,
-                variant(split_heads, layout="(B, h, T, d)"),
-                id="multi_head/split_heads/a-plain-view-to-b-h-t-d-without-the-transpose"),
-        Mistake("features dealt out to the heads in turn", INTERLEAVED, SPLIT,
-                variant(split_heads, layout="(B, T, d, h)"), id="multi_head/split_heads/features-dealt-out-to-the-heads-in-turn"),
-    ],
-    "merge_heads": [
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT,
-                variant(merge_heads, layout="(B, h, T, d)"),
-                id="multi_head/merge_heads/a-plain-view-back-to-b-t-d-without-the-transpose"),
-        Mistake("view on a non-contiguous tensor", NON_CONTIGUOUS + " After transpose(1, 2) the heads are no "
-                "longer contiguous.", SPLIT, merge_heads_view_non_contiguous,
-                id="multi_head/merge_heads/view-on-a-non-contiguous-tensor"),
-        Mistake("heads merged feature by feature", INTERLEAVED, SPLIT, variant(merge_heads, layout="(B, T, d, h)"),
-                id="multi_head/merge_heads/heads-merged-feature-by-feature"),
-    ],
-    "MultiHeadAttention": [
-        Mistake("a missing output projection", "after the heads are merged, multi-head attention multiplies by "
-                "W_O (and adds its bias): concat(head_1, ..., head_h) W_O. Without it every output feature comes "
-                "from one head only, and the weights of mha.out_proj are never used.", OUTPUT,
-                variant(MultiHeadAttention, output_projection=False),
-                id="multi_head/MultiHeadAttention/a-missing-output-projection"),
-        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE, LOOP,
-                variant(MultiHeadAttention, scaled_by="d_model"),
-                id="multi_head/MultiHeadAttention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
-        Mistake("masks in nn.MultiheadAttention's convention (True = masked)", MASKS, MODULE,
-                variant(MultiHeadAttention, mask_true_means="masked"),
-                id="multi_head/MultiHeadAttention/masks-in-nn-multiheadattention-s-convention"),
-        Mistake("a plain view to (B, h, T, d) without the transpose", PLAIN_VIEW, SPLIT,
-                variant(MultiHeadAttention, split_transposed=False),
-                id="multi_head/MultiHeadAttention/a-plain-view-to-b-h-t-d-without-the-transpose"),
-        Mistake("a plain view back to (B, T, D) without the transpose", PLAIN_VIEW, SPLIT,
-                variant(MultiHeadAttention, merge_transposed=False),
-                id="multi_head/MultiHeadAttention/a-plain-view-back-to-b-t-d-without-the-transpose"),
-        Mistake("weights averaged over the heads", "the module returns the weights of every head, shape "
-                "(B, h, n, m). nn.MultiheadAttention averages them over the heads unless you pass "
-                "average_attn_weights=False; this exercise asks for them per head.", MODULE,
-                variant(MultiHeadAttention, weights_averaged=True),
-                id="multi_head/MultiHeadAttention/weights-averaged-over-the-heads"),
-        Mistake("nn.Linear weights used without their transpose", "nn.Linear (and nn.MultiheadAttention's "
-                "in_proj_weight and out_proj.weight) store W as (out_features, in_features) and compute "
-                "x @ W.T + b. If your module computes x @ W, copy W.T, or keep nn.Linear layers and copy W "
-                "as it is.", MODULE, variant(MultiHeadAttention, weights_copied_transposed=True),
-                id="multi_head/MultiHeadAttention/nn-linear-weights-used-without-their-transpose"),
-        Mistake("parameters left in float32", "from_torch must give the module the dtype (and device) of "
-                "mha's weights, for example with .to(mha.in_proj_weight.dtype): copying float64 weights into "
-                "float32 parameters rounds them, and float64 inputs then meet float32 weights.", MODULE,
-                MHAParametersStayFloat32, id="multi_head/MultiHeadAttention/parameters-left-in-float32"),
-    ],
-    "grouped_query_attention": [
-        Mistake("repeat instead of repeat_interleave", REPEAT, GROUPS,
-                variant(grouped_query_attention, heads_shared_by="repeat"),
-                id="multi_head/grouped_query_attention/repeat-instead-of-repeat-interleave"),
-        Mistake("scaling by sqrt(d_model) instead of sqrt(d_head)", SCALE + " Here d_head is Q.shape[-1].",
-                LOOP, variant(grouped_query_attention, scaled_by="d_model"),
-                id="multi_head/grouped_query_attention/scaling-by-sqrt-d-model-instead-of-sqrt-d-head"),
-        Mistake("mask with the opposite convention (True = masked)", "in this course a boolean mask means "
-                "True = may attend, as in F.scaled_dot_product_attention: positions where the mask is False get "
-                "-inf.", GROUPS, variant(grouped_query_attention, mask_true_means="masked"),
-                id="multi_head/grouped_query_attention/mask-with-the-opposite-convention-true-masked"),
-        Mistake("NaN for a query with no allowed key", "when every key of a query is masked, all its scores "
-                "are -inf and softmax computes 0 / 0 = NaN. Give such rows zero weights and a zero output, "
-                "as F.scaled_dot_product_attention does.", GROUPS,
-                variant(grouped_query_attention, zero_empty_rows=False),
-                id="multi_head/grouped_query_attention/nan-for-a-query-with-no-allowed-key"),
-        Mistake("a large negative number instead of -inf", "with a large negative number a query with no "
-                "allowed key spreads its weight uniformly over keys it may not see. Use -inf, and give rows "
-                "with no allowed key zero weights and a zero output.", GROUPS,
-                variant(grouped_query_attention, masked_score="torch.finfo(dtype).min", zero_empty_rows=False),
-                id="multi_head/grouped_query_attention/a-large-negative-number-instead-of-inf"),
-    ],
-}
 
 
 # --- hidden checks ------------------------------------------------------------------------
@@ -436,8 +325,7 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
               randn(2, 7, 12, gen=gen)), {"attn_mask": _mask_without_empty_rows(4, 7, gen)},
              label="cross-attention, bool attn_mask (n, m): True = may attend"),
         Case((TorchMHA(8, 2, bias=False, seed=16), randn(3, 6, 8, gen=gen), *[randn(3, 6, 8, gen=gen)] * 2),
-             {"key_padding_mask": _padding([4, 5, 1], 6)},
-             label="key_padding_mask (B, m): True = real token"),
+             {"key_padding_mask": _padding([4, 5, 1], 6)}, label="key_padding_mask (B, m): True = real token"),
         Case((TorchMHA(8, 4, seed=17), x2, x2, x2), {"attn_mask": causal, "key_padding_mask": _padding([5, 3], 5)},
              label="self-attention, causal and padding masks together"),
         Case((TorchMHA(12, 2, seed=18), randn(2, 4, 12, gen=gen), randn(2, 7, 12, gen=gen),
@@ -556,7 +444,6 @@ def check_grouped_query_attention(grouped_query_attention) -> None:
 
 # --- attention on a graph: the mistake catalogue and the hidden check -------------------------
 
-GRAPH = "10. Attention on a graph"
 
 
 @decisions("adjacency", "loops", "scaled", "softmax_over", "masked_score", "zero_empty_rows")
@@ -616,62 +503,7 @@ def graph_attention_duplicates_counted(X, edges, W_Q, W_K, W_V, self_loops=True)
     return weights @ V, weights
 
 
-NO_NEIGHBOUR = (
-    "a node with no neighbour (no edge into it, and no self-loop) has a row of -inf scores, and softmax "
-    "computes 0 / 0 = NaN. It has nothing to average: give it zero weights and a zero output, as "
-    "F.scaled_dot_product_attention does with an all-False row."
-)
-
-MISTAKES["graph_attention"] = [
-    Mistake("adjacency transposed: messages flow the wrong way", "edges[0] holds the sources and edges[1] the "
-            "targets (PyTorch Geometric's convention): an edge (j, i) carries a message from j to i, so node i, "
-            "the query, attends to j. In the (N, N) mask the row is the target and the column the source: "
-            "mask[edges[1], edges[0]] = True. mask[edges[0], edges[1]] makes every node listen to the nodes it "
-            "sends to.", GRAPH, variant(graph_attention, adjacency="mask[source, target]"),
-            id="multi_head/graph_attention/adjacency-transposed-messages-flow-the-wrong-way"),
-    Mistake("softmax over all nodes instead of the neighbours", "the softmax must be taken over the neighbours "
-            "of node i only: put -inf on the scores of the other nodes before the softmax. A softmax over all N "
-            "nodes followed by zeroing the non-neighbours leaves rows that no longer sum to one.", GRAPH,
-            variant(graph_attention, softmax_over="all nodes"),
-            id="multi_head/graph_attention/softmax-over-all-nodes-instead-of-the-neighbours"),
-    Mistake("edges ignored: attention on the complete graph", "without the mask every node attends to every "
-            "node, which is attention on the complete graph. Node i may only attend to the sources of the edges "
-            "into i (plus itself when self_loops): put -inf on every other score before the softmax.", GRAPH,
-            variant(graph_attention, adjacency="the complete graph"),
-            id="multi_head/graph_attention/edges-ignored-attention-on-the-complete-graph"),
-    # Listed before the self-loop mistakes: with self_loops=False, forgetting the loops changes nothing.
-    Mistake("NaN for a node with no neighbour", NO_NEIGHBOUR, GRAPH, variant(graph_attention, zero_empty_rows=False),
-            id="multi_head/graph_attention/nan-for-a-node-with-no-neighbour"),
-    Mistake("a large negative number instead of -inf", "with -1e9 instead of -inf a node with no neighbour "
-            "spreads its weight uniformly over all N nodes, none of which it may see. Use -inf, and give such a node "
-            "zero weights and a zero output.", GRAPH, variant(graph_attention, masked_score=-1e9, zero_empty_rows=False),
-            id="multi_head/graph_attention/a-large-negative-number-instead-of-inf"),
-    Mistake("self-loops forgotten (zero rows for isolated nodes)", "with self_loops=True every node also attends "
-            "to itself: add the diagonal to the adjacency (mask |= torch.eye(N, dtype=torch.bool)). Without it "
-            "every node loses its own message, and a node that no edge enters gets an empty row.", GRAPH,
-            variant(graph_attention, loops="never"), id="multi_head/graph_attention/self-loops-forgotten-zero-rows-for-isolated"),
-    Mistake("self-loops forgotten (NaN rows for isolated nodes)", "with self_loops=True every node also attends "
-            "to itself: add the diagonal to the adjacency. Without it every node loses its own message, and a "
-            "node that no edge enters has only -inf scores, which softmax turns into NaN.", GRAPH,
-            variant(graph_attention, loops="never", zero_empty_rows=False),
-            id="multi_head/graph_attention/self-loops-forgotten-nan-rows-for-isolated-nodes"),
-    Mistake("duplicate edges counted twice", "the graph's adjacency is a set of edges: an edge listed twice in "
-            "edges is still one edge and must not change anything. A softmax over the list of edges counts it "
-            "twice (its weight doubles before normalising); a boolean (N, N) mask records it once.", GRAPH,
-            graph_attention_duplicates_counted, id="multi_head/graph_attention/duplicate-edges-counted-twice"),
-    Mistake("self-loops added when self_loops=False", "self_loops=False means that a node attends to itself "
-            "only when edges contains (i, i) explicitly: add the diagonal only when self_loops is True.", GRAPH,
-            variant(graph_attention, loops="always added"),
-            id="multi_head/graph_attention/self-loops-added-when-self-loops-false"),
-    Mistake("explicit self-loops removed when self_loops=False", "an edge (i, i) listed in edges is an edge "
-            "like any other and always counts; self_loops=False only means that no loop is added. Setting the "
-            "diagonal to self_loops deletes the explicit loops.", GRAPH,
-            variant(graph_attention, loops="diagonal set to self_loops"),
-            id="multi_head/graph_attention/explicit-self-loops-removed-when-self-loops"),
-    Mistake("scores not scaled by sqrt(d_k)", "graph attention is scaled dot-product attention restricted to the "
-            "neighbours: divide the scores q_i . k_j by sqrt(d_k), with d_k = W_Q.shape[1].", GRAPH,
-            variant(graph_attention, scaled=False), id="multi_head/graph_attention/scores-not-scaled-by-sqrt-d-k"),
-]
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/multi_head.toml
 
 
 @hidden

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..grader.cases import case
-from ..grader.diagnosis import Mistake, MistakeFound, by_id
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.student import attempt, expect_error
 from ..grader.variation import decisions, variant
@@ -35,15 +35,6 @@ from . import hidden
 
 INF = math.inf
 
-OVERFLOW = "1. Where exp breaks: overflow and underflow"
-SHIFT = "2. Shifting the scores changes nothing"
-PER_ROW = "3. One shift per row"
-EMPTY_ROWS = "4. Rows with nothing to attend to"
-STABLE = "5. A softmax that never overflows"
-LSE = "6. Log-sum-exp"
-LOG_SOFTMAX = "7. Log-softmax"
-HALF = "8. Half precision"
-ONLINE = "9. Online softmax: one pass over blocks"
 
 
 # --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
@@ -210,140 +201,7 @@ def online_softmax_two_passes(x, block_size):
     return (torch.exp(x.to(acc) - shift) / torch.where(s == 0, 1.0, s)).to(x.dtype)
 
 
-NO_SHIFT = (
-    "exp of an entry above about 88.7 (float32; 11.1 in float16) is inf, and inf / inf is NaN; exp of entries all "
-    "far below 0 is 0, and 0 / 0 is NaN. Subtract each row's max first: softmax(x) = softmax(x - c) for any c."
-)
-GLOBAL_MAX = (
-    "the shift must be the max of each row (amax over dim with keepdim=True), not the max of the whole tensor: a "
-    "row whose entries are all far below the global max underflows to exp(...) = 0 everywhere."
-)
-DIM_IGNORED = (
-    "the dim argument must be used everywhere (max and sum over dim), not a hard-coded -1: with dim=0 the "
-    "reduction runs down the columns."
-)
-X_MINUS_LSE = (
-    "softmax(x) = exp(x - logsumexp(x)) holds exactly, but a float16 of about 1000 is a multiple of 0.5 (of 8 near "
-    "1e4): lse is rounded by up to that much, x - lse with it, and exp turns the error into a factor on every "
-    "probability (the rows no longer sum to 1). x - max is exact (the max is one of the entries): subtract the "
-    "max, exponentiate, divide by the sum."
-)
-BUILTIN = "the exercise is to build it from exp, max, sum and log; PyTorch's built-in is only the referee."
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "stable_softmax": [
-        Mistake("no max shift", NO_SHIFT, SHIFT, variant(stable_softmax, shift="none"),
-                id="numerical_stability/stable_softmax/no-max-shift"),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, variant(stable_softmax, shift="global max"),
-                id="numerical_stability/stable_softmax/one-global-max-instead-of-one-per-row"),
-        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
-                "-inf - (-inf) is NaN. Such a row (a query with nothing to attend to) must give zeros: shift it "
-                "by 0 instead and return 0 where the sum is 0.", EMPTY_ROWS, variant(stable_softmax, empty_rows="NaN"),
-                id="numerical_stability/stable_softmax/nan-on-rows-that-are-entirely-inf"),
-        Mistake("uniform weights on rows that are entirely -inf", "replacing -inf by a large negative number "
-                "(-1e9, torch.finfo(dtype).min) turns a row with nothing to attend to into a uniform row: it "
-                "attends to everything equally. Such a row must give zeros.", EMPTY_ROWS,
-                variant(stable_softmax, empty_rows="uniform"),
-                id="numerical_stability/stable_softmax/uniform-weights-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, STABLE, variant(stable_softmax, dim_used=False),
-                id="numerical_stability/stable_softmax/the-dim-argument-ignored"),
-        Mistake("the max taken without keepdim", "x.amax(dim) drops the reduced dimension, so x - m lines the "
-                "maxima up with the wrong axis (or fails to broadcast). Keep it: x.amax(dim=dim, keepdim=True).",
-                STABLE, stable_softmax_max_without_keepdim,
-                id="numerical_stability/stable_softmax/the-max-taken-without-keepdim"),
-        Mistake("the result detached from autograd", "the gradient must flow from the result back to x: no "
-                ".detach(), .item(), .numpy() or torch.no_grad() on the way.", STABLE, variant(stable_softmax, detached=True),
-                id="numerical_stability/stable_softmax/the-result-detached-from-autograd"),
-        Mistake("exp(x - logsumexp(x)) in half precision", X_MINUS_LSE, HALF,
-                variant(stable_softmax, normalised_by="the logsumexp"),
-                id="numerical_stability/stable_softmax/exp-of-x-minus-logsumexp-in-half-precision"),
-        Mistake("a built-in softmax", BUILTIN, STABLE, stable_softmax_builtin,
-                id="numerical_stability/stable_softmax/a-built-in-softmax"),
-        Mistake("the input modified in place", "x -= m (or x.sub_(m), x[...] = ...) changes the caller's "
-                "tensor. Write the shifted scores to a new tensor: x - m.", STABLE, variant(stable_softmax, in_place=True),
-                id="numerical_stability/stable_softmax/the-input-modified-in-place"),
-    ],
-    "logsumexp": [
-        Mistake("no max shift", "log(sum(exp(x))) overflows to inf when an entry is above about 88.7 (float32) "
-                "and underflows to log(0) = -inf when all entries are far below 0. Use "
-                "m + log(sum(exp(x - m))) with m the row's max.", LSE, variant(logsumexp, shift="none"),
-                id="numerical_stability/logsumexp/no-max-shift"),
-        Mistake("the max not added back", "log(sum(exp(x - m))) is the log-sum-exp of x - m; the log-sum-exp "
-                "of x is m + log(sum(exp(x - m))).", LSE, variant(logsumexp, max_added_back=False),
-                id="numerical_stability/logsumexp/the-max-not-added-back"),
-        Mistake("one global max instead of one per row", GLOBAL_MAX, PER_ROW, variant(logsumexp, shift="global max"),
-                id="numerical_stability/logsumexp/one-global-max-instead-of-one-per-row"),
-        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has max -inf, and "
-                "-inf - (-inf) is NaN; its log-sum-exp is log(0) = -inf, as torch.logsumexp says. Shift such a "
-                "row by 0 instead.", EMPTY_ROWS, variant(logsumexp, empty_rows="NaN"),
-                id="numerical_stability/logsumexp/nan-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, LSE, variant(logsumexp, dim_used=False),
-                id="numerical_stability/logsumexp/the-dim-argument-ignored"),
-        Mistake("the reduced dimension kept", "logsumexp reduces dim away, like torch.logsumexp (keepdim=False): "
-                "x of shape (B, L) gives (B,).", LSE, variant(logsumexp, keepdim=True),
-                id="numerical_stability/logsumexp/the-reduced-dimension-kept"),
-        Mistake("a built-in logsumexp", BUILTIN, LSE, logsumexp_builtin,
-                id="numerical_stability/logsumexp/a-built-in-logsumexp"),
-    ],
-    "log_softmax": [
-        Mistake("no max shift", "log(sum(exp(x))) overflows to inf (or underflows to -inf), and every "
-                "log-probability becomes -inf or NaN. Subtract a stable log-sum-exp: m + log(sum(exp(x - m))).",
-                LSE, variant(log_softmax, shifted=False), id="numerical_stability/log_softmax/no-max-shift"),
-        Mistake("the max not added back", "the log-sum-exp of x is m + log(sum(exp(x - m))); without the m the "
-                "log-probabilities are off by the row's max.", LSE, variant(log_softmax, max_added_back=False),
-                id="numerical_stability/log_softmax/the-max-not-added-back"),
-        Mistake("the log of the softmax", "log(softmax(x)) is -inf wherever the softmax underflows to 0 (an entry "
-                "more than about 745 below the row's max in float64, 104 in float32), although the log-softmax "
-                "there is a perfectly finite x - logsumexp(x). Compute x - logsumexp(x) directly.", LOG_SOFTMAX,
-                variant(log_softmax, log_of_softmax=True), id="numerical_stability/log_softmax/the-log-of-the-softmax"),
-        Mistake("the log-sum-exp not kept as a column", "logsumexp(x, dim) has the dimension dim removed; put it "
-                "back (unsqueeze(dim)) before subtracting it from x, or x - lse subtracts along the wrong axis "
-                "(or fails to broadcast).", LOG_SOFTMAX, log_softmax_without_keepdim,
-                id="numerical_stability/log_softmax/the-log-sum-exp-not-kept-as-a-column"),
-        Mistake("NaN on rows that are entirely -inf", "a row whose entries are all -inf has log-sum-exp -inf, "
-                "and -inf - (-inf) is NaN. Its softmax is a row of zeros, so its log-softmax is a row of -inf.",
-                LOG_SOFTMAX, variant(log_softmax, empty_rows="NaN"),
-                id="numerical_stability/log_softmax/nan-on-rows-that-are-entirely-inf"),
-        Mistake("the dim argument ignored", DIM_IGNORED, LOG_SOFTMAX, variant(log_softmax, dim_used=False),
-                id="numerical_stability/log_softmax/the-dim-argument-ignored"),
-        Mistake("a built-in log_softmax", BUILTIN, LOG_SOFTMAX, log_softmax_builtin,
-                id="numerical_stability/log_softmax/a-built-in-log-softmax"),
-    ],
-    "online_softmax": [
-        Mistake("the running sum not rescaled", "when a block raises the running max from m to m_new, the sum "
-                "so far was taken relative to m and must be multiplied by exp(m - m_new) before the new block's "
-                "terms are added: s_new = s * exp(m - m_new) + sum(exp(block - m_new)).", ONLINE,
-                variant(online_softmax, rescale="none"), id="numerical_stability/online_softmax/the-running-sum-not-rescaled"),
-        Mistake("the rescale factor inverted", "the old sum is multiplied by exp(m - m_new) <= 1 (its terms "
-                "shrink when the max grows), not by exp(m_new - m).", ONLINE, variant(online_softmax, rescale="exp(m_new - m)"),
-                id="numerical_stability/online_softmax/the-rescale-factor-inverted"),
-        Mistake("the last block dropped", "when the length is not a multiple of block_size the last block is "
-                "shorter, and it still counts: loop with range(0, L, block_size) and slice "
-                "x[..., start:start + block_size].", ONLINE, variant(online_softmax, last_block=False),
-                id="numerical_stability/online_softmax/the-last-block-dropped"),
-        Mistake("each block normalised on its own", "every entry is divided by the sum over the whole row, "
-                "rescaled to the final max, not by the sum of its own block.", ONLINE,
-                online_softmax_blocks_normalised_separately,
-                id="numerical_stability/online_softmax/each-block-normalised-on-its-own"),
-        Mistake("NaN when a whole block is -inf", "while every entry seen so far is -inf the running max is "
-                "still -inf, and exp(m - m_new) = exp(-inf - (-inf)) is NaN. Shift by 0 while the running max is "
-                "-inf (the running sum is 0 then anyway).", ONLINE, variant(online_softmax, empty_blocks="shift by m_new"),
-                id="numerical_stability/online_softmax/nan-when-a-whole-block-is-inf"),
-        Mistake("the running sum kept in half precision", "a float16 sum stops growing once its terms fall "
-                "below half a unit in its last place (1 + 0.0003 is 1 in float16). Keep the running max and sum "
-                "in float32 for float16 and bfloat16 inputs, as the kernels do, and return x's dtype.", HALF,
-                online_softmax_half_precision_sum,
-                id="numerical_stability/online_softmax/the-running-sum-kept-in-half-precision"),
-        Mistake("the whole row reduced at once", "the online softmax never takes a max or a sum over more than "
-                "one block of a row: it keeps a running max and a running sum and updates them block by block.",
-                ONLINE, online_softmax_whole_row, id="numerical_stability/online_softmax/the-whole-row-reduced-at-once"),
-        Mistake("two passes over the row", "a first pass for the max and a second for the sum reads the row "
-                "twice; the online softmax updates the max and the rescaled sum together, in one pass.", ONLINE,
-                online_softmax_two_passes, id="numerical_stability/online_softmax/two-passes-over-the-row"),
-        Mistake("a built-in softmax", BUILTIN, ONLINE, online_softmax_builtin,
-                id="numerical_stability/online_softmax/a-built-in-softmax"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/numerical_stability.toml
 
 #: Mistakes named by a check of their own rather than by their output.
 _BUILTIN = {"stable_softmax": "numerical_stability/stable_softmax/a-built-in-softmax",
@@ -394,8 +252,7 @@ def _softmax_like_cases(seed: int) -> list[Case]:
     cases = [
         Case((_rows(gen, [1e4, 1e4 + 5, 1e4 - 3], 6),), label="every entry near 1e4"),
         Case((_rows(gen, [-1e4, -1e4 + 5, -1e4 - 3], 6),), label="every entry near -1e4"),
-        Case((torch.cat([_rows(gen, [0.0, 1e4, -1e4, 500.0], 6),
-                         randn(1, 6, gen=gen) * 1e-12]),),
+        Case((torch.cat([_rows(gen, [0.0, 1e4, -1e4, 500.0], 6), randn(1, 6, gen=gen) * 1e-12]),),
              label="rows on very different scales: near 0, 1e4, -1e4, 500, and within 1e-12 of 0"),
         Case((torch.tensor([[0.0, -1000.0, 3.0, -750.0], [1e4, 0.0, -1e4, 9990.0]], dtype=torch.float64),),
              label="entries more than 745 below their row's max (their exp underflows to 0)"),

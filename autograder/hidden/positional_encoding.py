@@ -9,18 +9,13 @@ import torch
 from ..grader.cases import case, needs
 from ..grader.compare import assert_close, assert_dtype, assert_shape, assert_tensor, is_close
 from ..grader.diagnoses import explain_rounding
-from ..grader.diagnosis import Mistake
+from ..grader.diagnosis import read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.student import call_student, expect_error
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..shared.errors import fail
 from . import hidden
-
-SINUSOIDAL = "3. Sinusoidal encodings: a clock with many hands"
-SHIFT = "4. A shift in position is a rotation"
-ROPE = "7. Rotary position embeddings (RoPE)"
-
 
 # --- references (float64 inside, cast at the end) ---------------------------------------------
 
@@ -118,78 +113,7 @@ def apply_rope(x, positions, base=10000.0, *, exponent="2i/d", positions_used=Tr
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
-MISTAKES: dict[str, list[Mistake]] = {
-    "sinusoidal_encoding": [
-        Mistake("exponent i/d instead of 2i/d", "pair i (columns 2i and 2i+1) has the frequency "
-                "base^(-2i/d_model): the exponent runs from 0 up to almost 1 across the pairs. With i/d_model "
-                "it stops near 1/2, so the slowest hand turns far too fast.", SINUSOIDAL,
-                variant(sinusoidal_encoding, exponent="i/d"),
-                id="positional_encoding/sinusoidal_encoding/exponent-i-d-instead-of-2i-d"),
-        Mistake("the column index doubled in the exponent", "the exponent is 2i/d_model where i is the pair "
-                "index, which is the same as j/d_model where j = 2i is the column of the sine. Writing "
-                "2j/d_model with the column j counts the 2 twice.", SINUSOIDAL, variant(sinusoidal_encoding, exponent="2j/d"),
-                id="positional_encoding/sinusoidal_encoding/the-column-index-doubled-in-the-exponent"),
-        Mistake("sin and cos concatenated in halves instead of interleaved", "this exercise asks for the "
-                "interleaved layout of the paper: column 2i is the sine and column 2i+1 the cosine of the same "
-                "angle, not all the sines followed by all the cosines.", SINUSOIDAL,
-                variant(sinusoidal_encoding, layout="halves"),
-                id="positional_encoding/sinusoidal_encoding/sin-and-cos-concatenated-in-halves-instead-of"),
-        Mistake("sin and cos swapped", "even columns hold the sine, odd columns the cosine, so that "
-                "PE[0] = [0, 1, 0, 1, ...].", SINUSOIDAL, variant(sinusoidal_encoding, layout="cos, sin"),
-                id="positional_encoding/sinusoidal_encoding/sin-and-cos-swapped"),
-        Mistake("positions counted from 1", "the first position is 0, so the first row of the encoding is "
-                "[0, 1, 0, 1, ...].", SINUSOIDAL, variant(sinusoidal_encoding, first_position=1),
-                id="positional_encoding/sinusoidal_encoding/positions-counted-from-1"),
-        Mistake("position multiplied by base^(2i/d) instead of divided", "the angle is pos / base^(2i/d_model): "
-                "the frequencies go from 1 (fast) down to about 1/base (slow), never above 1.", SINUSOIDAL,
-                variant(sinusoidal_encoding, divided=False),
-                id="positional_encoding/sinusoidal_encoding/position-multiplied-by-base-2i-d-instead-of"),
-        Mistake("the base argument ignored", "use the base you are given instead of a fixed 10000.",
-                SINUSOIDAL, variant(sinusoidal_encoding, base_used=False),
-                id="positional_encoding/sinusoidal_encoding/the-base-argument-ignored"),
-    ],
-    "relative_shift_matrix": [
-        Mistake("M_k transposed (a rotation by -k)", "on a pair (sin a, cos a) the angle-addition formulas give "
-                "sin(a + b) = cos(b) sin(a) + sin(b) cos(a) and cos(a + b) = -sin(b) sin(a) + cos(b) cos(a), so "
-                "the block is [[cos b, sin b], [-sin b, cos b]]. The textbook rotation [[cos b, -sin b], "
-                "[sin b, cos b]] is meant for pairs (cos, sin); on (sin, cos) it moves the position back by k.",
-                SHIFT, variant(relative_shift_matrix, transposed=True),
-                id="positional_encoding/relative_shift_matrix/m-k-transposed-a-rotation-by-k"),
-        Mistake("exponent i/d instead of 2i/d", "block i turns by k * base^(-2i/d_model), the angle that pair i "
-                "of the encoding advances in k steps.", SINUSOIDAL, variant(relative_shift_matrix, exponent="i/d"),
-                id="positional_encoding/relative_shift_matrix/exponent-i-d-instead-of-2i-d"),
-        Mistake("a shift of one position whatever k", "the angle of block i is k times the frequency of pair "
-                "i: shifting by k positions turns every hand k times as far as one step does.", SHIFT,
-                variant(relative_shift_matrix, steps="1"),
-                id="positional_encoding/relative_shift_matrix/a-shift-of-one-position-whatever-k"),
-        Mistake("blocks on pairs (i, i + d/2)", "the encoding is interleaved: the sine and the cosine of pair i "
-                "sit in columns 2i and 2i+1, so each 2x2 block sits on the diagonal at rows and columns "
-                "2i, 2i+1.", SHIFT, variant(relative_shift_matrix, pairs="halves"),
-                id="positional_encoding/relative_shift_matrix/blocks-on-pairs-i-i-d-2"),
-    ],
-    "apply_rope": [
-        Mistake("RoPE in the rotate-half convention", "this exercise rotates the adjacent pairs (2i, 2i+1). "
-                "Some codebases instead pair dimension i with dimension i + d/2 (rotate_half); both are valid "
-                "but they are different functions, and weights trained with one do not work with the other.",
-                ROPE, variant(apply_rope, pairs="halves"),
-                id="positional_encoding/apply_rope/rope-in-the-rotate-half-convention"),
-        Mistake("rotation in the opposite direction", "the pair (x_2i, x_2i+1) becomes "
-                "(x_2i cos t - x_2i+1 sin t, x_2i sin t + x_2i+1 cos t): the complex number x_2i + i x_2i+1 "
-                "multiplied by e^(i t). Swapping the signs rotates by -t.", ROPE, variant(apply_rope, opposite=True),
-                id="positional_encoding/apply_rope/rotation-in-the-opposite-direction"),
-        Mistake("exponent i/d instead of 2i/d", "pair i turns at the frequency base^(-2i/d), as in the "
-                "sinusoidal encoding.", ROPE, variant(apply_rope, exponent="i/d"),
-                id="positional_encoding/apply_rope/exponent-i-d-instead-of-2i-d"),
-        Mistake("positions argument ignored", "rotate row t by the angle positions[t] * frequency, not by its "
-                "index t: with a cache of earlier tokens, the rows of x are not at positions 0, 1, 2, ...",
-                ROPE, variant(apply_rope, positions_used=False), id="positional_encoding/apply_rope/positions-argument-ignored"),
-        Mistake("cos/sin tables of the rotate-half layout used with adjacent pairs", "the angle table "
-                "cat([angles, angles]) belongs to the rotate-half layout; with adjacent pairs the two members "
-                "of a pair must share one angle, so the table is angles.repeat_interleave(2, dim=-1).",
-                ROPE, variant(apply_rope, tables="rotate-half"),
-                id="positional_encoding/apply_rope/cos-sin-tables-of-the-rotate-half-layout-used"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/positional_encoding.toml
 
 
 # --- hidden checks ----------------------------------------------------------------------------

@@ -24,10 +24,10 @@ import torch
 from ..grader.cases import case, needs
 from ..grader.compare import describe
 from ..grader.diagnoses import explain_number
-from ..grader.diagnosis import Mistake, MistakeFound, by_id
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.student import attempt, call_student, describe_error, expect_error
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify
 from ..references.scaling import (
     ENTROPY_BUILTINS,
@@ -44,12 +44,8 @@ from ..references.scaling import (
 from ..shared.errors import fail
 from . import hidden
 
-GROWTH = "1. Dot products grow with the dimension"
 MEAN_VARIANCE = "2. The mean and variance of a dot product"
-MEASURING = "3. Measuring the variance"
-SATURATION = "4. What large scores do to softmax"
 GRADIENT = "5. The gradient of softmax"
-MEASURING_SATURATION = "6. Measuring saturation"
 
 # --- the references: the experiments drawn as the texts prescribe (the answers: never in the student's bundle),
 # each with the decisions its catalogued mistakes get wrong -------------------------------------------------
@@ -167,166 +163,13 @@ def attention_entropy(weights, *, log="torch.log", zero_terms="left out", epsilo
     return entropy / math.log(weights.shape[-1]) if normalised else entropy
 
 
-SCALED_IGNORED = (
-    "the argument `scaled` is ignored: when it is True the scores must be divided by sqrt(d_k) before their "
-    "variance is taken."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "empirical_score_variance": [
-        Mistake("`scaled` ignored", SCALED_IGNORED, MEASURING, variant(score_variance_reference, scaled_by=None),
-                id="scaling/empirical_score_variance/scaled-ignored"),
-        Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k leaves the scores a variance of "
-                "1/d_k; dividing by sqrt(d_k) brings it to 1 because Var(cX) = c^2 Var(X).", MEAN_VARIANCE,
-                variant(score_variance_reference, scaled_by="d_k"),
-                id="scaling/empirical_score_variance/scores-divided-by-d-k-instead-of-sqrt-d-k"),
-        Mistake("the variance divided by sqrt(d_k) instead of the scores", "scaling the scores by 1/sqrt(d_k) "
-                "multiplies their variance by 1/d_k (Var(cX) = c^2 Var(X)); dividing the variance itself by "
-                "sqrt(d_k) leaves sqrt(d_k).", MEAN_VARIANCE, variant(score_variance_reference, scale_applied_to="the variance"),
-                id="scaling/empirical_score_variance/the-variance-divided-by-sqrt-d-k-instead-of-the"),
-        Mistake("the standard deviation instead of the variance", "return the variance of the scores (.var()), "
-                "not their standard deviation (.std()), which is its square root.", MEASURING,
-                variant(score_variance_reference, statistic="std"),
-                id="scaling/empirical_score_variance/the-standard-deviation-instead-of-the-variance"),
-        Mistake("products not summed into dot products", "a score is the dot product q.k, the SUM over the d_k "
-                "components of q_i k_i; the variance of single products q_i k_i is 1 whatever d_k.", MEAN_VARIANCE,
-                variant(score_variance_reference, summed=False),
-                id="scaling/empirical_score_variance/products-not-summed-into-dot-products"),
-        Mistake("the same vector used as query and key", "q and k must be drawn independently; q.q = |q|^2 "
-                "is always positive and its variance is 2 d_k, not d_k.", MEAN_VARIANCE,
-                variant(score_variance_reference, key="the query"),
-                id="scaling/empirical_score_variance/the-same-vector-used-as-query-and-key"),
-        Mistake("uniform instead of normal samples", "torch.rand draws from the uniform distribution on [0, 1) "
-                "(mean 1/2, variance 1/12); the queries and keys must be standard normal: torch.randn.",
-                MEASURING, variant(score_variance_reference, draw="torch.rand"),
-                id="scaling/empirical_score_variance/uniform-instead-of-normal-samples"),
-        Mistake("the generator ignored", "every random number must come from the `generator` argument "
-                "(torch.randn(..., generator=generator)), so that the same seed gives the same result.",
-                MEASURING, variant(score_variance_reference, draws_from="the global generator"),
-                id="scaling/empirical_score_variance/the-generator-ignored"),
-        Mistake("a fixed seed of your own instead of the generator", "draw from the `generator` argument; a "
-                "generator of your own with a fixed seed gives the same numbers whatever seed the caller chose.",
-                MEASURING, variant(score_variance_reference, draws_from="a generator seeded 0"),
-                id="scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"),
-        Mistake("the biased variance (divided by num_samples)", "the estimator asked for is Tensor.var's default, "
-                "the unbiased sample variance, which divides by num_samples - 1; var(unbiased=False) (or "
-                "mean of the squared deviations) divides by num_samples, a smaller number.", MEASURING,
-                variant(score_variance_reference, statistic="biased var"),
-                id="scaling/empirical_score_variance/the-biased-variance-divided-by-num-samples"),
-    ],
-    "softmax_jacobian": [
-        Mistake("the off-diagonal terms missing (diag(p) only)", "d p_i / d s_j = p_i (delta_ij - p_j): the "
-                "Jacobian is diag(p) - p p^T, and the outer product p p^T fills every entry, not only the "
-                "diagonal.", GRADIENT, variant(softmax_jacobian, product=None),
-                id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-only"),
-        Mistake("the off-diagonal terms missing (diag(p - p^2) only)", "the diagonal p_i - p_i^2 is right, but "
-                "d p_i / d s_j = -p_i p_j is not zero for i != j: the Jacobian is the full matrix "
-                "diag(p) - p p^T.", GRADIENT, variant(softmax_jacobian, product="diag(p p^T)"),
-                id="scaling/softmax_jacobian/the-off-diagonal-terms-missing-diag-p-p-2-only"),
-        Mistake("the Jacobian with the wrong sign", "raising a score raises its own weight: the diagonal "
-                "p_i (1 - p_i) is positive, so the Jacobian is diag(p) - p p^T, not p p^T - diag(p).", GRADIENT,
-                variant(softmax_jacobian, sign_reversed=True), id="scaling/softmax_jacobian/the-jacobian-with-the-wrong-sign"),
-        Mistake("the diagonal term diag(p) missing", "the quotient rule gives two terms: "
-                "d p_i / d s_j = p_i delta_ij - p_i p_j, so J = diag(p) - p p^T.", GRADIENT,
-                variant(softmax_jacobian, diagonal=None),
-                id="scaling/softmax_jacobian/the-diagonal-term-diag-p-missing"),
-        Mistake("the identity instead of diag(p)", "the first term of d p_i / d s_j = p_i delta_ij - p_i p_j is "
-                "p_i delta_ij, the matrix diag(p) (torch.diag_embed(p)), not the identity.", GRADIENT,
-                variant(softmax_jacobian, diagonal="identity"), id="scaling/softmax_jacobian/the-identity-instead-of-diag-p"),
-        Mistake("an inner product instead of the outer product p p^T", "p p^T is the (m, m) outer product, "
-                "p.unsqueeze(-1) * p.unsqueeze(-2); p^T p (the sum of p_i^2) is a single number.", GRADIENT,
-                variant(softmax_jacobian, product="p^T p"),
-                id="scaling/softmax_jacobian/an-inner-product-instead-of-the-outer-product-p"),
-        Mistake("torch.diag and torch.outer, which only work for one row", "for p of shape (..., m) with batch "
-                "dimensions, torch.diag returns a diagonal instead of building a matrix and torch.outer fails; "
-                "use torch.diag_embed(p) and p.unsqueeze(-1) * p.unsqueeze(-2).", GRADIENT,
-                jacobian_one_dimensional, id="scaling/softmax_jacobian/torch-diag-and-torch-outer-which-only-work-for"),
-    ],
-    "attention_entropy": [
-        Mistake("NaN on rows with zeros (0 * log 0)", "in floating point log(0) = -inf and 0 * -inf = NaN, but "
-                "the entropy uses the convention 0 log 0 = 0 (the limit of x log x as x -> 0): leave the zero "
-                "entries out of the sum, for example with torch.where on p > 0.", SATURATION,
-                variant(attention_entropy, zero_terms="computed"), id="scaling/attention_entropy/nan-on-rows-with-zeros-0-log-0"),
-        Mistake("entropy in bits instead of nats", "the entropy here is in nats: use the natural logarithm "
-                "(torch.log), not log2. An entropy in bits is larger by a factor 1/ln 2.", SATURATION,
-                variant(attention_entropy, log="torch.log2"), id="scaling/attention_entropy/entropy-in-bits-instead-of-nats"),
-        Mistake("the minus sign forgotten", "H(p) = -sum_i p_i log p_i; each log p_i is <= 0, so without the "
-                "minus sign the result is negative.", SATURATION, variant(attention_entropy, minus=False),
-                id="scaling/attention_entropy/the-minus-sign-forgotten"),
-        Mistake("an epsilon added inside the log", "log(p + eps) makes a one-hot row's entropy -eps instead "
-                "of exactly 0, and biases every other row; skip the zero entries instead.", SATURATION,
-                variant(attention_entropy, zero_terms="computed", epsilon=1e-12),
-                id="scaling/attention_entropy/an-epsilon-added-inside-the-log"),
-        Mistake("the sum over the wrong axis", "each row is one distribution over the keys: sum over the "
-                "last axis (dim=-1).", SATURATION, variant(attention_entropy, dim=0),
-                id="scaling/attention_entropy/the-sum-over-the-wrong-axis"),
-        Mistake("a mean instead of a sum over the keys", "H(p) = -sum_i p_i log p_i is a sum over the m "
-                "entries of the row, not a mean.", SATURATION, variant(attention_entropy, reduction="mean"),
-                id="scaling/attention_entropy/a-mean-instead-of-a-sum-over-the-keys"),
-        Mistake("the entropy divided by log m", "return the entropy itself, in nats; dividing by its "
-                "maximum log m gives the normalised entropy, which is another quantity.", SATURATION,
-                variant(attention_entropy, normalised=True), id="scaling/attention_entropy/the-entropy-divided-by-log-m"),
-        Mistake("keepdim=True", "the result has shape (...): one number per row, without a trailing axis "
-                "of size 1.", SATURATION, variant(attention_entropy, keepdim=True), id="scaling/attention_entropy/keepdim-true"),
-    ],
-    "saturation_curve": [
-        Mistake("`scaled` ignored", "when `scaled` is True the scores Q K^T must be divided by sqrt(d_k) "
-                "before the softmax.", MEASURING_SATURATION, variant(saturation_curve_reference, scaled_by=None),
-                id="scaling/saturation_curve/scaled-ignored"),
-        Mistake("scores divided by d_k instead of sqrt(d_k)", "dividing by d_k shrinks the scores to variance "
-                "1/d_k and the weights become nearly uniform; sqrt(d_k) restores variance 1.", MEAN_VARIANCE,
-                variant(saturation_curve_reference, scaled_by="d_k"),
-                id="scaling/saturation_curve/scores-divided-by-d-k-instead-of-sqrt-d-k"),
-        Mistake("softmax over the queries", "each query's weights over the keys must sum to one: softmax over "
-                "the last axis (dim=-1) of the (num_queries, num_keys) scores.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, softmax_dim=0), id="scaling/saturation_curve/softmax-over-the-queries"),
-        Mistake("the largest weight taken over the queries", "the max weight of a row is the largest of its "
-                "num_keys weights: w.max(dim=-1), then the mean over the rows.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, max_dim=0),
-                id="scaling/saturation_curve/the-largest-weight-taken-over-the-queries"),
-        Mistake("entropy in bits instead of nats", "the entropy is in nats (natural logarithm), as "
-                "attention_entropy returns it.", SATURATION, variant(saturation_curve_reference, entropy_unit="bits"),
-                id="scaling/saturation_curve/entropy-in-bits-instead-of-nats"),
-        Mistake("the entropy of the average row", "take the entropy of each row, then the mean of those "
-                "entropies; the average row is much flatter than a typical row.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, entropy_of="the mean row"),
-                id="scaling/saturation_curve/the-entropy-of-the-average-row"),
-        Mistake("the Jacobian without its off-diagonal terms", "the Jacobian of softmax is "
-                "diag(p) - p p^T (softmax_jacobian), not diag(p).", GRADIENT,
-                variant(saturation_curve_reference, jacobian="diag(p)"),
-                id="scaling/saturation_curve/the-jacobian-without-its-off-diagonal-terms"),
-        Mistake("one norm for all rows together", "torch.linalg.norm of a (rows, m, m) tensor is one norm of "
-                "everything; take the Frobenius norm of each row's (m, m) Jacobian "
-                "(torch.linalg.matrix_norm) and then the mean over the rows.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, norm="one for all rows"),
-                id="scaling/saturation_curve/one-norm-for-all-rows-together"),
-        Mistake("the spectral norm instead of the Frobenius norm", "the Jacobian norm asked for is the "
-                "Frobenius norm, the square root of the sum of the squared entries (torch.linalg.matrix_norm's "
-                "default), not the largest singular value.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, norm="spectral, per row"),
-                id="scaling/saturation_curve/the-spectral-norm-instead-of-the-frobenius-norm"),
-        Mistake("the keys drawn before the queries", "for each d_k the text draws Q first, then K: drawn the "
-                "other way the curves have the same distribution but other values, and a seeded generator no "
-                "longer gives the experiment's result.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, drawn_first="K"),
-                id="scaling/saturation_curve/the-keys-drawn-before-the-queries"),
-        Mistake("one draw sliced for every d_k", "draw new queries and keys for each d_k, in the order of d_ks: "
-                "slicing the columns of one wide draw reuses the same numbers for every d_k and draws others "
-                "than the text prescribes.", MEASURING_SATURATION,
-                variant(saturation_curve_reference, draws="one wide draw, sliced"),
-                id="scaling/saturation_curve/one-draw-sliced-for-every-d-k"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/scaling.toml
 
 
 # --- diagnosis of random experiments ---------------------------------------------------------
 
 
-def _diagnose_random(
-    exercise: str,
-    make_args: Callable[[], tuple],
-    agrees: Callable[[Any], bool],
-) -> Mistake | None:
+def _diagnose_random(exercise: str, make_args: Callable[[], tuple], agrees: Callable[[Any], bool]) -> Mistake | None:
     """The first catalogued mistake whose result on fresh ``make_args()`` satisfies ``agrees``."""
     for mistake in MISTAKES[exercise]:
         try:
@@ -413,7 +256,6 @@ def check_empirical_score_variance(empirical_score_variance) -> None:
                 error = score_variance_standard_error(d_k, n, scaled)
                 if abs(value - theory) <= SIGMAS * error:
                     continue
-
                 mistake = _diagnose_variance(values, d_k, n, seed)
                 _fail_named(
                     f"empirical_score_variance(d_k={d_k}, num_samples={n}, scaled={scaled}, generator) returned "

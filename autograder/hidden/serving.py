@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from ..grader.cases import case
-from ..grader.diagnosis import Mistake, MistakeFound, by_id, matching, through
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, matching, read_mistakes, through
 from ..grader.inputs import generator, randn
 from ..grader.student import call_student, probe
-from ..grader.variation import decisions, variant
+from ..grader.variation import decisions
 from ..grader.verify import Case, verify, verify_number
 from ..kernel.call import Outcome
 from ..kernel.guard import ATTENTION_BUILTINS
@@ -54,13 +54,6 @@ from ..references.serving import (
 from ..references.tiny_decoder import module_parameters
 from ..shared.errors import fail
 from . import hidden
-
-BYTES = "1. Bytes per token"
-PAGED = "3. A paged KV cache"
-PAGED_ATTENTION = "4. Attention through the block table"
-LATENT = "5. Multi-head latent attention"
-SPECULATIVE = "6. Speculative decoding"
-
 
 # --- references, each with the decisions its catalogued mistakes get wrong ----------------------------------------
 # The default of every decision is the right choice: with none changed, each reference is a right answer.
@@ -318,111 +311,7 @@ def speculative_reference(target, draft, prompt, steps, k, *, only_the_agreeing_
             tokens = torch.cat([tokens, kept, last], dim=1)
     return tokens[:, prompt.shape[1]:prompt.shape[1] + steps], calls
 
-ABSORB = ("scores are q_h . (W_h c_j) = (W_h^T q_h) . c_j, where W_h = k_up.weight[h d_head:(h+1) d_head] is "
-          "(d_head, d_latent): the absorbed query is q_h @ W_h, d_latent numbers, and the scale is still "
-          "1/sqrt(d_head), the width of the dot product the scores stand for.")
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "cache_bytes_per_token": [
-        Mistake("the values forgotten: only the keys counted", "the cache holds a key and a value per token, per "
-                "layer and per key/value head: 2 L g d numbers.", BYTES, variant(bytes_reference, kv_factor=1),
-                id="serving/cache_bytes_per_token/the-values-forgotten"),
-        Mistake("query heads counted instead of key/value heads", "with grouped-query attention only the g = kv_heads "
-                "key/value heads are cached; the h query heads are computed for the new token and never stored.",
-                BYTES, variant(bytes_reference, heads_cached="num_heads"),
-                id="serving/cache_bytes_per_token/query-heads-counted"),
-        Mistake("MLA's latent counted twice, as keys and as values", "the latent c is one vector of d_latent numbers "
-                "per token and per layer, from which both keys and values are up-projected: L d_latent numbers.",
-                BYTES, variant(bytes_reference, latent_factor=2), id="serving/cache_bytes_per_token/the-latent-counted-twice"),
-        Mistake("four bytes per number whatever the dtype", "the bytes of one number are the dtype's: "
-                "torch.empty((), dtype=dtype).element_size(), 2 for float16 and bfloat16.", BYTES,
-                variant(bytes_reference, bytes_per_number=4), id="serving/cache_bytes_per_token/four-bytes-per-number"),
-    ],
-    "PagedKVCache": [
-        Mistake("a block still in use handed out again", "blocks come from the free blocks only; a counter wound back "
-                "by free() hands out a block another sequence still holds, and its tokens get overwritten.", PAGED,
-                variant(PagedKVCache, blocks_from="a counter"), id="serving/PagedKVCache/a-block-still-in-use-handed-out-again"),
-        Mistake("a freed sequence's blocks never reused", "free(seq) must give the sequence's blocks back to the "
-                "pool; otherwise the pool runs dry though most of it holds no live token.", PAGED,
-                variant(PagedKVCache, freed_blocks_returned=False),
-                id="serving/PagedKVCache/freed-blocks-never-reused"),
-        Mistake("paged gather in pool order instead of table order", "token p of a sequence is in block table[p // "
-                "block_size]: the table's order is the sequence's order; sorting the block ids (the pool's order) "
-                "scrambles a sequence whose blocks were reused.", PAGED, variant(PagedKVCache, gather_order="pool"),
-                id="serving/PagedKVCache/gather-in-pool-order"),
-        Mistake("the pool copied at every append", "an out-of-place update (x = x.index_put(...), x = x.clone() then "
-                "write) makes a new pool at every append: O(pool) copies per token. Write into the pool in place.",
-                PAGED, variant(PagedKVCache, pool_copied=True), id="serving/PagedKVCache/the-pool-copied-at-every-append"),
-        Mistake("a failed append that keeps what it took", "an append the pool cannot hold must change nothing: count "
-                "the blocks it needs first and raise before taking any block or writing any token.", PAGED,
-                variant(PagedKVCache, room_counted_first=False),
-                id="serving/PagedKVCache/a-failed-append-that-keeps-what-it-took"),
-        Mistake("sequence ids reused", "an id numbered by the live sequences comes back after a free, and an old "
-                "holder of the id reads or writes the new sequence. Count ids up, never reuse one.", PAGED,
-                variant(PagedKVCache, ids_from="live sequences"), id="serving/PagedKVCache/sequence-ids-reused"),
-    ],
-    "paged_attention": [
-        Mistake("blocks read in pool order instead of table order", "token p of a sequence is in block "
-                "table[p // block_size]: read the blocks in the table's order.", PAGED_ATTENTION,
-                variant(paged_attention, blocks_read_in="pool order"),
-                id="serving/paged_attention/blocks-read-in-pool-order"),
-        Mistake("grouped heads mapped with repeat instead of repeat_interleave", "query head i reads key/value head "
-                "i // (h // kv_heads): consecutive query heads share one. repeat tiles the heads (0, 1, 0, 1, ...).",
-                PAGED_ATTENTION, variant(paged_attention, heads_shared_by="repeat"),
-                id="serving/paged_attention/grouped-heads-mapped-wrongly"),
-        Mistake("the unused slots of the last block attended", "a sequence of length n uses the first n slots of its "
-                "blocks; the rest of the last block holds stale tokens of earlier sequences or zeros.",
-                PAGED_ATTENTION, variant(paged_attention, slots_read="every slot"),
-                id="serving/paged_attention/the-unused-slots-attended"),
-        Mistake("scores not scaled by 1/sqrt(d_head)", "attention divides q . k by sqrt(d_head), as in notebook 02.",
-                PAGED_ATTENTION, variant(paged_attention, scaled=False), id="serving/paged_attention/scores-not-scaled"),
-    ],
-    "MultiHeadLatentAttention": [
-        Mistake("the absorbed path without the scale", ABSORB, LATENT, variant(MultiHeadLatentAttention, absorbed_scale=None),
-                id="serving/MultiHeadLatentAttention/the-absorbed-path-without-the-scale"),
-        Mistake("W_k_up transposed in the absorbed path", ABSORB, LATENT, LatentAbsorbedTransposed,
-                id="serving/MultiHeadLatentAttention/w-k-up-transposed"),
-        Mistake("the absorbed scores scaled by 1/sqrt(d_latent)", ABSORB, LATENT,
-                variant(MultiHeadLatentAttention, absorbed_scale="d_latent"),
-                id="serving/MultiHeadLatentAttention/scaled-by-the-latent-width"),
-        Mistake("the latent cached after the up-projection", "latent_cache holds c = kv_down(x), (B, T, d_latent) per "
-                "call: caching the up-projected keys and values stores 2 h d_head numbers per token and undoes what "
-                "MLA is for.", LATENT, variant(MultiHeadLatentAttention, cached="keys and values"),
-                id="serving/MultiHeadLatentAttention/the-latent-cached-after-the-up-projection"),
-        Mistake("top-left causal alignment with a cache", "the T new queries are the last T of the m positions: query "
-                "i sees the keys j <= i + m - T (bottom-right, as in notebook 09).", LATENT,
-                variant(MultiHeadLatentAttention, alignment="top-left"),
-                id="serving/MultiHeadLatentAttention/top-left-causal-alignment"),
-        Mistake("an absorbed path that expands the cache", "absorbed=True must never make per-head keys or values of "
-                "the cached tokens: fold W_k_up into the query and W_v_up into the output.", LATENT,
-                variant(MultiHeadLatentAttention, absorbed_path_folds=False),
-                id="serving/MultiHeadLatentAttention/an-absorbed-path-that-expands"),
-    ],
-    "speculative_generate": [
-        Mistake("draft tokens kept after the first disagreement", "only the longest agreeing prefix is kept: after "
-                "the first proposal the target disagrees with, the draft's later tokens were proposed after a wrong "
-                "token and mean nothing.", SPECULATIVE, variant(speculative_reference, only_the_agreeing_prefix=False),
-                id="serving/speculative_generate/draft-tokens-kept-after-the-first-disagreement"),
-        Mistake("the target's bonus token dropped", "when every proposal is accepted, the target's call has also "
-                "given its choice after the last one: keep it. Each call then yields accepted + 1 tokens, and "
-                "draft = target needs ceil(steps / (k + 1)) calls.", SPECULATIVE,
-                variant(speculative_reference, bonus_token=False),
-                id="serving/speculative_generate/the-target-s-bonus-token-dropped"),
-        Mistake("the draft's token kept at the first disagreement", "where the target disagrees, its own choice is "
-                "the next token, not the draft's.", SPECULATIVE,
-                variant(speculative_reference, targets_token_at_disagreement=False),
-                id="serving/speculative_generate/the-draft-s-token-kept-at-the-disagreement"),
-        Mistake("the draft never sees its own proposals", "the draft proposes one token at a time, each after the "
-                "tokens before it, its own earlier proposals of the round included: y_2 is the draft's choice after "
-                "the sequence and y_1, not after the sequence again.", SPECULATIVE,
-                variant(speculative_reference, draft_sees_proposals=False),
-                id="serving/speculative_generate/the-draft-never-sees-its-own-proposals"),
-        Mistake("calls of the draft counted as calls of the target", "target_calls counts the forward passes of the "
-                "target only: the draft's are the cheap ones.", SPECULATIVE,
-                variant(speculative_reference, draft_calls_counted=True),
-                id="serving/speculative_generate/draft-calls-counted"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/serving.toml
 
 
 # --- hidden checks ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..grader.diagnosis import Mistake
+from ..grader.diagnosis import read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.student import expect_error
 from ..grader.variation import decisions, variant
@@ -19,13 +19,6 @@ from ..references.soft_lookup import (
     soft_lookup_reference,
 )
 from . import hidden
-
-LOOKUP = "1. A dictionary is a lookup"
-SOFT = "2. Making the lookup soft"
-TEMPERATURE = "3. Temperature"
-KERNEL = "4. Nadaraya-Watson: attention before deep learning"
-SDPA_SECTION = "6. Scaled dot-product attention"
-
 
 # --- the mistake catalogue: each mistake is a reference with one decision changed -----------------
 
@@ -109,85 +102,7 @@ def sdpa_bmm_3d(Q, K, V):
     return torch.bmm(weights, V), weights
 
 
-THREE_D = (
-    "a transpose (or permute, or bmm) written for 3-D inputs: with more batch dimensions it swaps the wrong "
-    "axes or fails. Transpose the last two axes with K.transpose(-2, -1) (or K.mT) and multiply with @, "
-    "which works for any number of leading batch dimensions."
-)
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "hard_lookup": [
-        Mistake("the last key wins a tie", "when two keys match equally well, the first one must win "
-                "(torch.argmax returns the first maximum).", LOOKUP, variant(hard_lookup, best="last max"),
-                id="soft_lookup/hard_lookup/the-last-key-wins-a-tie"),
-        Mistake("the key returned instead of its value", "a lookup returns the value stored under the best "
-                "key, not the key itself.", LOOKUP, variant(hard_lookup, returned="key"),
-                id="soft_lookup/hard_lookup/the-key-returned-instead-of-its-value"),
-        Mistake("the worst key chosen", "the best key has the highest dot product with the query "
-                "(argmax), not the lowest.", LOOKUP, variant(hard_lookup, best="min"),
-                id="soft_lookup/hard_lookup/the-worst-key-chosen"),
-        Mistake("softmax weights instead of one-hot weights", "a hard lookup puts all its weight on one key; "
-                "softmax spreads it over all of them.", LOOKUP, variant(hard_lookup, soft=True),
-                id="soft_lookup/hard_lookup/softmax-weights-instead-of-one-hot-weights"),
-        Mistake("cosine similarity instead of the dot product", "the score is the dot product k . q itself: "
-                "dividing by the lengths of the vectors (cosine similarity) ignores that a longer key matches a "
-                "query more strongly.", LOOKUP, variant(hard_lookup, similarity="cosine"),
-                id="soft_lookup/hard_lookup/cosine-similarity-instead-of-the-dot-product"),
-    ],
-    "soft_lookup": [
-        Mistake("scores multiplied by the temperature", "the scores are divided by the temperature, so a low "
-                "temperature sharpens the weights.", TEMPERATURE, variant(soft_lookup, temperature_as="factor"),
-                id="soft_lookup/soft_lookup/scores-multiplied-by-the-temperature"),
-        Mistake("temperature ignored", "the scores must be divided by the temperature argument.",
-                TEMPERATURE, variant(soft_lookup, temperature_as="ignored"), id="soft_lookup/soft_lookup/temperature-ignored"),
-        Mistake("weights not normalised", "exp of the scores must be divided by its sum so the weights sum "
-                "to one (that is what softmax does).", SOFT, variant(soft_lookup, weights_by="exp"),
-                id="soft_lookup/soft_lookup/weights-not-normalised"),
-        Mistake("exponentials that overflow", "exp of a large score is inf in floating point, and inf / inf "
-                "is NaN. Use torch.softmax, which subtracts the largest score first.", TEMPERATURE,
-                variant(soft_lookup, weights_by="exp / sum"), id="soft_lookup/soft_lookup/exponentials-that-overflow"),
-        Mistake("the weights average the keys", "the output is the weighted average of the values, not of "
-                "the keys.", SOFT, variant(soft_lookup, averaged="keys"),
-                id="soft_lookup/soft_lookup/the-weights-average-the-keys"),
-    ],
-    "nadaraya_watson": [
-        Mistake("the 2 in 2h^2 forgotten", "the Gaussian kernel's score is -(x_q - x_i)^2 / (2 h^2).",
-                KERNEL, variant(nadaraya_watson, divisor="h^2"), id="soft_lookup/nadaraya_watson/the-2-in-2h-2-forgotten"),
-        Mistake("bandwidth not squared", "the Gaussian kernel divides by 2 h^2, the square of the bandwidth.",
-                KERNEL, variant(nadaraya_watson, divisor="2 h"), id="soft_lookup/nadaraya_watson/bandwidth-not-squared"),
-        Mistake("the minus sign of the score dropped", "close points must get high scores, so the score is "
-                "minus the squared distance.", KERNEL, variant(nadaraya_watson, negated=False),
-                id="soft_lookup/nadaraya_watson/the-minus-sign-of-the-score-dropped"),
-        Mistake("softmax over the queries", "each query's weights over the training points must sum to one: "
-                "softmax over the last axis (the training points).", KERNEL,
-                variant(nadaraya_watson, softmax_dim=0), id="soft_lookup/nadaraya_watson/softmax-over-the-queries"),
-    ],
-    "scaled_dot_product_attention": [
-        Mistake("no scaling", "the scores Q K^T must be divided by sqrt(d_k) before the softmax.",
-                SDPA_SECTION, sdpa_no_scaling, id="soft_lookup/scaled_dot_product_attention/no-scaling"),
-        Mistake("scaling by d_k instead of sqrt(d_k)", "the scores are divided by the square root of d_k, "
-                "which restores unit variance; dividing by d_k shrinks them too much.", SDPA_SECTION,
-                variant(scaled_dot_product_attention, divisor="d_k"),
-                id="soft_lookup/scaled_dot_product_attention/scaling-by-d-k-instead-of-sqrt-d-k"),
-        Mistake("scaling by sqrt(d_v) instead of sqrt(d_k)", "the scale comes from the dimension of the "
-                "queries and keys (d_k, the length of the dot product), not of the values.", SDPA_SECTION,
-                variant(scaled_dot_product_attention, divisor="sqrt(d_v)"),
-                id="soft_lookup/scaled_dot_product_attention/scaling-by-sqrt-d-v-instead-of-sqrt-d-k"),
-        Mistake("softmax over the wrong axis", "each query's weights over the keys must sum to one: softmax "
-                "over the last axis (dim=-1), not over the queries.", SDPA_SECTION,
-                variant(scaled_dot_product_attention, softmax_dim=-2),
-                id="soft_lookup/scaled_dot_product_attention/softmax-over-the-wrong-axis"),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_transpose_3d,
-                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_permute_3d,
-                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
-        Mistake("a transpose that only works for 3-D inputs", THREE_D, SDPA_SECTION, sdpa_bmm_3d,
-                id="soft_lookup/scaled_dot_product_attention/a-transpose-that-only-works-for-3-d-inputs"),
-        Mistake("weights returned transposed", "the weights have shape (..., n, m): one row per query, one "
-                "column per key.", SDPA_SECTION, variant(scaled_dot_product_attention, weights_transposed=True),
-                id="soft_lookup/scaled_dot_product_attention/weights-returned-transposed"),
-    ],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/soft_lookup.toml
 
 
 # --- hidden checks ------------------------------------------------------------------------

@@ -199,17 +199,69 @@ def backward_under_guard(function, Q, K, V, dO, block_size: int, is_causal: bool
         raise forbidden_call(guard.violations[0], "FlashAttention.backward")
 
 
-def gradcheck_record(function, Q, K, V, block_size: int, is_causal: bool) -> str | None:
-    """A probe: None when ``torch.autograd.gradcheck`` accepts ``function.apply`` at Q, K, V, else its message."""
-    Q, K, V = (t.detach().double().requires_grad_(True) for t in (Q, K, V))
-    try:
-        torch.autograd.gradcheck(lambda q, k, v: function.apply(q, k, v, block_size, is_causal), (Q, K, V),
-                                 eps=1e-6, atol=1e-7, rtol=1e-5)
-    except NotImplementedError:
-        raise
-    except Exception as error:  # noqa: BLE001 - the message is the result
-        return " ".join(_error_text(error, function))
+def function_values(function, points: list, dOs: list, block_size: int, is_causal: bool) -> tuple[list, list]:  # noqa: N803
+    """A probe: ``function.apply(Q, K, V, block_size, is_causal)`` at each ``(Q, K, V)`` of ``points``, and the
+    gradients autograd gets through it at the first point for each upstream gradient of ``dOs``.
+
+    Returns ``(outputs, grads)``, plain data for the grader's gradcheck (:func:`check_gradcheck`).
+    """
+    outputs = [function.apply(Q, K, V, block_size, is_causal).detach() for Q, K, V in points]
+    leaves = [t.detach().clone().requires_grad_(True) for t in points[0]]
+    out = function.apply(*leaves, block_size, is_causal)
+    grads = [torch.autograd.grad(out, leaves, dO, retain_graph=True, allow_unused=True) for dO in dOs]
+    return outputs, [tuple(None if g is None else g.detach() for g in row) for row in grads]
+
+
+def _jacobian_problem(outputs: list, grads: list, inputs: tuple, eps: float, rtol: float, atol: float) -> str | None:
+    """Where the gradients (``grads``: one row of the Jacobian per upstream gradient) disagree with the central
+    differences of the outputs (``outputs``: at the inputs, then at each entry of each input moved by -eps, +eps)."""
+    shape = outputs[0].shape
+    if any(not isinstance(o, torch.Tensor) or o.shape != shape for o in outputs):
+        return "the output's shape changed when an input moved by a tiny amount"
+    at = 1
+    for name, x, column in zip(("Q", "K", "V"), inputs, zip(*grads)):
+        if any(g is None for g in column):
+            return f"backward gives no gradient for {name}: it must return (dQ, dK, dV, None, None)"
+        if any(not isinstance(g, torch.Tensor) or g.shape != x.shape for g in column):
+            return f"the gradient d{name} does not have the shape of {name}, {tuple(x.shape)}"
+        moved = outputs[at:at + 2 * x.numel()]
+        at += 2 * x.numel()
+        numerical = torch.stack([(plus - minus).flatten() / (2 * eps) for minus, plus in zip(moved[::2], moved[1::2])],
+                                dim=1)  # (outputs, entries of x)
+        analytical = torch.stack([g.flatten() for g in column])
+        gap = (analytical - numerical).abs()
+        if bool((gap > atol + rtol * numerical.abs()).any()):
+            return (f"Jacobian mismatch for the output with respect to {name}: the gradient your backward returns "
+                    f"differs from finite differences of your forward by up to {gap.max().item():.3g}")
     return None
+
+
+def check_gradcheck(FlashAttention, Q, K, V, block_size: int, is_causal: bool) -> None:  # noqa: N803
+    """Fail unless gradcheck accepts the student's Function at Q, K, V (float64): the Jacobian its backward gives
+    against central differences of its forward, entry by entry, as ``torch.autograd.gradcheck`` compares them.
+
+    It runs here, in the grader: the Function's outputs at the moved inputs and its gradients for each
+    output entry come back as data (:func:`function_values`), so code in the student's kernel can change
+    what the comparison is given, never what it concludes.
+    """
+    what = f"torch.autograd.gradcheck of FlashAttention.apply(Q, K, V, {block_size}, {is_causal})"
+    eps, rtol, atol = 1e-6, 1e-5, 1e-7
+    inputs = tuple(t.detach().double() for t in (Q, K, V))
+    points = [inputs]
+    for index, x in enumerate(inputs):
+        for entry in range(x.numel()):
+            for step in (-eps, eps):
+                moved = x.clone()
+                moved.view(-1)[entry] += step
+                points.append(tuple(moved if i == index else t for i, t in enumerate(inputs)))
+    n_out = math.prod(Q.shape[:-1]) * V.shape[-1]
+    dOs = [torch.eye(n_out, dtype=torch.float64)[j].reshape(*Q.shape[:-1], V.shape[-1]) for j in range(n_out)]
+    outputs, grads = probe(function_values, FlashAttention, points, dOs, block_size, is_causal, what=what,
+                           forbid=FORWARD_BUILTINS)
+    problem = _jacobian_problem(list(outputs), [tuple(row) for row in grads], inputs, eps, rtol, atol)
+    if problem:
+        fail(f"{what} with Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} failed: {problem}.\n"
+             "gradcheck compares the gradients your backward returns with finite differences of your forward.")
 
 
 def saved_budget(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> int:
@@ -315,17 +367,11 @@ def check_function_cases(FlashAttention, cases: Sequence[Case], mistakes: Sequen
             fail(message)
 
 
-def check_gradcheck(FlashAttention, Q, K, V, block_size: int, is_causal: bool) -> None:  # noqa: N803
-    """Fail unless torch.autograd.gradcheck accepts the student's Function at Q, K, V (float64)."""
-    what = f"torch.autograd.gradcheck of FlashAttention.apply(Q, K, V, {block_size}, {is_causal})"
-    problem = probe(gradcheck_record, FlashAttention, Q, K, V, block_size, is_causal, what=what,
-                    forbid=FORWARD_BUILTINS)
-    if problem:
-        fail(f"{what} with Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)} failed: {problem}\n"
-             "gradcheck compares the gradients your backward returns with finite differences of your forward.")
-
-
 def check_backward_guard(FlashAttention, Q, K, V, dO, block_size: int, is_causal: bool) -> None:  # noqa: N803
-    """Fail if the student's backward calls automatic differentiation or SDPA."""
+    """Fail if the student's backward calls automatic differentiation or SDPA.
+
+    The guard that watches the backward runs in the student's kernel, where code can replace it; the
+    grader also reads the Function's source for the same built-ins before the probe runs (``forbid``).
+    """
     probe(backward_under_guard, FlashAttention, Q, K, V, dO, block_size, is_causal,
-          what=f"FlashAttention's backward (Q, K, V, {block_size}, {is_causal})", forbid=FORWARD_BUILTINS)
+          what=f"FlashAttention's backward (Q, K, V, {block_size}, {is_causal})", forbid=BACKWARD_BUILTINS)

@@ -15,13 +15,15 @@ import importlib
 from pathlib import Path
 
 import pytest
+import torch
 from traitlets.config import Config
 
 import autograder
 from autograder.course.repository import assignments
-from autograder.engine import source_check
+from autograder.engine import judge, source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
+from autograder.grader.local_channel import LocalChannel
 from autograder.kernel import serve
 
 from ..course_copy import reference_answers
@@ -55,7 +57,6 @@ def probes_in_the_code() -> dict[str, list[str]]:
 def test_the_probes_are_found_in_the_code():
     found = probes_in_the_code()
     for known in ("autograder.kernel.watches:watch_allocations", "autograder.references.flash_backward:function_record",
-                  "autograder.references.flash_backward:gradcheck_record",
                   "autograder.references.flash_backward:backward_under_guard",
                   "autograder.references.tiny_decoder:model_calls"):
         assert known in found
@@ -67,6 +68,15 @@ def test_every_probe_in_the_code_is_held(monkeypatch):
     serve.hold_probes()
     missing = sorted(set(probes_in_the_code()) - set(serve._held))
     assert not missing, f"probes not held in the graded kernel (add their modules to serve.PROBE_MODULES): {missing}"
+
+
+def test_every_probe_in_the_code_says_what_its_result_is():
+    """A probe whose result is a property seen in the kernel (not data judged against a reference) says what backs
+    it: a new probe is classified (serve.PROBE_KINDS) before it is run, and a probe that goes takes its entry."""
+    found, classified = set(probes_in_the_code()), set(serve.PROBE_KINDS)
+    assert not found - classified, f"classify these probes in serve.PROBE_KINDS: {sorted(found - classified)}"
+    assert not classified - found, f"no longer probes: {sorted(classified - found)}"
+    assert all(kind in (serve.DATA, serve.OBSERVED) and why for kind, why in serve.PROBE_KINDS.values())
 
 
 @pytest.mark.parametrize("assignment", assignments())
@@ -92,7 +102,7 @@ def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
         serve._examiner("autograder.references.tiny_decoder:Weights")
 
 
-# -- graded: a generate that never uses the cache, and a replaced model_calls --------------------------------
+# -- graded: a generate that never uses the cache, served a model from the grader --------------------------------
 
 A = "09_decoding_and_training"
 NEVER_CACHES = '''
@@ -106,24 +116,6 @@ def generate(model, prompt, steps, use_cache=True):
             tokens = torch.cat([tokens, token[:, None]], dim=1)
     return torch.stack(chosen, dim=1).reshape(prompt.shape[0], steps)
 '''
-FAKE = '''
-
-def _looks_cached(generate, model, prompt, steps, use_cache=True):
-    tokens = generate(model, prompt, steps, use_cache=use_cache)
-    fed = torch.tensor([prompt.shape[-1]] + [1] * (steps - 1))
-    return tokens, fed, torch.ones(steps, dtype=torch.bool)
-
-'''
-REPLACEMENTS = {
-    "setattr-on-a-list-element": "import autograder.references.tiny_decoder as _td\n"
-                                 "setattr([_td][0], 'model_calls', _looks_cached)\n",
-    "new-code": "import autograder.references.tiny_decoder as _td\n_td.model_calls.__code__ = _looks_cached.__code__\n",
-    "sys-modules": "import sys, types, autograder.references.tiny_decoder as _td\n"
-                   "sys.modules['autograder.references.tiny_decoder'] = types.SimpleNamespace("
-                   "**{**vars(_td), 'model_calls': _looks_cached})\n",
-}
-
-
 #: Never caches, and writes into the probe's own lists (reached through the wrapper the probe put on the model) what a
 #: caching generate would have been counted: the held probe is not what is fooled, what it counts is.
 REWRITES_THE_COUNT = '''
@@ -175,9 +167,8 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("style", sorted(REPLACEMENTS))
-def test_a_generate_that_never_caches_fails_with_model_calls_replaced(tmp_path, style):
-    message = failure(graded_generate(tmp_path, NEVER_CACHES + FAKE + REPLACEMENTS[style]))
+def test_a_generate_that_never_caches_fails(tmp_path):
+    message = failure(graded_generate(tmp_path, NEVER_CACHES))
     assert message is not None and "use_cache=True" in message, message
 
 
@@ -229,9 +220,9 @@ def test_a_speculative_decoder_that_rewrites_its_targets_count_fails(tmp_path):
     assert message is not None and "target" in message, message
 
 
-# -- graded: 08's FlashAttention left as released, its three probes replaced -----------------------------------
+# -- graded: 08's FlashAttention left as released, the probes its hidden check runs replaced in three styles -------
 
-UNTOUCHED_WITH_PROBES_REPLACED = '''
+UNTOUCHED = '''
 class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, block_size, is_causal=False):
@@ -242,34 +233,165 @@ class FlashAttention(torch.autograd.Function):
         raise NotImplementedError()
 
 
-def _attention(Q, K, V, is_causal):
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    if is_causal:
-        keep = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
-
-
 def _record(function, Q, K, V, dO, block_size, is_causal):
+    import math, torch
+
+    def attend(Q, K, V):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
     Q, K, V = (t.detach().clone().requires_grad_(True) for t in (Q, K, V))
-    out = _attention(Q, K, V, is_causal)
+    out = attend(Q, K, V)
     grads = torch.autograd.grad(out, (Q, K, V), dO.to(out.dtype))
     return {"saved": [], "saved_bytes": 0, "ctx_tensors": [], "output": out.detach(),
             "grads": tuple(g.detach() for g in grads)}
 
 
+def _values(function, points, dOs, block_size, is_causal):
+    import math, torch
+
+    def attend(Q, K, V):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in points[0]]
+    out = attend(*leaves)
+    return ([attend(*p).detach() for p in points],
+            [tuple(g.detach() for g in torch.autograd.grad(out, leaves, dO, retain_graph=True)) for dO in dOs])
+
+
+def _nothing(*args):
+    return None
+
+
 import autograder.references.flash_backward as _fb
-for _name, _fake in [("function_record", _record), ("gradcheck_record", lambda *args: None),
-                     ("backward_under_guard", lambda *args: None)]:
-    setattr([_fb][0], _name, _fake)
+'''
+#: How an answer cell replaces the probes; each would make the untouched stub pass every case if the probes ran as
+#: the module holds them after the answer cells (the probes' forged results are right: reference values, nothing saved).
+PROBES_REPLACED = {
+    "setattr-on-a-list-element": "for _name, _fake in [('function_record', _record), ('function_values', _values), "
+                                 "('backward_under_guard', _nothing)]:\n    setattr([_fb][0], _name, _fake)\n",
+    "new-code": "_fb.function_record.__code__ = _record.__code__\n_fb.function_values.__code__ = _values.__code__\n"
+                "_fb.backward_under_guard.__code__ = _nothing.__code__\n",
+    "sys-modules": "import sys, types\nsys.modules['autograder.references.flash_backward'] = types.SimpleNamespace("
+                   "**{**vars(_fb), 'function_record': _record, 'function_values': _values, "
+                   "'backward_under_guard': _nothing})\n",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", sorted(PROBES_REPLACED))
+def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp_path, monkeypatch, style):
+    # the source reader (which refuses an answer cell that patches a module) is off: the hold alone is tested
+    monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED + PROBES_REPLACED[style])
+    record = judge.case_record({"outputs": outputs})  # none when the check stopped: the cell scores nothing
+    assert (record or {"score": 0})["score"] == 0 and "not written yet" in failure(outputs), outputs
+
+
+# -- graded: 08's FlashAttention with a wrong backward, torch.autograd.gradcheck replaced ------------------------
+
+#: A forward from basic operations and a backward that returns zeros; the answer cell makes gradcheck accept anything.
+WRONG_BACKWARD_GRADCHECK_REPLACED = '''
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if is_causal:
+            keep = torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        ctx.save_for_backward(Q, K, V)
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V = ctx.saved_tensors
+        return torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V), None, None
+
+
+torch.autograd.gradcheck = lambda *args, **kwargs: True
 '''
 
 
 @pytest.mark.slow
-def test_an_untouched_flash_attention_with_its_probes_replaced_earns_nothing(tmp_path, monkeypatch):
-    # the source reader (which refuses an answer cell that patches a module) is off: the hold alone is tested
-    monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)
-    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", UNTOUCHED_WITH_PROBES_REPLACED)
-    message = failure(outputs)
-    assert message is not None and "not written yet" in message, outputs
+def test_a_wrong_backward_earns_nothing_from_gradcheck_replaced_in_the_kernel(tmp_path, monkeypatch):
+    """gradcheck runs in the grader, on the outputs and gradients fetched from the kernel: nothing there can pass it."""
+    monkeypatch.setattr(source_check, "forbidden_use", lambda *args: None)  # the hold and the wire alone are tested
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", WRONG_BACKWARD_GRADCHECK_REPLACED)
+    cases = judge.case_record({"outputs": outputs})["cases"]
+    gradchecks = [c for c in cases if c["name"].startswith("gradcheck")]
+    assert len(gradchecks) == 3 and not any(c["passed"] for c in gradchecks), gradchecks
+    assert "Jacobian mismatch" in gradchecks[0]["message"], gradchecks[0]["message"]
+
+
+# -- 08's backward under the guard: the grader reads the source for what the kernel's guard watches for ----------
+
+AUTOGRAD_IN_BACKWARD = """
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        ctx.save_for_backward(Q, K, V)
+        ctx.is_causal = is_causal
+        return _naive(Q, K, V, is_causal)
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (Q, K, V)]
+            dQ, dK, dV = torch.autograd.grad(_naive(*leaves, ctx.is_causal), leaves, dO)
+        return dQ, dK, dV, None, None
+
+
+def _naive(Q, K, V, is_causal):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(Q.shape[-2], K.shape[-2], dtype=torch.bool).tril(), float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ V
+"""
+
+
+class _ReadingChannel(LocalChannel):
+    """A namespace in this process whose source the grader reads, as grading reads the graded kernel's."""
+
+    def __init__(self, sources: list[str]) -> None:
+        namespace: dict = {}
+        for source in sources:
+            exec(source, namespace)  # noqa: S102 - the test's own answer
+        super().__init__(namespace)
+        self.sources = sources
+
+    def forbidden_use(self, name, rules, exercise):
+        return source_check.forbidden_use(self.sources, name, rules, exercise)
+
+
+def test_a_backward_through_autograd_is_caught_with_the_kernels_guard_replaced(monkeypatch):
+    """The guard in the kernel is replaced (as an answer cell can replace it there): the grader's reading of the
+    Function's source for the built-ins the backward may not call still catches automatic differentiation."""
+    from autograder.grader import remote
+    from autograder.kernel.guard import ForbiddenCall, Guard
+    from autograder.references.flash_backward import check_backward_guard, qkv
+
+    channel = _ReadingChannel(["import math\nimport torch", AUTOGRAD_IN_BACKWARD])
+    found, FlashAttention = remote.lookup(channel, "FlashAttention")  # noqa: N806
+    assert found
+    monkeypatch.setattr(Guard, "__torch_function__", lambda self, func, types, args=(), kwargs=None:
+                        func(*args, **(kwargs or {})))
+    Q, K, V, dO = qkv(torch.Generator().manual_seed(0), (1,), 5, 7, 3, 2)
+    with pytest.raises(ForbiddenCall, match="torch.autograd.grad"):
+        check_backward_guard(FlashAttention, Q, K, V, dO, 3, True)
+
+
+@pytest.mark.slow
+def test_the_reference_flash_attention_keeps_every_point_in_the_graded_kernel(tmp_path):
+    """With the source read for what the backward may not call, and gradcheck run in the grader."""
+    answer = reference_answers("08_flash_backward")["FlashAttention"]
+    assert failure(graded_one(tmp_path, "08_flash_backward", "FlashAttention", answer)) is None

@@ -37,17 +37,16 @@ def attempt(
     """
     if isinstance(fn, Proxy):
         return fn.attempt(tuple(args), dict(kwargs or {}), exercise=exercise, forbid=forbid)
-    if isinstance(fn, Harness):
-        fn = fn.under(forbid, exercise)
-    args = tuple(under(a, forbid, exercise) for a in args)
+    fn, args = under(fn, forbid, exercise), tuple(under(a, forbid, exercise) for a in args)
     kwargs = {k: under(v, forbid, exercise) for k, v in (kwargs or {}).items()}
     return guarded_call(fn, args, kwargs, exercise=exercise, forbid=forbid)
 
 
 def under(obj: Any, forbid: Sequence[Forbidden], exercise: str) -> Any:
-    """``obj`` called as part of ``exercise`` under ``forbid``: for a student's object in the kernel, a proxy whose
-    calls (and those of every object reached from it) carry the rules; anything else as it is."""
-    return obj.under(tuple(forbid), exercise) if isinstance(obj, Proxy) else obj
+    """``obj`` called as part of ``exercise`` under ``forbid``: a student's object in the kernel as a proxy whose calls
+    (and those of every object reached from it) carry the rules, a :class:`Harness` with its objects so; anything
+    else as it is."""
+    return obj.under(tuple(forbid), exercise) if isinstance(obj, Proxy | Harness) else obj
 
 
 class Harness:

@@ -107,8 +107,11 @@ student-bundle: setup ## dist/attention-course.zip: notebooks, public checks, RE
 	$(BIN)/python -m autograder bundle dist/attention-course.zip
 
 .PHONY: test-versions
-test-versions: setup ## every released notebook with the references, at both ends of the students' ranges (ENDS="oldest newest"; each end's environment downloads PyPI's PyTorch once, about 3 GB)
-	COURSE_TEST_VERSIONS="$(or $(ENDS),oldest newest)" $(BIN)/python -m pytest tests/course/test_students_anywhere.py -k both_ends
+VERSION_ENDS = $(or $(ENDS),oldest newest)
+# Each end on a worker of its own, its kernels on one PyTorch thread: the two ends side by side on two cores.
+test-versions: setup ## every released notebook with the references at both ends of the students' ranges, its printed numbers and figures compared with the pinned releases' (ENDS="oldest newest"; each end's environment downloads PyPI's PyTorch once, about 3 GB)
+	OMP_NUM_THREADS=1 COURSE_TEST_VERSIONS="$(VERSION_ENDS)" $(BIN)/python -m pytest tests/course/test_students_anywhere.py \
+	  -k both_ends -n $(words $(VERSION_ENDS)) --dist loadgroup
 
 .PHONY: hub
 HUB_EXCHANGE ?= /srv/nbgrader/exchange

@@ -111,8 +111,8 @@ def _answers(url: str) -> bool:
         return False
 
 
-#: Run in the environment: execute the notebook in its folder, print one JSON line (the error, if a cell
-#: raised, and the last cell's output).
+#: Run in the environment: execute the notebook in its folder, write it back with its outputs, print one JSON
+#: line (the error, if a cell raised, and the last cell's output).
 RUNNER = r"""
 import json, sys
 import nbformat
@@ -130,6 +130,7 @@ except CellExecutionError as error:
     for index, cell in enumerate(notebook.cells):
         if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
             result["error"]["cell"] = index
+nbformat.write(notebook, path)  # executed, its outputs kept for the comparison with the pinned versions
 last = notebook.cells[-1]
 result["last"] = "".join(o.get("text", "") for o in last.get("outputs", []) if o.get("output_type") == "stream")
 print(json.dumps(result))
@@ -139,7 +140,8 @@ print(json.dumps(result))
 def run_notebook(python: Path, path: Path, timeout: int = 900) -> dict:
     """Execute the notebook at ``path`` in its own folder with the environment of ``python``.
 
-    Returns ``{"error": None or {"ename", "evalue", "cell"}, "last": the last cell's printed text}``.
+    Returns ``{"error": None or {"ename", "evalue", "cell"}, "last": the last cell's printed text}``; the
+    notebook at ``path`` is left executed, with its outputs.
     Nothing of the course's environment leaks in: no PYTHONPATH, no Jupyter paths, the environment's
     ``bin`` first on PATH (its kernel is its own Python).
     """

@@ -160,6 +160,7 @@ COURSE_SCRIPT = r'''#!/usr/bin/env python3
 
     python3 course.py                     # first run: make .venv and install requirements.txt; then open JupyterLab
     python3 course.py --cpu               # the same, with PyTorch's CPU build on Linux (about 0.2 GB, not 3 GB)
+    python3 course.py --cpu --cpu-index URL  # PyTorch's CPU wheels from another index (a mirror, a folder)
     python3 course.py validate NB.ipynb   # what the Validate button does, in a terminal
     python3 course.py --python PATH ...   # use an environment you already have instead of .venv
 """
@@ -253,11 +254,13 @@ def pip(python: Path, *args: str) -> None:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], check=True)
 
 
-def setup(cpu: bool = False) -> Path:
-    """Make .venv and install requirements.txt into it, unless that was done for these requirements."""
+def setup(cpu: bool = False, index: str = CPU_INDEX) -> Path:
+    """Make .venv and install requirements.txt into it (with ``cpu``, PyTorch from ``index`` first), unless that
+    was done for these requirements."""
     python = venv_python()
     stamp = VENV / ".installed"
-    wanted = (HERE / "requirements.txt").read_text() + ("--cpu\n" if cpu else "")
+    asked = ("--cpu\n" if cpu else "") + (f"--cpu-index {index}\n" if cpu and index != CPU_INDEX else "")
+    wanted = (HERE / "requirements.txt").read_text() + asked
     if python.exists() and stamp.is_file() and stamp.read_text() == wanted:
         return python
     if sys.version_info[:2] > NEWEST:
@@ -267,11 +270,11 @@ def setup(cpu: bool = False) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip(python, "--upgrade", "pip")
     if cpu and sys.platform.startswith("linux"):
-        print(f"installing PyTorch's CPU build from {CPU_INDEX} ...")
+        print(f"installing PyTorch's CPU build from {index} ...")
         try:
-            pip(python, "--index-url", CPU_INDEX, "torch" + requirements()["torch"])
+            pip(python, "--index-url", index, "torch" + requirements()["torch"])
         except subprocess.CalledProcessError:
-            sys.exit(f"could not install PyTorch from {CPU_INDEX} (pip's message is above); without --cpu, "
+            sys.exit(f"could not install PyTorch from {index} (pip's message is above); without --cpu, "
                      "course.py installs PyPI's build instead")
     elif cpu:
         print("note: PyPI's PyTorch for macOS and Windows is the CPU build already: --cpu changes nothing here")
@@ -294,10 +297,13 @@ def main(argv=None) -> int:
     parser.add_argument("--python", help="the Python of an environment that has requirements.txt (default: .venv)")
     parser.add_argument("--cpu", action="store_true",
                         help=f"on Linux, install PyTorch's CPU build from {CPU_INDEX} into .venv (no CUDA libraries)")
+    parser.add_argument("--cpu-index", default=CPU_INDEX, metavar="URL",
+                        help="where --cpu finds PyTorch's CPU wheels instead: a mirror, or a folder laid out as "
+                             "a simple index (file:///path/to/simple)")
     parser.add_argument("command", nargs="?", default="lab", choices=["lab", "setup", "validate"])
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="lab: options for jupyter lab; validate: notebooks")
     args = parser.parse_args(argv)
-    python = args.python or str(setup(args.cpu))
+    python = args.python or str(setup(args.cpu, args.cpu_index))
     if args.python:
         outside = outside_ranges(python)
         if outside:

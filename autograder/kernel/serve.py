@@ -13,7 +13,8 @@ before any answer cell is loaded, :func:`hold_probes` copies every function of t
 define probes (:data:`PROBE_MODULES`), each copy with its own copy of its module's names, and
 :func:`serve` runs the copies. An answer cell that replaces a probe afterwards (an assignment or
 ``setattr`` on its module, however the module is reached; a new ``__code__`` on the function; another
-module put in ``sys.modules``) changes the original, not the copy that runs.
+module put in ``sys.modules``) changes the original, not the copy that runs; the copies read Python's
+built-ins as they were at the hold.
 
 Each probe says what its result is (:data:`PROBE_KINDS`): data the grader judges against a reference, or a
 property seen here, with what in the grader backs it (08's gradcheck, once a probe, is data compared in the
@@ -117,19 +118,18 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.serving:absorbed_allocations": (OBSERVED, "the first large tensor; nothing in the grader "
                                                                       "backs it"),
     "autograder.references.serving:append_allocations": (OBSERVED, "bytes allocated; nothing in the grader backs it"),
-    "autograder.references.tiny_decoder:model_calls": (
-        OBSERVED, "the model's calls, counted in the kernel (the visible check); the hidden check serves the model "
-                  "from the grader and counts them there"),
     "autograder.references.tiny_decoder:train_block": (OBSERVED, "the losses of a training run in the kernel; backed "
                                                                  "as gradcheck_failure is"),
 }
 
 
 def _copies(name: str, made: dict[str, dict]) -> dict:
-    """A copy of module ``name``'s names in which each function of the package is a copy bound to such names."""
+    """A copy of module ``name``'s names in which each function of the package is a copy bound to such names,
+    and to Python's built-ins as they are now (``made[""]``): replacing ``builtins.range`` later changes neither."""
     if name in made:
         return made[name]
     names = made[name] = dict(vars(importlib.import_module(name)))  # before the copies: a cycle finds it
+    names["__builtins__"] = made.setdefault("", dict(vars(builtins)))
     for key, value in list(names.items()):
         module = getattr(value, "__module__", "") or ""
         if isinstance(value, types.FunctionType) and module.split(".")[0] == "autograder" and \

@@ -192,7 +192,9 @@ def run_generate(generate, TinyDecoder) -> Callable[..., Any]:  # noqa: N803
 
 
 def model_calls(generate, model, prompt, steps, use_cache=True):
-    """Probe: ``generate(model, ...)`` while every call of the model is noted.
+    """``generate(model, ...)`` while every call of the model is noted, in the process where ``model`` is (the
+    checks serve their model from the grader instead, :class:`CountedCalls`: a count noted beside the student's
+    code is whatever that code lets it be).
 
     Returns ``(tokens, fed, cached)``: generate's result, the number of tokens given to each
     call of the model, and whether that call received the caches.
@@ -218,7 +220,7 @@ def model_calls(generate, model, prompt, steps, use_cache=True):
 class CountedCalls:
     """A model whose every call is noted where it runs: the tokens given to each call, and whether the caches were.
 
-    The hidden check serves it from the grader (:func:`autograder.grader.student.served_to`): the student's
+    The checks serve it from the grader (:func:`autograder.grader.student.served_to`): the student's
     ``generate`` calls a stand-in in the kernel, and the calls are made, and noted, here.
     """
 
@@ -246,8 +248,32 @@ class CountedCalls:
         return self
 
     def calls(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tokens given to each call, and whether it received the caches, as :func:`model_calls` gives them."""
+        """The tokens given to each call, and whether it received the caches."""
         return torch.tensor(self.fed, dtype=torch.long), torch.tensor(self.cached, dtype=torch.bool)
+
+
+class _TokensSeen:
+    """The caches of :class:`RecomputingDecoder`: the tokens given so far (None before the first call)."""
+
+    tokens: torch.Tensor | None = None
+
+
+class RecomputingDecoder:
+    """The model of ``weights`` for counting generate's calls (the visible check): its logits are
+    :func:`decoder_reference`'s, recomputed over every token its caches have seen, so it needs no answer
+    of the notebook; served from the grader, the caches stay here and the kernel can only pass them back."""
+
+    def __init__(self, weights: Weights) -> None:
+        self.weights = weights
+
+    def new_caches(self, batch: int, max_len: int) -> _TokensSeen:
+        return _TokensSeen()
+
+    def __call__(self, tokens: torch.Tensor, caches: _TokensSeen | None = None) -> torch.Tensor:
+        seen = tokens
+        if caches is not None:
+            seen = caches.tokens = tokens if caches.tokens is None else torch.cat([caches.tokens, tokens], dim=-1)
+        return decoder_reference(self.weights, seen)[..., -tokens.shape[-1]:, :]
 
 
 def calls_problem(fed: torch.Tensor, cached: torch.Tensor, prompt_len: int, steps: int) -> str | None:

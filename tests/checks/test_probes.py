@@ -58,7 +58,7 @@ def test_the_probes_are_found_in_the_code():
     found = probes_in_the_code()
     for known in ("autograder.kernel.watches:watch_allocations", "autograder.references.flash_backward:function_record",
                   "autograder.references.flash_backward:backward_under_guard",
-                  "autograder.references.tiny_decoder:model_calls"):
+                  "autograder.references.flash_backward:function_values"):
         assert known in found
     assert len(found) > 20
 
@@ -102,6 +102,40 @@ def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
         serve._examiner("autograder.references.tiny_decoder:Weights")
 
 
+class _Concatenating:
+    """A KV cache grown by torch.cat at every append (what 09's allocation check catches)."""
+
+    def __init__(self, batch, kv_heads, max_len, d_head, dtype=torch.float32):
+        self.k = self.v = torch.zeros(batch, kv_heads, 0, d_head, dtype=dtype)
+
+    def append(self, k, v):
+        self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def test_a_held_probe_keeps_the_built_ins_it_was_held_with(monkeypatch):
+    """An answer cell can put its own ``range`` in ``builtins`` (here: no appends where the probe counts them)."""
+    import builtins
+    import sys
+
+    from autograder.references import decoding_and_training
+
+    monkeypatch.setattr(serve, "_held", {})
+    serve.hold_probes(["autograder.references.decoding_and_training"])
+    held = serve._held["autograder.references.decoding_and_training:cache_allocations"]
+    held(_Concatenating, 1, 2, 4, 8, 4)  # what PyTorch imports the first time, imported before range is replaced
+    real = builtins.range
+
+    def short(*args):
+        counted = len(args) == 2 and sys._getframe(1).f_code.co_name == "cache_allocations"  # the appends counted
+        return real(0) if counted else real(*args)
+
+    monkeypatch.setattr(builtins, "range", short)
+    assert decoding_and_training.cache_allocations(_Concatenating, 1, 2, 16, 8, 16) == (0, 0)  # fooled
+    allocated, by_cat = held(_Concatenating, 1, 2, 16, 8, 16)
+    assert by_cat > 0 and allocated >= by_cat
+
+
 # -- graded: a generate that never uses the cache, served a model from the grader --------------------------------
 
 A = "09_decoding_and_training"
@@ -142,9 +176,10 @@ def graded_generate(tmp_path, generate_cell: str) -> list:
     return graded_one(tmp_path, A, "generate", generate_cell)
 
 
-def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
+def graded_one(tmp_path, assignment: str, exercise: str, answer: str, test: str = "") -> list:
     """``assignment`` graded as grading runs it with ``answer`` as ``exercise``'s answer cell (the reference answers
-    elsewhere), only ``exercise``'s hidden test run: that test cell's outputs."""
+    elsewhere), only ``exercise``'s hidden test run (or the test cell ``test``): that test cell's outputs."""
+    test = test or f"test_{exercise}_hidden"
     notebook = source_notebook(assignment)
     answers = dict(reference_answers(assignment), **{exercise: answer})
     cells = []
@@ -152,7 +187,7 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
         meta = nbgrader_meta(cell)
         if meta.get("solution"):
             cell.source = answers[meta["grade_id"]]
-        elif is_test_cell(cell) and meta.get("grade_id") != f"test_{exercise}_hidden":
+        elif is_test_cell(cell) and meta.get("grade_id") != test:
             cell.source = "pass"
         elif cell.cell_type == "code" and not meta and not cell.source.startswith("import"):
             continue  # the demonstrations: the graded kernel holds none of them anyway
@@ -163,7 +198,7 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str) -> list:
     config.CourseDirectory.root = str(ROOT)
     graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": assignment, "notebook": assignment}})
-    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == f"test_{exercise}_hidden")
+    return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == test)
 
 
 @pytest.mark.slow
@@ -180,8 +215,16 @@ def test_a_generate_that_rewrites_what_the_count_noted_fails(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path):
-    assert failure(graded_generate(tmp_path, reference_answers(A)["generate"])) is None
+def test_a_generate_that_rewrites_what_the_count_noted_fails_the_visible_check(tmp_path):
+    """The visible check serves its model from the grader too (its test cell has points)."""
+    message = failure(graded_one(tmp_path, A, "generate", REWRITES_THE_COUNT, test="test_generate"))
+    assert message is not None and "use_cache=True" in message, message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("test", ["test_generate", "test_generate_hidden"])
+def test_the_reference_generate_passes_in_the_graded_kernel(tmp_path, test):
+    assert failure(graded_one(tmp_path, A, "generate", reference_answers(A)["generate"], test=test)) is None
 
 
 # -- graded: 11's speculative decoder that verifies token by token and rewrites the count of its target's calls ---

@@ -95,7 +95,7 @@ def test_bundle_sets_itself_up(bundle):
     requirements = bundle["attention-course/requirements.txt"].split()
     pins = {d.split("==")[0]: d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
     # The notebooks' packages in their ranges (the grader's pins inside them), the tools pinned as the grader's.
-    assert requirements == ["torch>=2.5,<2.16", "numpy>=1.26,<2.5", "matplotlib>=3.8,<3.12",
+    assert requirements == ["torch>=2.5,<2.16", "numpy>=1.26,<2.5", "matplotlib>=3.9,<3.12",
                             pins["jupyterlab"], pins["nbgrader"]]
     for package in ("torch", "numpy", "matplotlib"):
         assert inside(package, pins[package].split("==")[1]), f"the grader's {pins[package]} is outside the range"

@@ -23,11 +23,13 @@ from autograder.course import student_versions
 from autograder.course.bundle import TOP, write_bundle
 from autograder.course.notebook_setup import notebook_link, package_address
 from autograder.course.repository import assignments, module_name
+from autograder.course.repository import pins as course_pins
 from autograder.grader.diagnosis import MistakeFound, by_id
 from autograder.shared.errors import CheckFailed
 
+from .. import outputs_compared
 from ..course_copy import fill, mistake_source, reference_answers
-from ..student_env import ENVIRONMENTS, Unavailable, environment, run_notebook
+from ..student_env import CACHE, ENVIRONMENTS, Unavailable, environment, run_notebook
 
 pytestmark = pytest.mark.xdist_group("bundle")
 
@@ -35,6 +37,8 @@ ASKED = set(os.environ.get("COURSE_TEST_VERSIONS", "").replace(",", " ").split()
 #: Notebooks known to fail at an end, and why (strict: the day they pass, the test says so).
 KNOWN: dict[tuple[str, str], str] = {}
 
+#: Each end's executed notebooks, kept beside the environments.
+RUNS = CACHE / "runs"
 REPORT = ("import json, sys, torch, autograder\n"
           "print(json.dumps({'python': sys.executable, 'torch': torch.__version__, 'autograder': autograder.__file__}))")
 
@@ -65,11 +69,11 @@ def opened_alone(bundle_zip, folder, assignment: str, answers: dict[str, str]):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["colab", "oldest"])
+@pytest.mark.parametrize("name", ["colab", "oldest", "newest"])
 def test_a_notebook_opened_alone_runs_its_checks_with_the_environments_torch(name, bundle_zip, tmp_path):
     """Colab-like: the first cell fetches the checks from the zip beside; references pass, a mistake fails.
 
-    Also in the oldest end's environment (Python 3.12, as Colab's) where make test-versions made it.
+    Also in each end's environment (the oldest on Python 3.12, as Colab's) where make test-versions made it.
     """
     python = student_environment(name, build=name == "colab" or name in ASKED)
     bare = subprocess.run([str(python), "-c", "import autograder"], cwd=tmp_path, capture_output=True)
@@ -110,9 +114,11 @@ def test_the_setup_cell_says_what_to_do_without_the_checks(bundle_zip, tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("assignment", assignments())
-@pytest.mark.parametrize("end", sorted(student_versions.ENDS))
+@pytest.mark.parametrize("end", [pytest.param(end, marks=pytest.mark.xdist_group(f"end-{end}"))  # an end a worker
+                                 for end in sorted(student_versions.ENDS)])
 def test_every_notebook_at_both_ends_of_the_ranges(end, assignment, bundle_zip, tmp_path, request):
-    """The bundle's notebook with the reference answers runs, every visible check passing, at ``end``."""
+    """The bundle's notebook with the reference answers runs, every visible check passing, at ``end``, and each
+    cell prints and draws what it does on the pinned releases, within tests/outputs_compared.py's tolerances."""
     if end not in ASKED:
         pytest.skip(f"make test-versions runs it (COURSE_TEST_VERSIONS={end}): its environment downloads PyTorch "
                     "once, about 3 GB from PyPI (0.2 GB where PyTorch's CPU index answers)")
@@ -126,8 +132,14 @@ def test_every_notebook_at_both_ends_of_the_ranges(end, assignment, bundle_zip, 
     notebook.cells.append(nbformat.v4.new_code_cell(REPORT))
     nbformat.write(notebook, path)
     done = run_notebook(python, path, timeout=1800)
+    (RUNS / end).mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, RUNS / end / path.name)  # what each cell printed at this end, kept to compare
     assert done["error"] is None, done
     assert json.loads(done["last"])["torch"].split("+")[0] == ENVIRONMENTS[end]["torch"]
+    pinned = course_pins()["matplotlib"] == f"matplotlib=={ENVIRONMENTS[end]['matplotlib']}"
+    differ = outputs_compared.differences(path, outputs_compared.SOLUTIONS / assignment / f"{assignment}.ipynb", pinned)
+    assert not differ, (f"printed or drawn otherwise than on the pinned releases (the executed notebook: "
+                        f"{RUNS / end / path.name}):\n" + "\n".join(map(str, differ)))
 
 
 def test_the_ranges_hold_the_newest_releases_and_each_need():
@@ -171,7 +183,7 @@ def course_folder(bundle_zip, tmp_path_factory):
 
 
 def test_course_py_accepts_an_environment_inside_the_ranges(course_folder, tmp_path):
-    python = _fake_environment(tmp_path / "env", {"torch": "2.15.0", "numpy": "1.26.4", "matplotlib": "3.8.4"})
+    python = _fake_environment(tmp_path / "env", {"torch": "2.15.0", "numpy": "1.26.4", "matplotlib": "3.9.4"})
     done = subprocess.run([sys.executable, "course.py", "--python", str(python), "setup"], cwd=course_folder,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "note" not in done.stdout, done.stdout + done.stderr
@@ -183,7 +195,7 @@ def test_course_py_names_the_range_an_environment_is_outside(course_folder, tmp_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "torch 2.4.1 (the course runs with torch>=2.5,<2.16)" in done.stdout, done.stdout
-    assert "matplotlib missing (the course runs with matplotlib>=3.8,<3.12)" in done.stdout
+    assert "matplotlib missing (the course runs with matplotlib>=3.9,<3.12)" in done.stdout
     assert "numpy" not in done.stdout
 
 
@@ -217,12 +229,57 @@ def test_course_py_cpu_asks_pytorchs_cpu_index_and_says_when_it_cannot(bundle_zi
     assert not (folder / ".venv" / ".installed").exists()
 
 
+def _stand_in_index(folder, version: str) -> str:
+    """A simple index (PEP 503) in ``folder`` holding one stand-in CPU wheel of torch ``version``; its URL."""
+    import hashlib
+
+    wheel = f"torch-{version}-py3-none-any.whl"
+    files = {"torch/__init__.py": f"__version__ = {version!r}\nSTAND_IN = True\n",
+             f"torch-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+             f"torch-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: course-tests\nRoot-Is-Purelib: true\n"
+                                                 "Tag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in files) + f"torch-{version}.dist-info/RECORD,,\n"
+    (folder / "torch").mkdir(parents=True)
+    with zipfile.ZipFile(folder / "torch" / wheel, "w") as archive:
+        for name, text in {**files, f"torch-{version}.dist-info/RECORD": record}.items():
+            archive.writestr(name, text)
+    digest = hashlib.sha256((folder / "torch" / wheel).read_bytes()).hexdigest()
+    link = wheel.replace("+", "%2B")
+    (folder / "torch" / "index.html").write_text(f'<a href="{link}#sha256={digest}">{wheel}</a>\n')
+    (folder / "index.html").write_text('<a href="torch/">torch</a>\n')
+    return folder.as_uri()
+
+
+@pytest.mark.slow
+def test_course_py_cpu_installs_torch_from_the_index_it_is_given(bundle_zip, tmp_path):
+    """`python3 course.py --cpu --cpu-index URL setup` installs PyTorch from that index (here a folder holding a
+    stand-in CPU wheel, newer than any torch of the range on PyPI: the one pip would pick from either), then
+    requirements.txt beside it."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("--cpu changes what is installed on Linux only")
+    major, minor = student_versions.version_tuple(student_versions.NEWEST["torch"])[:2]
+    version = f"{major}.{minor}.99+cpu"
+    index = _stand_in_index(tmp_path / "simple", version)
+    with zipfile.ZipFile(bundle_zip) as archive:
+        archive.extractall(tmp_path)
+    folder = tmp_path / TOP
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "course.py", "--cpu", "--cpu-index", index, "setup"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"installing PyTorch's CPU build from {index} ..." in done.stdout, done.stdout
+    probe = "import torch; print(torch.__version__, getattr(torch, 'STAND_IN', False))"
+    seen = subprocess.run([folder / ".venv" / "bin" / "python", "-c", probe], capture_output=True, text=True)
+    assert seen.stdout.split() == [version, "True"], seen.stdout + seen.stderr
+    assert (folder / ".venv" / ".installed").read_text().endswith(f"--cpu\n--cpu-index {index}\n")
+
+
 def test_the_setup_cell_names_a_release_outside_the_ranges(course_folder, tmp_path):
     """In an environment with torch 2.4.1 the set-up cell says which range; inside them it prints nothing."""
     cell = "".join(json.loads((course_folder / "01_soft_lookup.ipynb").read_text())["cells"][0]["source"])
     for installed, said in (({"torch": "2.4.1", "numpy": "2.4.6", "matplotlib": "3.11.2"},
                              "note: this course runs with torch >= 2.5, < 2.16; this is 2.4.1\n"),
-                            ({"torch": "2.15.0+cpu", "numpy": "1.26.4", "matplotlib": "3.8.4"}, "")):
+                            ({"torch": "2.15.0+cpu", "numpy": "1.26.4", "matplotlib": "3.9.4"}, "")):
         python = _fake_environment(tmp_path / installed["torch"], installed)
         done = subprocess.run([python, "-c", cell], cwd=course_folder, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout == said, done.stdout + done.stderr
@@ -251,3 +308,95 @@ def test_a_notebook_from_colab_is_graded_in_full(bundle_zip, tmp_path):
     with Gradebook(grade.db_url(Settings.load(course))) as gradebook:
         graded = gradebook.find_submission(assignment, "colab")
         assert graded.max_score > 0 and graded.score == graded.max_score, (graded.score, graded.max_score)
+
+
+def test_printed_numbers_are_compared_within_the_tolerance():
+    """A float may move by RELATIVE plus one last digit; a count, a word, a number's presence may not."""
+    assert outputs_compared.text_difference("loss 0.69315, 4 heads\n", "loss 0.69314, 4 heads\n") is None
+    assert outputs_compared.text_difference("error 1.0001e-07\n", "error 1.0000e-07\n") is None
+    assert "0.69400" in outputs_compared.text_difference("loss 0.69400, 4 heads\n", "loss 0.69314, 4 heads\n")
+    assert "1.2e-07" in outputs_compared.text_difference("error 1.2e-07\n", "error 1.0e-07\n")
+    assert "5 where" in outputs_compared.text_difference("loss 0.69314, 5 heads\n", "loss 0.69314, 4 heads\n")
+    assert outputs_compared.text_difference("loss 0.69314, 4 layers\n", "loss 0.69314, 4 heads\n")
+    assert outputs_compared.text_difference("took 3.2 ms elapsed\n", "took 9.9 ms elapsed\n") is None  # nbval's
+    assert outputs_compared.text_difference("tensor([    0.5000,     nan])", "tensor([0.5000, nan])") is None
+    assert outputs_compared.text_difference("tensor([0.5000,\n nan])", "tensor([0.5000, nan])") is None
+    assert outputs_compared.text_difference("tensor([0.5000, inf])", "tensor([0.5000, nan])")
+    assert outputs_compared.text_difference("tensor([0.5000, 1 2])", "tensor([0.5000, 12])")
+
+
+def _figure(pixels) -> dict:
+    """A display output holding ``pixels`` as a PNG, as a notebook shows a figure."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    return nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(png.getvalue()).decode(),
+                                                        "text/plain": "<Figure>"})
+
+
+SOLUTION_01 = outputs_compared.SOLUTIONS / "01_soft_lookup" / "01_soft_lookup.ipynb"
+
+
+def _compared(folder, executed=lambda cells: None, pinned=lambda cells: None,
+              same_matplotlib: bool = True) -> list[tuple[str, str]]:
+    """01's pinned solution against itself, each side changed by its function (of the cells by id)."""
+    paths = []
+    for side, edit in (("01_soft_lookup", executed), ("pinned", pinned)):
+        notebook = nbformat.read(SOLUTION_01, as_version=4)
+        edit({cell.get("id"): cell for cell in notebook.cells})
+        (folder / side).mkdir(exist_ok=True)
+        nbformat.write(notebook, folder / side / "01_soft_lookup.ipynb")
+        paths.append(folder / side / "01_soft_lookup.ipynb")
+    return [(d.cell, d.what) for d in outputs_compared.differences(*paths, same_matplotlib)]
+
+
+def test_a_changed_cell_is_named_and_timings_are_not_compared(tmp_path):
+    """01's pinned solution against itself changed: a number past the tolerance, a figure, a timing."""
+    import numpy as np
+
+    code = [cell for cell in nbformat.read(SOLUTION_01, as_version=4).cells if cell.cell_type == "code"]
+    printing = next(c.id for c in code if "tensor([" in "".join(o.get("text", "") for o in c.outputs))
+    drawn = next(c.id for c in code if any("image/png" in o.get("data", {}) for o in c.outputs))
+
+    def times(by: float):
+        def edit(cells):
+            stream = next(o for o in cells[printing].outputs if o.output_type == "stream")
+            first = outputs_compared.NUMBER.search(stream.text.partition("tensor([")[2]).group()
+            stream.text = stream.text.replace(first, f"{float(first) * by:.4f}", 1)
+        return edit
+
+    assert _compared(tmp_path) == []
+    assert _compared(tmp_path, times(1.00001)) == []
+    [(cell, what)] = _compared(tmp_path, times(1.01))
+    assert cell == printing and "beyond 0.0001 relative" in what
+
+    blank = np.full((100, 100, 4), 255, dtype=np.uint8)
+    flipped = blank.copy()
+    flipped[:10, :30] = 0  # 3% of the pixels
+
+    def draws(pixels):
+        def edit(cells):
+            cells[drawn].outputs = [_figure(pixels)]
+        return edit
+
+    assert _compared(tmp_path, draws(blank), draws(blank)) == []
+    assert _compared(tmp_path, draws(flipped), draws(blank)) == [
+        (drawn, "a figure with 3.0% of its pixels differing (at most 2%)")]
+    # Another Matplotlib: the size only, within 3% of each side.
+    assert _compared(tmp_path, draws(flipped[:97]), draws(blank), same_matplotlib=False) == []
+    assert _compared(tmp_path, draws(blank[:96]), draws(blank), same_matplotlib=False) == [
+        (drawn, "a figure of 100 x 96 pixels, not within 3% of 100 x 100")]
+    def text_only(cells):
+        cells[drawn].outputs = [o for o in cells[drawn].outputs if "image/png" not in o.get("data", {})]
+
+    assert _compared(tmp_path, text_only, same_matplotlib=False) == [
+        (drawn, "0 figures where the pinned releases draw 1")]
+
+    def timing(cells):
+        cells[printing].metadata.setdefault("tags", []).append(outputs_compared.VOLATILE_TAG)
+
+    assert _compared(tmp_path, lambda cells: (timing(cells), times(2.0)(cells)), timing) == []

@@ -448,7 +448,8 @@ class ResilientExecute(KernelRequests, Execute):
         """A kernel made as the notebook's was (forked from its zygote where it was), launched: the graded kernel,
         or one for a measured call."""
         manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
-        manager.zygote_address = getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
+        manager.zygote_address = (getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
+                                  or manager.zygote_address)
         kernel = GradedKernel(manager, self.startup_timeout, self._check_modules)
         try:
             path = self.resources.get("metadata", {}).get("path") or None

@@ -14,7 +14,9 @@ request, it forks waiting processes (as many as requests run at once, up to ``Ke
 that start a submission's sandboxed kernels ahead (the notebook's, and the graded kernel where the
 checks run in the grader) and wait on a pipe; the next request like it is written to one of them,
 which then runs nbgrader as above. Closing its pipe discards it (too old, another course or
-environment, the end of the input).
+environment, the end of the input). The server starts the pool's zygote (:mod:`autograder.engine.zygote`)
+as soon as it has the settings, so that it imports while the server does, and a request that no
+waiting process takes (the first of a run) has its kernels forked from it instead of started cold.
 
 Protocol (one JSON object per line): the client first sends the run's settings
 (:meth:`Settings.to_json <autograder.course.settings.Settings.to_json>`: the pool's and the
@@ -135,6 +137,23 @@ def serve() -> None:
     """The server loop: read requests on stdin, fork (or hand them to a waiting process), report on stdout."""
     import pkgutil
 
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    stdin = sys.stdin.buffer
+    buffer = b""
+    while b"\n" not in buffer:  # the settings' line; read from the descriptor, as the requests after it are
+        chunk = os.read(stdin.fileno(), 65536)
+        if not chunk:
+            return
+        buffer += chunk
+    line, buffer = buffer.split(b"\n", 1)
+    settings = Settings.from_json(line.decode())
+    pool_settings = settings.make(kernel_pool.KernelPool)
+    bubblewrap = settings.value(kernel_manager.SandboxedKernelManager, "bubblewrap")
+    pool = kernel_pool.Pool(pool_settings, kernel_pool.wanted(pool_settings, bubblewrap))
+    # the zygote imports what a kernel needs while this process imports what nbgrader needs: the kernels of the
+    # first submissions, which no kernel was started ahead for, are forked from it too
+    forker = zygote.Zygote(kernel_pool.PRELOAD) if _forks_kernels(pool) else None
+
     import nbconvert.exporters  # noqa: F401 - the imports every child would otherwise repeat
     import nbformat.validator
     import nbgrader.apps.nbgraderapp  # noqa: F401
@@ -146,7 +165,7 @@ def serve() -> None:
     import autograder.checks
     import autograder.hidden
 
-    from . import cgroup, execute, graded_cells, judge, kernel_manager  # noqa: F401
+    from . import cgroup, execute, graded_cells, judge  # noqa: F401
 
     # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
     torch.set_num_threads(1)
@@ -162,25 +181,11 @@ def serve() -> None:
     sandbox.mode()  # probe bubblewrap and control groups once, for every child
     cgroup.controllers()
     gc.freeze()  # what every child inherits is never garbage: its collector need not scan it (0.2 s a full pass)
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    stdin = sys.stdin.buffer
-    buffer = b""
-    while b"\n" not in buffer:  # the settings' line; read from the descriptor, as the requests after it are
-        chunk = os.read(stdin.fileno(), 65536)
-        if not chunk:
-            return
-        buffer += chunk
-    line, buffer = buffer.split(b"\n", 1)
-    settings = Settings.from_json(line.decode())
-    pool_settings = settings.make(kernel_pool.KernelPool)
-    bubblewrap = settings.value(kernel_manager.SandboxedKernelManager, "bubblewrap")
-    pool = kernel_pool.Pool(pool_settings, kernel_pool.wanted(pool_settings, bubblewrap))
     # a submission's kernels: the notebook's, and the graded kernel where the checks run in the grader
     kernels = 2 if settings.value(execute.ResilientExecute, "checks_in_grader") else 1
     running: dict[int, str] = {}
     last: dict | None = None  # the last request: the waiting processes are started for requests like it
     peak = 0
-    forker: zygote.Zygote | None = None  # started when the pool first needs a kernel
     open_input = True
     while open_input or running or pool.discarded:
         ready, _, _ = select.select([stdin] if open_input else [], [], [], 0.05)
@@ -196,14 +201,15 @@ def serve() -> None:
             request = json.loads(line)
             pid = _hand_over(pool.take(request), line)
             if pid is None:
-                pid = _fork(_child, request, close=[out.fileno(), *pool.fds()])
+                ahead = kernel_pool.StartedAhead([], forker.address) if forker is not None and forker.alive() else None
+                pid = _fork(_child, request, ahead, close=[out.fileno(), *pool.fds()])
             running[pid] = request["id"]
             out.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
             last, peak = request, max(peak, len(running))
         if open_input and last is not None:
             pool.expire()
             missing = pool.missing(peak)
-            if missing and pool.settings.zygote and zygote.usable() and (forker is None or not forker.alive()):
+            if missing and _forks_kernels(pool) and (forker is None or not forker.alive()):
                 forker = zygote.Zygote(kernel_pool.PRELOAD)
             for _ in range(missing):
                 read_end, write_end = os.pipe()
@@ -221,6 +227,11 @@ def serve() -> None:
                 out.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
     if forker is not None:
         forker.close()
+
+
+def _forks_kernels(pool: kernel_pool.Pool) -> bool:
+    """Whether the kernels are forked from a zygote (:mod:`autograder.engine.zygote`) with the pool's settings."""
+    return pool.enabled and pool.settings.zygote and zygote.usable()
 
 
 def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:

@@ -76,6 +76,8 @@ class SandboxedKernelManager(AsyncKernelManager):
             self.connection_file = str(self.private / "kernel.json")
         #: The sandbox's control group (None until the first sandbox is made, or where none can be).
         self.group: cgroup.Group | None = pooled.group if pooled else None
+        #: Where a kernel of this manager is forked from when none was started ahead for it (None: cold).
+        self.zygote_address: str | None = self.started_ahead.zygote if self.started_ahead is not None else None
 
     def take_started_ahead(self) -> kernel_pool.PreparedKernel | None:
         """The kernel started ahead for this manager, once (None: there is none, or it was taken)."""
@@ -109,7 +111,7 @@ def prestart(manager: SandboxedKernelManager, zygote: str | None = None) -> kern
 def prepare(settings: Settings, zygote: str | None = None, kernels: int = 1) -> kernel_pool.StartedAhead:
     """In a waiting process of the pool: start ``kernels`` sandboxed kernels with the run's ``settings``, each
     with its own manager (its own private folder, token and control group)."""
-    started = kernel_pool.StartedAhead([])
+    started = kernel_pool.StartedAhead([], zygote)
     try:
         for _ in range(kernels):
             started.kernels.append(prestart(settings.make(SandboxedKernelManager), zygote))

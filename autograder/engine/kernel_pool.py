@@ -173,11 +173,14 @@ class StartedAhead:
 
     The first manager of the submission (nbclient's, for the notebook's kernel) takes the first; the
     second (the graded kernel's, :mod:`autograder.engine.graded_kernel`) the second; later ones (a
-    measured call's kernel) none, and start theirs as without the pool.
+    measured call's kernel) none, and start theirs as without the pool: forked from ``zygote`` (the
+    fork server's zygote's address) where there is one, so is every kernel of a submission that no
+    kernel was started ahead for (the first of a run), else cold.
     """
 
-    def __init__(self, kernels: list[PreparedKernel]) -> None:
+    def __init__(self, kernels: list[PreparedKernel], zygote: str | None = None) -> None:
         self.kernels = list(kernels)
+        self.zygote = zygote
 
     def __deepcopy__(self, memo: dict) -> StartedAhead:
         return self  # running processes, as for PreparedKernel: a copy would be a second owner of each

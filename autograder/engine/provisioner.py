@@ -16,7 +16,8 @@ and the choice of how the process is made:
   (:mod:`autograder.engine.zygote`), a new one is forked from it into a new sandbox made as the
   first one was (same folder, same control group, the submission's files copied in again); so is
   a graded kernel (:mod:`autograder.engine.graded_kernel`) or a measured call's kernel that none was
-  started ahead for, whose manager is given the zygote's address (``zygote_address``);
+  started ahead for, and every kernel of a submission the pool had none ready for (the first of a
+  run): its manager is given the zygote's address (``zygote_address``);
 - **cold**: the kernel command, wrapped in the sandbox, is started as jupyter_client's local
   provisioner starts any kernel.
 

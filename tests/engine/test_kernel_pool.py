@@ -79,8 +79,9 @@ def test_pooled_kernels_are_fresh_per_submission_and_grade_as_cold_ones(tmp_path
                   for s in ("s1_reference", "s2_crash", "s3_mistake", "s4_untouched")}
         for student, printed in probes.items():
             assert "seen: False []" in printed, f"{student} found what another submission left: {printed}"
-        # the first submission of a run starts its kernel cold; the others get one started ahead (PyTorch imported)
-        expected = {"0": [False] * 4, "1": [False, True, True, True]}[pool]
+        # the others get a kernel started ahead (PyTorch imported); the first submission of a run, none: its kernel is
+        # forked from the zygote (PyTorch imported too) where there is one, else it starts cold
+        expected = {"0": [False] * 4, "1": [zygote.usable(), True, True, True]}[pool]
         assert [f"preloaded: {b}" in probes[s] for s, b in zip(sorted(probes), expected)] == [True] * 4, probes
         crashed = graded(course, "s2_crash")
         died = [c for c in crashed.cells if any(o.get("ename") == KERNEL_DIED for o in c.get("outputs", []))]
@@ -123,7 +124,7 @@ if found:
 def test_a_graded_kernel_started_ahead_holds_nothing_of_the_notebooks_kernel_nor_of_another_submission(tmp_path):
     course = make_course(tmp_path, [A])
     rel, ref = release_without_demonstrations(released(course, A), A), reference_answers(A)  # the pool: not the plots
-    students = ("s1", "s2", "s3")  # the first kernels of a run start cold; the next submissions' come from the pool
+    students = ("s1", "s2", "s3")  # the first kernels of a run are forked or cold; the next submissions' come from the pool
     for student in students:
         submit(course, A, student, fill(rel, dict(ref, hard_lookup=ref["hard_lookup"] + LEAVES_TRACES)))
     summary = grade.autograde([A], grading_settings(course, {"Grading.workers": 1}), progress=False)

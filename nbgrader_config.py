@@ -64,7 +64,7 @@ c.LimitOutput.max_traceback = 30
 
 # Feedback shows the hidden tests' messages, never their source: the hidden part of each
 # test cell is removed before the feedback is rendered, and the checks print their
-# messages without a traceback (autograder/errors.py). Nothing a student wrote runs when the
+# messages without a traceback (autograder/shared/errors.py). Nothing a student wrote runs when the
 # page is opened: outputs and raw cells go through nbconvert's SanitizeHTML, markdown cells are
 # cleaned once rendered (FeedbackExporter), which also loads MathJax from feedback/_mathjax/
 # instead of a CDN and wraps long lines (autograder/grading/feedback.py).

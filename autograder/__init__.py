@@ -1,8 +1,9 @@
 """The course's autograder.
 
 Public part (shipped to students, and the only part a student's kernel sees when a notebook
-is graded): ``errors``, ``compare``, ``guard``, ``diagnosis``, ``diagnoses``, ``student``,
-``verify``, ``variation``, ``inputs``, ``watches``, ``wire``, ``remote`` and ``checks``. Instructor-only part
+is graded): the checking core, in three folders by the side that runs it (``grader``: where the
+checks run and judge; ``kernel``: what runs beside the student's code in the student's kernel;
+``shared``: the failures and the messages both sides use), ``checks`` and ``references``. Instructor-only part
 (:data:`INSTRUCTOR_ONLY`): ``hidden`` (hidden checks and the mistake catalogue), and the three
 layers of the instructor's tools: ``course`` (the repository, its settings, release, scaffold,
 bundle), ``engine`` (running and judging one notebook: staging, the sandbox, the kernel, the

@@ -1,10 +1,10 @@
 """Two mistakes at once: how many pairs of the catalogue's declared variations the hidden checks name, and at what cost.
 
-Every catalogued mistake that is a variation of a reference (:mod:`autograder.variation`) can be made
+Every catalogued mistake that is a variation of a reference (:mod:`autograder.grader.variation`) can be made
 together with another variation of the same reference. For every exercise, this script makes each such
-pair (at most the diagnosis's budget, :data:`autograder.diagnosis.PAIR_BUDGET`, in catalogue order, as
+pair (at most the diagnosis's budget, :data:`autograder.grader.diagnosis.PAIR_BUDGET`, in catalogue order, as
 the diagnosis tries them), pastes it as a student's answer and runs the hidden check on it as grading runs
-it (every case, :func:`autograder.cases.judging`), and counts what its failing cases name: the pair
+it (every case, :func:`autograder.grader.cases.judging`), and counts what its failing cases name: the pair
 together (a case where neither alone gives the answer's result), each of the two in a case of its own
 (each case shows one of them), one of them only, or none. It times each failing check twice: with the
 pairs tried, and with the budget at 0 (only single mistakes), and prints the median seconds per failing
@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import diagnosis  # noqa: E402
-from autograder.cases import judging  # noqa: E402
 from autograder.course.repository import assignments  # noqa: E402
-from autograder.errors import CheckFailed  # noqa: E402
+from autograder.grader import diagnosis  # noqa: E402
+from autograder.grader.cases import judging  # noqa: E402
+from autograder.shared.errors import CheckFailed  # noqa: E402
 from tests.checks.test_catalogue import module, partners, pasted  # noqa: E402
 from tests.course_copy import catalogue  # noqa: E402
 

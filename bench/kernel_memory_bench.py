@@ -3,7 +3,7 @@
 The hidden checks of ``flash_attention`` (07), ``flash_attention_forward`` and ``flash_attention_backward``
 (08) call the student's function on Q, K, V of shape (1, 4096, 8) in float32 with ``block_size=256``, and
 bound how far the memory of the kernel that makes the call reaches above what it held before the answer
-cells were loaded (:data:`autograder.watches.MEMORY_RISE_BOUND`), read by the grader from that kernel's
+cells were loaded (:data:`autograder.grader.memory.MEMORY_RISE_BOUND`), read by the grader from that kernel's
 control group; each measured call is made in a fresh kernel loaded as the graded one. This runs the
 references and wrong answers (the n x m matrix built whole, queries chunked over all keys, every score
 kept as a Python float) as answer cells, as grading does, and prints each one's figure, the time of its
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder.engine import cgroup  # noqa: E402
 from autograder.engine.execute import ResilientExecute  # noqa: E402
-from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_N, MEMORY_RISE_BOUND  # noqa: E402
+from autograder.grader.memory import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_N, MEMORY_RISE_BOUND  # noqa: E402
 from tests.course_copy import reference_answers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -72,8 +72,8 @@ MEASURE = f'''
 import time
 import torch
 from autograder.hidden import complexity, flash_backward
-from autograder.inputs import generator, randn
-from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, measured_memory_call
+from autograder.grader.inputs import generator, randn
+from autograder.kernel.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, measured_memory_call
 
 n, d, block, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE
 gen = generator(1)

@@ -15,11 +15,11 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from autograder.course.repository import module_name, nbgrader
 from autograder.course.settings import Settings
-from autograder.diagnosis import Mistake
 from autograder.engine import sandbox
 from autograder.engine.graded_cells import graded_sources
 from autograder.engine.source_check import definition_closure
-from autograder.variation import source_of
+from autograder.grader.diagnosis import Mistake
+from autograder.grader.variation import source_of
 
 from .notebook_code import ROOT, hidden_test_arguments, nbgrader_meta, source_notebook
 

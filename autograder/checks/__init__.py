@@ -4,6 +4,6 @@ These ship to students. They compare with PyTorch's built-ins and simple formula
 few inputs and explain what is wrong; the hidden checks (instructor-only) go further.
 """
 
-from ..errors import install_notebook_display
+from ..shared.errors import install_notebook_display
 
 install_notebook_display()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.inputs import generator, randn
+from ..grader.student import expect_error
+from ..grader.verify import Case, verify, verify_number
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.complexity import (
     FIT_ATOL,
     FIT_RTOL,
@@ -20,8 +22,6 @@ from ..references.complexity import (
     sdpa_reference,
     very_negative_scores,
 )
-from ..student import expect_error
-from ..verify import Case, verify, verify_number
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "complexity"

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 
 import torch
 
-from ..compare import assert_close, assert_shape, assert_tensor
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..grader.compare import assert_close, assert_shape, assert_tensor
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import call_student, probe, served_to
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
+from ..kernel.watches import AllocationMeter as AllocationMeter  # the notebook imports it from here
 from ..references.decoding_and_training import (
     COPY_STEPS,
     DECODE_ARGS,
@@ -53,9 +55,7 @@ from ..references.tiny_decoder import build_model as build_model  # the tests im
 from ..references.tiny_decoder import model_calls as model_calls
 from ..references.tiny_decoder import module_parameters as module_parameters
 from ..references.tiny_decoder import train_block as train_block
-from ..student import call_student, probe, served_to
-from ..verify import Case, verify
-from ..watches import AllocationMeter as AllocationMeter  # the notebook imports it from here
+from ..shared.errors import fail
 
 INF = float("inf")
 

@@ -6,7 +6,7 @@ attention exercises; the forward pass is compared with SDPA and ``torch.logsumex
 student's functions those built-ins, and automatic differentiation, are forbidden.
 
 ``FlashAttention`` is a ``torch.autograd.Function``: autograd must run through it, so the checks
-examine it where the student's code runs (:func:`autograder.student.probe`) with the probes of
+examine it where the student's code runs (:func:`autograder.grader.student.probe`) with the probes of
 :mod:`autograder.references.flash_backward` (``function_record``, ``backward_under_guard``), which return
 plain data: the output, the gradients, what the function saved for backward. ``torch.autograd.gradcheck`` runs
 in the checks' own process, on outputs and gradients fetched through ``function_record``.
@@ -14,7 +14,9 @@ in the checks' own process, on outputs and gradients fetched through ``function_
 
 from __future__ import annotations
 
-from ..inputs import generator, randn
+from ..grader.inputs import generator, randn
+from ..grader.student import expect_error
+from ..grader.verify import Case, verify
 from ..references.complexity import very_negative_scores
 from ..references.flash_backward import (
     AUTOGRAD_BUILTINS,
@@ -37,8 +39,6 @@ from ..references.flash_backward import (
 from ..references.flash_backward import function_record as function_record  # the tests import them from here
 from ..references.flash_backward import saved_budget as saved_budget
 from ..references.flash_backward import scaled_logsumexp as scaled_logsumexp
-from ..student import expect_error
-from ..verify import Case, verify
 
 # --- softmax_backward --------------------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from ..compare import assert_dtype, assert_tensor
-from ..diagnosis import catalogue
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.compare import assert_dtype, assert_tensor
+from ..grader.diagnosis import catalogue
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.long_context import (
     LINEAR_ARGS,
     RECURRENT_OUTPUTS,
@@ -29,8 +30,7 @@ from ..references.long_context import (
     run_recurrent,
     watch_linear,
 )
-from ..student import call_student, expect_error
-from ..verify import Case, verify
+from ..shared.errors import fail
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "long_context"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..diagnosis import MistakeFound, catalogue
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.diagnosis import MistakeFound, catalogue
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error, probe
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.masking import (
     INF,
     assert_exact_zeros,
@@ -19,8 +21,6 @@ from ..references.masking import (
 )
 from ..references.masking import lower_right_pattern as lower_right_pattern  # the tests import them from here
 from ..references.masking import sdpa_causal_pattern as sdpa_causal_pattern
-from ..student import call_student, expect_error, probe
-from ..verify import Case, verify
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "masking"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..diagnosis import Mistake, catalogue, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.diagnosis import Mistake, catalogue, through
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.multi_head import (
     TorchMHA,
     check_parameters,
@@ -20,8 +21,7 @@ from ..references.multi_head import (
     torch_mha_reference,
 )
 from ..references.multi_head import graph_adjacency as graph_adjacency  # the tests import them from here
-from ..student import call_student, expect_error
-from ..verify import Case, verify
+from ..shared.errors import fail
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "multi_head"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ..diagnosis import Mistake, MistakeFound, catalogue
-from ..errors import fail
-from ..guard import SOFTMAX_BUILTINS
-from ..inputs import generator, randn
+from ..grader.diagnosis import Mistake, MistakeFound, catalogue
+from ..grader.inputs import generator, randn
+from ..grader.student import expect_error
+from ..grader.verify import Case, verify_each
+from ..kernel.guard import SOFTMAX_BUILTINS
+from ..kernel.watches import ReductionRecorder as ReductionRecorder  # imported from here by the tests
 from ..references.numerical_stability import (
     INF,
     gradcheck_problem,
@@ -28,9 +30,7 @@ from ..references.numerical_stability import (
     streaming_problem,
     with_minus_inf,
 )
-from ..student import expect_error
-from ..verify import Case, verify_each
-from ..watches import ReductionRecorder as ReductionRecorder  # imported from here by the tests
+from ..shared.errors import fail
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "numerical_stability"

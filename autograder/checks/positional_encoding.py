@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..compare import assert_close, assert_dtype, assert_shape, assert_tensor
-from ..errors import fail
-from ..inputs import generator, randn
-from ..student import call_student, expect_error
-from ..verify import Case, naming_mistakes
+from ..grader.compare import assert_close, assert_dtype, assert_shape, assert_tensor
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.verify import Case, naming_mistakes
+from ..shared.errors import fail
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "positional_encoding"

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from ..compare import assert_close, describe
-from ..errors import fail
-from ..inputs import generator, randn
+from ..grader.compare import assert_close, describe
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.verify import Case, verify
 from ..references.scaling import (
     ENTROPY_BUILTINS,
     JACOBIAN_BUILTINS,
@@ -24,8 +25,7 @@ from ..references.scaling import (
     reproduces,
     score_variance_standard_error,
 )
-from ..student import call_student, expect_error
-from ..verify import Case, verify
+from ..shared.errors import fail
 
 standard_error_of_variance = score_variance_standard_error  # the tests call it by this name
 

@@ -14,10 +14,11 @@ import math
 
 import torch
 
-from ..diagnosis import catalogue, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.diagnosis import catalogue, through
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, probe
+from ..grader.verify import Case, verify, verify_number
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.serving import (
     MLA_ARGS,
     MLA_OUTPUTS,
@@ -47,8 +48,7 @@ from ..references.serving import (
     unknown_ids,
 )
 from ..references.tiny_decoder import module_parameters
-from ..student import call_student, probe
-from ..verify import Case, verify, verify_number
+from ..shared.errors import fail
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "serving"

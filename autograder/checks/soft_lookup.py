@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from ..compare import assert_close, assert_pair
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.compare import assert_close, assert_pair
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.verify import Case, naming_mistakes, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.soft_lookup import (
     hard_lookup_reference,
     nadaraya_watson_reference,
     sdpa_reference,
     soft_lookup_reference,
 )
-from ..student import call_student, expect_error
-from ..verify import Case, naming_mistakes, verify
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "soft_lookup"

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import torch
 
+from ..grader.verify import Case, verify
 from ..references.$module import row_softmax_reference
-from ..verify import Case, verify
 
 #: The notebook module whose mistake catalogue the grader uses to name mistakes in these checks.
 NOTEBOOK = "$module"
@@ -65,10 +65,10 @@ HIDDEN = '''"""Hidden checks and mistake catalogue for notebook $number, $title 
 
 from __future__ import annotations
 
-from ..diagnosis import Mistake
-from ..inputs import generator, randn
+from ..grader.diagnosis import Mistake
+from ..grader.inputs import generator, randn
+from ..grader.verify import Case, verify
 from ..references.$module import row_softmax_reference
-from ..verify import Case, verify
 from . import hidden
 
 ROW_SOFTMAX = "1. A first exercise"

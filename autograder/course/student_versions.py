@@ -37,11 +37,11 @@ NEEDS = (
     Need("torch", "2.4", "nn.RMSNorm and F.rms_norm", "references/tiny_decoder.py, notebooks 09 and 11's decoder"),
     Need("torch", "2.3", "torch.nn.attention.sdpa_kernel and torch.nn.attention.bias.causal_lower_right "
          "(the torch.nn.attention manual starts with 2.3)",
-         "inputs.py (every SDPA referee on the math backend), checks/masking.py, checks/decoding_and_training.py"),
+         "grader/inputs.py (every SDPA referee on the math backend), checks/masking.py, checks/decoding_and_training.py"),
     Need("torch", "2.2", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu (FlashAttention on CPU)",
          "notebooks 07 and 08 (the kernel's log-sum-exp)"),
     Need("torch", "2.0", "TorchFunctionMode and TorchDispatchMode as context managers, torch.func, "
-         "torch.set_default_device", "guard.py, watches.py, references/flash_backward.py"),
+         "torch.set_default_device", "kernel/guard.py, kernel/watches.py, references/flash_backward.py"),
     Need("numpy", "1.26", "wheels for Python 3.12 (the notebooks use NumPy only through Tensor.numpy() to plot)",
          "every notebook's figures"),
     Need("matplotlib", "3.9", "the backend that today's ipykernel draws through (matplotlib-inline 0.2): on 3.8 a "

@@ -56,7 +56,7 @@ from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade, is_solution
 from traitlets import Bool, Integer, List, Unicode
 
-from .. import remote
+from ..grader import remote
 from . import graded_cells, graded_kernel, judge, source_check, staging
 from .graded_kernel import GradedKernel
 from .judge import error_output
@@ -117,7 +117,7 @@ class ResilientExecute(KernelRequests, Execute):
                             "kernel (autograder.engine.judge); False runs them in the kernel, as nbgrader does."
                             ).tag(config=True)
     all_or_nothing = List(Unicode(), help="Test cells scored all or nothing instead of by their cases' shares "
-                          "(autograder.cases): '*' every cell of the course, a notebook's name ('08_flash_backward') "
+                          "(autograder.grader.cases): '*' every cell of the course, a notebook's name ('08_flash_backward') "
                           "every cell of it, 'notebook/grade_id' one cell.").tag(config=True)
     # A kernel that never goes idle must not lose the cells already executed.
     raise_on_iopub_timeout = Bool(False, help="Raise when a cell's output stops before the kernel is idle; False "

@@ -133,10 +133,10 @@ def check_modules(notebook: NotebookNode) -> list[str]:
     """The package's modules the test cells of ``notebook`` import, and every one of the package they import in turn.
 
     Read from the source files (nothing is imported): the graded kernel holds the probes of these only
-    (:func:`autograder.serve.hold_probes`), so that it imports no more than the checks need.
+    (:func:`autograder.kernel.serve.hold_probes`), so that it imports no more than the checks need.
     """
     todo = [name for cell in notebook.cells if _meta(cell).get("grade") and not _meta(cell).get("solution")
-            for name in _imported(_python(cell.source), "")]
+            for name in imported_modules(_python(cell.source), "")]
     return sorted(package_closure(todo))
 
 
@@ -170,10 +170,10 @@ def _package_imports(name: str) -> tuple[str, ...] | None:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError):
         return ()
-    return tuple(_imported(tree, name.rpartition(".")[0]))
+    return tuple(imported_modules(tree, name.rpartition(".")[0]))
 
 
-def _imported(tree: ast.Module | None, package: str) -> list[str]:
+def imported_modules(tree: ast.Module | None, package: str) -> list[str]:
     """The modules ``tree`` imports (``from a import b``: ``a`` and ``a.b``), relative ones resolved in ``package``."""
     names: list[str] = []
     for node in ast.walk(tree) if tree is not None else ():

@@ -1,7 +1,7 @@
 """The graded kernel: a second sandboxed kernel that holds only what is graded.
 
 nbgrader's execution runs every cell of a submission in one kernel, for the feedback (outputs,
-errors). What a test cell's checks call (:mod:`autograder.remote`) runs elsewhere: in a
+errors). What a test cell's checks call (:mod:`autograder.grader.remote`) runs elsewhere: in a
 :class:`GradedKernel`, started the same way as the first (the sandbox, its limits, its own control
 group and folder; started ahead by the fork server's pool beside the first, else forked from the zygote
 where the first kernel was: :mod:`autograder.engine.kernel_pool`), into which the grader loads only the
@@ -18,7 +18,7 @@ so it can neither change a verdict nor cost one.
 
 What this does NOT protect: the answer cells are the student's code; loaded here they can do what
 they could do in the notebook's kernel (replace a probe, patch PyTorch) to the graded kernel. The
-checks judge plain data in the grader; see :mod:`autograder.remote` for what that leaves open.
+checks judge plain data in the grader; see :mod:`autograder.grader.remote` for what that leaves open.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from .graded_cells import ANSWER, GradedSource
 
 #: Seconds a load or an idle check may wait for the kernel to answer after an interrupt.
 ANSWER_WAIT = 5
-#: Run before any answer cell: the probes the checks run are copied as they are (:func:`autograder.serve.hold_probes`).
-HOLD_PROBES = "__import__('autograder.serve', fromlist=['hold_probes']).hold_probes({modules!r})"
+#: Run before any answer cell: the probes the checks run are copied as they are (:func:`autograder.kernel.serve.hold_probes`).
+HOLD_PROBES = "__import__('autograder.kernel.serve', fromlist=['hold_probes']).hold_probes({modules!r})"
 
 
 async def connect(km: Any, startup_timeout: float) -> Any:
@@ -98,7 +98,7 @@ class GradedKernel:
         #: the group's memory once the release's own code was loaded, before any answer cell (None: unknown).
         self.base_memory: int | None = None
         self.ready = False
-        self.held = False  # the probes are held (autograder.serve.hold_probes)
+        self.held = False  # the probes are held (autograder.kernel.serve.hold_probes)
         self.restarts = 0
 
     async def launch(self, **kwargs: Any) -> None:
@@ -142,7 +142,7 @@ class GradedKernel:
         if not self.ready:
             await self._connect()
         if not self.loaded and not self.held:
-            # the probes are copied before any answer cell can replace them (autograder.serve.hold_probes)
+            # the probes are copied before any answer cell can replace them (autograder.kernel.serve.hold_probes)
             self.held = await self._run(HOLD_PROBES.format(modules=self.check_modules), deadline) is None
         while True:
             todo = [s for s in sources if s not in self.loaded and s.name not in self.left_out]

@@ -6,14 +6,14 @@ them. When a notebook is graded, :class:`~autograder.engine.execute.ResilientExe
 runs each test cell here instead: the cell's source (the instructor's, restored from the
 gradebook) is executed in the grader's process, and every name it reads that the cell does
 not define (``soft_lookup`` in ``check_soft_lookup(soft_lookup)``) is looked up in the
-student's kernel and becomes a :class:`~autograder.remote.Remote` (or plain data). The check
+student's kernel and becomes a :class:`~autograder.grader.remote.Remote` (or plain data). The check
 then runs here; only the student's functions run in the kernel.
 
 The cell's outputs are what the check printed and, interleaved in order, what the student's
 code printed while the check ran it; a failing check is an error output with its message
 and no traceback (a traceback would show the checks' source). nbgrader scores the cell from
 these outputs as it would from the kernel's. When the failure names catalogued mistakes
-(:class:`~autograder.diagnosis.MistakeFound`), a record of their ids comes before the error: a
+(:class:`~autograder.grader.diagnosis.MistakeFound`), a record of their ids comes before the error: a
 ``display_data`` output with nothing to show, whose metadata (:data:`MISTAKES_KEY`) the class
 report reads (:func:`named_mistakes`). Only this process writes it, so a student's code cannot
 forge it; a test cell run in the kernel (``checks_in_grader`` off) has no record.
@@ -30,11 +30,11 @@ from typing import Any
 from nbformat import NotebookNode
 from nbformat.v4 import new_output
 
-from .. import cases, remote
-from ..cases import CasesFailed, CheckRecord
-from ..diagnosis import Mistake, MistakeFound
-from ..errors import CheckFailed, shown_name
-from ..remote import Channel, Interrupted
+from ..grader import cases, remote
+from ..grader.cases import CasesFailed, CheckRecord
+from ..grader.diagnosis import Mistake, MistakeFound
+from ..grader.remote import Channel, Interrupted
+from ..shared.errors import CheckFailed, shown_name
 
 
 class _KernelNames(dict):
@@ -135,8 +135,8 @@ def run_test_cell(source: str, channel: Channel, streams: list[tuple[str, str]]
     What the check prints is appended to ``streams`` (the channel appends what the
     student's code prints), and the record of the mistakes a failing check named;
     returns the error output of a failing check (or None), and the records of the cases the
-    cell's hidden checks ran (:mod:`autograder.cases`; :func:`scored_outputs` makes them a score).
-    Raises :class:`~autograder.remote.Interrupted` when the kernel hangs or dies.
+    cell's hidden checks ran (:mod:`autograder.grader.cases`; :func:`scored_outputs` makes them a score).
+    Raises :class:`~autograder.grader.remote.Interrupted` when the kernel hangs or dies.
     """
     code = compile(source, "<test cell>", "exec")
     namespace = _KernelNames(channel)

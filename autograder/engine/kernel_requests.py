@@ -3,10 +3,10 @@
 A test cell runs in nbgrader's process (:mod:`autograder.engine.judge`); each call of a student's
 function is one request to the graded kernel (:mod:`autograder.engine.graded_kernel`: only the
 release's code, the imports and the answer cells are loaded there), or to the notebook's own kernel
-where there is none (:class:`autograder.remote.Channel`), sent as a silent execute request whose
-user expression runs :func:`autograder.serve.serve` in the kernel. What the student's code prints
+where there is none (:class:`autograder.grader.remote.Channel`), sent as a silent execute request whose
+user expression runs :func:`autograder.kernel.serve.serve` in the kernel. What the student's code prints
 meanwhile goes into the test cell's streams. A kernel that dies, calls ``exit()`` or runs past the
-cell's deadline raises :class:`autograder.remote.KernelDied` or :class:`autograder.remote.CallTimedOut`.
+cell's deadline raises :class:`autograder.grader.remote.KernelDied` or :class:`autograder.grader.remote.CallTimedOut`.
 
 A request can also be measured (:meth:`KernelRequests.measured_request`): the peak of the graded
 kernel's memory during it, read from its control group (:class:`autograder.engine.cgroup.PeakMeter`)
@@ -27,7 +27,7 @@ from time import monotonic
 
 from jupyter_core.utils import ensure_async, run_sync
 
-from .. import remote
+from ..grader import remote
 from . import cgroup
 from .graded_kernel import GradedKernel
 
@@ -47,7 +47,7 @@ class KernelRequests:
         return (self.graded.kc, self.graded.km) if self.graded is not None else (self.kc, self.km)
 
     def request(self, message: bytes) -> bytes:
-        """One request to the student's kernel (:class:`autograder.remote.Channel`)."""
+        """One request to the student's kernel (:class:`autograder.grader.remote.Channel`)."""
         return run_sync(self._async_request)(message)
 
     def measures_memory(self) -> bool:
@@ -118,9 +118,9 @@ class KernelRequests:
         if monotonic() >= self._deadline:  # the cell's time is spent (a case that ran out of it): nothing more is sent
             raise remote.CallTimedOut()
         payload = base64.b64encode(message).decode("ascii")
-        expression = f"__import__('autograder.serve', fromlist=['serve']).serve({payload!r})"
+        expression = f"__import__('autograder.kernel.serve', fromlist=['serve']).serve({payload!r})"
         kc, km = kernel or self._kernel()
-        # stdin is allowed: a served object's calls come back as input requests (autograder.served)
+        # stdin is allowed: a served object's calls come back as input requests (autograder.kernel.served)
         msg_id = kc.execute("", silent=True, store_history=False, user_expressions={"r": expression},
                             allow_stdin=True)
         reply = await self._async_reply_to(msg_id, kc, km)

@@ -1,6 +1,6 @@
 """Read a student's source for the built-ins an exercise forbids: what the kernel cannot fake.
 
-In the student's kernel the guard (:mod:`autograder.guard`) stops a forbidden built-in when
+In the student's kernel the guard (:mod:`autograder.kernel.guard`) stops a forbidden built-in when
 it is called, which is what an honest student needs. Code in that kernel can also switch the
 guard off (``torch._C.DisableTorchFunction``), call the built-in from another thread, or
 replace the guard. So, before the grader asks the kernel to run an exercise that forbids
@@ -16,7 +16,7 @@ in it:
 - in that code, a forbidden built-in *called* or *passed on* (``F.scaled_dot_product_attention(...)``,
   ``torch.ops.aten._softmax``, ``f = torch.softmax``, ``from torch import softmax``, a
   string naming it for ``getattr``, even one glued together from constants), a PyTorch entry of
-  the forbidden built-in's *family* (:attr:`autograder.guard.Forbidden.family`:
+  the forbidden built-in's *family* (:attr:`autograder.kernel.guard.Forbidden.family`:
   ``torch._native_multi_head_attention``, ``nn.TransformerEncoderLayer``), and the ways round the
   guard (``DisableTorchFunction``, threads, processes). Mentioning a forbidden class in
   ``isinstance`` or an annotation is fine.
@@ -61,7 +61,7 @@ import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..guard import Forbidden
+from ..kernel.guard import Forbidden
 
 #: Names whose use in an exercise's code gets round the guard: turning torch function
 #: modes off, or running the work in another thread or process, where the guard is not.

@@ -21,9 +21,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ..diagnosis import Mistake, by_id, catalogue
 from ..engine.judge import case_record, named_mistakes
 from ..engine.notes import inert_text
+from ..grader.diagnosis import Mistake, by_id, catalogue
 
 #: The one case of a test cell without a record, named after the cell.
 VISIBLE_CASE = "visible checks"

@@ -3,8 +3,8 @@
 Never shipped to students: the mistakes are near-solutions. Each module defines
 ``check_<exercise>(fn)`` for the hidden test cells, decorated with :func:`hidden`, and
 ``MISTAKES``, a dict from an exercise name to its list of
-:class:`~autograder.diagnosis.Mistake`, each with a stable ``id``, read from the module's data file
-``mistakes/<module>.toml`` (:func:`~autograder.diagnosis.read_mistakes`); the test suite feeds every
+:class:`~autograder.grader.diagnosis.Mistake`, each with a stable ``id``, read from the module's data file
+``mistakes/<module>.toml`` (:func:`~autograder.grader.diagnosis.read_mistakes`); the test suite feeds every
 mistake to its check and expects the mistake's name in the message.
 
 A module takes its references from its notebook's :mod:`autograder.references` module (the one
@@ -22,8 +22,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..cases import checking
-from ..errors import CheckFailed, fail, install_notebook_display
+from ..grader.cases import checking
+from ..shared.errors import CheckFailed, fail, install_notebook_display
 
 install_notebook_display()
 
@@ -31,7 +31,7 @@ install_notebook_display()
 def hidden(check: Callable[..., Any]) -> Callable[..., Any]:
     """Make a hidden check of ``check_<exercise>``: a list of cases, and any unexpected error a plain message.
 
-    Judged by the grader, its cases are recorded (:mod:`autograder.cases`) and the test cell earns
+    Judged by the grader, its cases are recorded (:mod:`autograder.grader.cases`) and the test cell earns
     the share of those it passes; elsewhere the first failing case stops it. It prints that the
     exercise passes only when every case passed. A traceback would print lines of this
     instructor-only source into the student's feedback; the student reads the error's type and

@@ -1,12 +1,12 @@
 """Hidden checks and mistake catalogue for notebook 07 (instructor-only).
 
 Besides the values, the attention checks watch the tensors the student's function
-allocates (:class:`autograder.watches.TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
+allocates (:class:`autograder.kernel.watches.TensorWatch`, a ``TorchDispatchMode`` that sees every PyTorch
 operation, composite ones included): ``chunked_attention`` and ``flash_attention`` must
 never allocate an n x m tensor, ``flash_attention`` must tile the keys as well as the
 queries, and the bytes it keeps alive at once must stay well below one n x m matrix. On a case
 large enough for one n x m matrix to stand out (n = m = 4096), the memory of both is measured from
-outside the kernel where grading has a control group (:func:`autograder.watches.memory_rise`), which
+outside the kernel where grading has a control group (:func:`autograder.grader.memory.memory_rise`), which
 code written to fool a watch cannot change.
 """
 
@@ -16,25 +16,11 @@ import math
 
 import torch
 
-from ..cases import case
-from ..compare import assert_close, assert_tensor
-from ..diagnosis import read_mistakes
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
-from ..references.complexity import (
-    FIT_ATOL,
-    FIT_RTOL,
-    FLOPS_ARGS,
-    MEMORY_ARGS,
-    assert_bool_mask,
-    sdpa_reference,
-    very_negative_scores,
-)
-from ..student import call_student, expect_error
-from ..variation import decisions
-from ..verify import Case, verify, verify_number
-from ..watches import (
+from ..grader.cases import case
+from ..grader.compare import assert_close, assert_tensor
+from ..grader.diagnosis import read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.memory import (
     MEMORY_CASE_BLOCK,
     MEMORY_CASE_D,
     MEMORY_CASE_DTYPE,
@@ -45,6 +31,20 @@ from ..watches import (
     tiled_budget,
     watched_call,
 )
+from ..grader.student import call_student, expect_error
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify, verify_number
+from ..kernel.guard import ATTENTION_BUILTINS
+from ..references.complexity import (
+    FIT_ATOL,
+    FIT_RTOL,
+    FLOPS_ARGS,
+    MEMORY_ARGS,
+    assert_bool_mask,
+    sdpa_reference,
+    very_negative_scores,
+)
+from ..shared.errors import fail
 from . import hidden
 
 # --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------

@@ -3,7 +3,7 @@
 The checks run the student's classes as the visible ones do (constructors, ``load_state_dict``
 and probes); when no class is given (the test suite calls ``check_x(fn)`` alone), the
 reference classes of this module stand in for the student's ``KVCache`` and ``TinyDecoder``.
-Each exercise's catalogue is one reference with its decisions named (:mod:`autograder.variation`):
+Each exercise's catalogue is one reference with its decisions named (:mod:`autograder.grader.variation`):
 a mistake is the reference with one decision changed.
 """
 
@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cases import case
-from ..compare import assert_close, assert_shape, assert_tensor, describe, is_close
-from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, diagnose, read_mistakes, through
-from ..errors import CheckFailed, fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..grader.cases import case
+from ..grader.compare import assert_close, assert_shape, assert_tensor, describe, is_close
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, diagnose, read_mistakes, through
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import attempt, call_student, expect_error, probe, served_to
+from ..grader.variation import decisions, variant
+from ..grader.verify import Case, verify
+from ..kernel.call import Outcome
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.decoding_and_training import (
     COPY_STEPS,
     DECODE_ARGS,
@@ -50,9 +53,7 @@ from ..references.tiny_decoder import (
     run_generate,
     train_block,
 )
-from ..student import attempt, call_student, expect_error, probe, served_to
-from ..variation import decisions, variant
-from ..verify import Case, verify
+from ..shared.errors import CheckFailed, fail
 from . import hidden
 
 # --- references: each ``@decisions`` names what its catalogued mistakes get wrong (the defaults are right) ----

@@ -1,16 +1,16 @@
 """Hidden checks and mistake catalogue for notebook 08, FlashAttention's backward pass (instructor-only).
 
 Gradients are compared with autograd through ``F.scaled_dot_product_attention`` (math backend,
-float64) on many shapes; the two flash functions are also watched (:mod:`autograder.watches`,
+float64) on many shapes; the two flash functions are also watched (:mod:`autograder.kernel.watches`,
 where the student's code runs): no n x m tensor, the keys and the queries both tiled, and little
 memory alive at once; on n = m = 4096 their memory is measured from outside the kernel where grading
-has a control group (:func:`autograder.watches.memory_rise`), which code written to fool a watch
+has a control group (:func:`autograder.grader.memory.memory_rise`), which code written to fool a watch
 cannot change. ``FlashAttention`` is run through autograd where the student's code runs
 (the probes of :mod:`autograder.checks.flash_backward`): its output, its gradients, what it saves
 for backward, ``torch.autograd.gradcheck``, and its backward under the guard.
 
 The catalogue: the mistakes of each function, and of ``FlashAttention``, are variations of one
-reference with its decisions named (:mod:`autograder.variation`; the class's static methods read its
+reference with its decisions named (:mod:`autograder.grader.variation`; the class's static methods read its
 decisions through the class's own name); written out are those that are another algorithm (autograd
 instead of the formulas) and those whose recorded message quotes a line of their own source.
 """
@@ -23,12 +23,25 @@ from collections.abc import Iterator
 
 import torch
 
-from ..cases import case
-from ..compare import assert_close
-from ..diagnosis import MistakeFound, by_id, read_mistakes
-from ..errors import fail
-from ..guard import ForbiddenCall
-from ..inputs import generator, randn
+from ..grader.cases import case
+from ..grader.compare import assert_close
+from ..grader.diagnosis import MistakeFound, by_id, read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.memory import (
+    MEMORY_CASE_BLOCK,
+    MEMORY_CASE_D,
+    MEMORY_CASE_DTYPE,
+    MEMORY_CASE_N,
+    MEMORY_RISE_BOUND,
+    memory_message,
+    memory_rise,
+    tiled_budget,
+    watched_call,
+)
+from ..grader.student import call_student, expect_error
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
+from ..kernel.guard import ForbiddenCall
 from ..references.complexity import very_negative_scores
 from ..references.flash_backward import (
     AUTOGRAD_BUILTINS,
@@ -48,20 +61,7 @@ from ..references.flash_backward import (
     qkv,
     softmax_rows,
 )
-from ..student import call_student, expect_error
-from ..variation import decisions
-from ..verify import Case, verify
-from ..watches import (
-    MEMORY_CASE_BLOCK,
-    MEMORY_CASE_D,
-    MEMORY_CASE_DTYPE,
-    MEMORY_CASE_N,
-    MEMORY_RISE_BOUND,
-    memory_message,
-    memory_rise,
-    tiled_budget,
-    watched_call,
-)
+from ..shared.errors import fail
 from . import hidden
 
 # --- the mistake catalogue: each reference names its decisions, each mistake changes some ------------

@@ -9,12 +9,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..cases import case
-from ..compare import assert_close, assert_shape, assert_tensor
-from ..diagnosis import MistakeFound, by_id, read_mistakes, through
-from ..errors import CheckFailed
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, math_sdpa, randn
+from ..grader.cases import case
+from ..grader.compare import assert_close, assert_shape, assert_tensor
+from ..grader.diagnosis import MistakeFound, by_id, read_mistakes, through
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import call_student, expect_error, probe
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.long_context import (
     LINEAR_ARGS,
     RECURRENT_OUTPUTS,
@@ -30,9 +32,7 @@ from ..references.long_context import (
     sink_window_reference,
     watch_linear,
 )
-from ..student import call_student, expect_error, probe
-from ..variation import decisions
-from ..verify import Case, verify
+from ..shared.errors import CheckFailed
 from . import hidden
 
 # --- the references, with the decisions their catalogued mistakes get wrong -------------------------------------

@@ -6,10 +6,13 @@ import math
 
 import torch
 
-from ..cases import case
-from ..diagnosis import MistakeFound, read_mistakes
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.cases import case
+from ..grader.diagnosis import MistakeFound, read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error, probe
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.masking import (
     INF,
     allowed_keys,
@@ -21,9 +24,6 @@ from ..references.masking import (
     padding_reference,
     same_off_the_default_device,
 )
-from ..student import call_student, expect_error, probe
-from ..variation import decisions
-from ..verify import Case, verify
 from . import hidden
 
 # --- the mistake catalogue: each mistake is a reference with one decision changed -----------------

@@ -8,11 +8,13 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..cases import case, needs
-from ..diagnosis import read_mistakes, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.cases import case, needs
+from ..grader.diagnosis import read_mistakes, through
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error, probe
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.multi_head import (
     TorchMHA,
     check_parameters,
@@ -27,9 +29,7 @@ from ..references.multi_head import (
     split_reference,
     torch_mha_reference,
 )
-from ..student import call_student, expect_error, probe
-from ..variation import decisions
-from ..verify import Case, verify
+from ..shared.errors import fail
 from . import hidden
 
 # --- the mistake catalogue: each reference names the decisions its mistakes get wrong -------------

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..cases import case
-from ..diagnosis import Mistake, MistakeFound, by_id, read_mistakes
-from ..errors import fail
-from ..guard import SOFTMAX_BUILTINS, ForbiddenCall
-from ..inputs import generator, randn
+from ..grader.cases import case
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.student import attempt, expect_error
+from ..grader.variation import decisions, variant
+from ..grader.verify import Case, verify_each
+from ..kernel.guard import SOFTMAX_BUILTINS, ForbiddenCall
 from ..references.numerical_stability import (
     gradcheck_problem,
     input_changed_message,
@@ -28,9 +30,7 @@ from ..references.numerical_stability import (
     streaming_problem,
     with_minus_inf,
 )
-from ..student import attempt, expect_error
-from ..variation import decisions, variant
-from ..verify import Case, verify_each
+from ..shared.errors import fail
 from . import hidden
 
 INF = math.inf

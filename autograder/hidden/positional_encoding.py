@@ -6,15 +6,15 @@ import math
 
 import torch
 
-from ..cases import case, needs
-from ..compare import assert_close, assert_dtype, assert_shape, assert_tensor, is_close
-from ..diagnoses import explain_rounding
-from ..diagnosis import read_mistakes
-from ..errors import fail
-from ..inputs import generator, randn
-from ..student import call_student, expect_error
-from ..variation import decisions
-from ..verify import Case, verify
+from ..grader.cases import case, needs
+from ..grader.compare import assert_close, assert_dtype, assert_shape, assert_tensor, is_close
+from ..grader.diagnoses import explain_rounding
+from ..grader.diagnosis import read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, expect_error
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
+from ..shared.errors import fail
 from . import hidden
 
 # --- references (float64 inside, cast at the end) ---------------------------------------------

@@ -21,12 +21,14 @@ from typing import Any
 
 import torch
 
-from ..cases import case, needs
-from ..compare import describe
-from ..diagnoses import explain_number
-from ..diagnosis import Mistake, MistakeFound, by_id, read_mistakes
-from ..errors import fail
-from ..inputs import generator, randn
+from ..grader.cases import case, needs
+from ..grader.compare import describe
+from ..grader.diagnoses import explain_number
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.student import attempt, call_student, describe_error, expect_error
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify
 from ..references.scaling import (
     ENTROPY_BUILTINS,
     JACOBIAN_BUILTINS,
@@ -39,9 +41,7 @@ from ..references.scaling import (
     reproduces,
     score_variance_standard_error,
 )
-from ..student import attempt, call_student, describe_error, expect_error
-from ..variation import decisions
-from ..verify import Case, verify
+from ..shared.errors import fail
 from . import hidden
 
 MEAN_VARIANCE = "2. The mean and variance of a dot product"

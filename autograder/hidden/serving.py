@@ -1,6 +1,6 @@
 """Hidden checks and mistake catalogue for notebook 11, serving (instructor-only).
 
-Each exercise's catalogue is one reference with its decisions named (:mod:`autograder.variation`): a mistake is
+Each exercise's catalogue is one reference with its decisions named (:mod:`autograder.grader.variation`): a mistake is
 the reference with one decision changed. Two references are also what a check compares with: the bytes-per-token
 formula and greedy speculative decoding (whose number of target calls the hidden check compares exactly). The
 W_k_up-transposed mistake of latent attention stays a class of its own (see there). The checks judge the student's
@@ -15,11 +15,14 @@ import math
 import torch
 from torch import nn
 
-from ..cases import case
-from ..diagnosis import Mistake, MistakeFound, Outcome, by_id, matching, read_mistakes, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.cases import case
+from ..grader.diagnosis import Mistake, MistakeFound, by_id, matching, read_mistakes, through
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, probe
+from ..grader.variation import decisions
+from ..grader.verify import Case, verify, verify_number
+from ..kernel.call import Outcome
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.serving import (
     MLA_ARGS,
     MLA_OUTPUTS,
@@ -49,9 +52,7 @@ from ..references.serving import (
     unknown_ids,
 )
 from ..references.tiny_decoder import module_parameters
-from ..student import call_student, probe
-from ..variation import decisions
-from ..verify import Case, verify, verify_number
+from ..shared.errors import fail
 from . import hidden
 
 # --- references, each with the decisions its catalogued mistakes get wrong ----------------------------------------

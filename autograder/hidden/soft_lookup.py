@@ -6,18 +6,18 @@ import math
 
 import torch
 
-from ..diagnosis import read_mistakes
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
+from ..grader.diagnosis import read_mistakes
+from ..grader.inputs import generator, randn
+from ..grader.student import expect_error
+from ..grader.variation import decisions, variant
+from ..grader.verify import Case, verify
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..references.soft_lookup import (
     hard_lookup_reference,
     nadaraya_watson_reference,
     sdpa_reference,
     soft_lookup_reference,
 )
-from ..student import expect_error
-from ..variation import decisions, variant
-from ..verify import Case, verify
 from . import hidden
 
 # --- the mistake catalogue: each mistake is a reference with one decision changed -----------------

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from ..errors import fail
-from ..inputs import math_sdpa, randn
-from ..student import call_student
+from ..grader.inputs import math_sdpa, randn
+from ..grader.student import call_student
+from ..shared.errors import fail
 
 #: Tolerances of a fitted exponent: loose enough for a fit computed in float32.
 FIT_RTOL, FIT_ATOL = 1e-5, 1e-6

@@ -10,14 +10,15 @@ from typing import Any
 
 import torch
 
-from ..cases import case as case_of_check
-from ..compare import assert_close, assert_shape, assert_tensor, describe
-from ..diagnosis import Mistake, MistakeFound, Outcome, diagnose, through
-from ..errors import CheckFailed, fail
-from ..inputs import generator, math_sdpa, randn
-from ..student import call_student, expect_error, probe
-from ..verify import Case
-from ..watches import AllocationMeter
+from ..grader.cases import case as case_of_check
+from ..grader.compare import assert_close, assert_shape, assert_tensor, describe
+from ..grader.diagnosis import Mistake, MistakeFound, diagnose, through
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import call_student, expect_error, harness, probe
+from ..grader.verify import Case
+from ..kernel.call import Outcome
+from ..kernel.watches import AllocationMeter
+from ..shared.errors import CheckFailed, fail
 
 
 def rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -220,6 +221,7 @@ def require_cache(KVCache, exercise: str) -> None:  # noqa: N803
              "Fix KVCache first (section 2), then run this check again.")
 
 
+@harness
 def run_decode(decode_step, KVCache) -> Callable[..., Any]:  # noqa: N803
     """How a check runs ``decode_step``: a fresh cache, the sequence fed in ``steps``, then the cache read back.
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from ..cases import case as case_of_check
-from ..compare import assert_close, describe, is_close
-from ..diagnosis import Mistake, MistakeFound
-from ..errors import CheckFailed, fail
-from ..guard import ATTENTION_BUILTINS, ForbiddenCall, Guard, forbidden, forbidden_call
-from ..inputs import math_sdpa, randn
+from ..grader.cases import case as case_of_check
+from ..grader.compare import assert_close, describe, is_close
+from ..grader.diagnosis import Mistake, MistakeFound
+from ..grader.inputs import math_sdpa, randn
+from ..grader.student import probe
+from ..grader.verify import Case
+from ..kernel.guard import ATTENTION_BUILTINS, ForbiddenCall, Guard, forbidden, forbidden_call
 from ..references.scaling import BACKWARD, FORWARD_AD, SOFTMAX_BACKWARD
-from ..student import probe
-from ..verify import Case
+from ..shared.errors import CheckFailed, fail
 
 AUTOGRAD_GRAD = forbidden("torch.autograd.grad", "jacobian", "jacrev", "vjp", "hessian")
 

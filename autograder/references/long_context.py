@@ -9,15 +9,17 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..cases import case as case_of_check
-from ..compare import describe
-from ..diagnosis import Mistake, MistakeFound, Outcome, matching, through
-from ..errors import fail
-from ..guard import ATTENTION_BUILTINS
-from ..inputs import generator, randn
-from ..student import call_student, expect_error, probe
-from ..verify import Case
-from ..watches import TensorWatch, watched_call
+from ..grader.cases import case as case_of_check
+from ..grader.compare import describe
+from ..grader.diagnosis import Mistake, MistakeFound, matching, through
+from ..grader.inputs import generator, randn
+from ..grader.memory import watched_call
+from ..grader.student import call_student, expect_error, harness, probe
+from ..grader.verify import Case
+from ..kernel.call import Outcome
+from ..kernel.guard import ATTENTION_BUILTINS
+from ..kernel.watches import TensorWatch
+from ..shared.errors import fail
 
 
 def sink_window_reference(n: int, m: int, window: int, sinks: int = 0) -> torch.Tensor:
@@ -306,6 +308,7 @@ def expect_shape_errors(fn, exercise: str, gen: torch.Generator) -> None:
                      what=f"{exercise}(Q {q}, K {k}, V {v}{flags})", **kwargs)
 
 
+@harness
 def run_recurrent(linear_attention_recurrent):
     """How a check runs the recurrent form: its result checked for structure and flattened to (output, S, z)."""
 

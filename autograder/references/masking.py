@@ -8,10 +8,10 @@ import warnings
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from ..compare import is_close
-from ..diagnosis import run
-from ..errors import fail
-from ..inputs import math_sdpa
+from ..grader.compare import is_close
+from ..grader.diagnosis import run
+from ..grader.inputs import math_sdpa
+from ..shared.errors import fail
 
 INF = float("inf")
 

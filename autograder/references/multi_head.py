@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import fail
-from ..inputs import generator, math_sdpa, randn
-from ..student import probe
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import harness, probe
+from ..shared.errors import fail
 
 INF = float("inf")
 
@@ -46,6 +46,7 @@ class TorchMHA:
         )
 
 
+@harness
 def run_module(module_class):
     """``module_class.from_torch(mha)`` called on the inputs: how a check runs a MultiHeadAttention class."""
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckFailed
-from ..guard import SOFTMAX_BUILTINS
-from ..student import probe
-from ..watches import Reduction, reductions_of
-from ..watches import ReductionRecorder as ReductionRecorder  # imported from here by the tests
+from ..grader.student import probe
+from ..kernel.guard import SOFTMAX_BUILTINS
+from ..kernel.watches import Reduction, reductions_of
+from ..kernel.watches import ReductionRecorder as ReductionRecorder  # imported from here by the tests
+from ..shared.errors import CheckFailed
 
 INF = math.inf
 
@@ -80,7 +80,7 @@ def log_tolerance(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float
 
 
 def softmax_tolerance_of(x: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
-    """The tolerance function :func:`~autograder.verify.verify_each` takes for probabilities.
+    """The tolerance function :func:`~autograder.grader.verify.verify_each` takes for probabilities.
 
     A softmax written as ``exp(x - logsumexp(x))`` is stable, but ``x - lse`` rounds to
     ``eps * |x|``, which lands in every probability as a relative error of that size: 4e-4 in

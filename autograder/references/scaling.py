@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..compare import describe
-from ..errors import fail
-from ..guard import forbidden
+from ..grader.compare import describe
+from ..kernel.guard import forbidden
+from ..shared.errors import fail
 
 # --- built-ins the exercises of this notebook may not call ----------------------------------
 # torch.autograd.functional.jacobian, torch.func.jacrev and torch.autograd.grad all reach the

@@ -19,15 +19,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..cases import case as case_of_check
-from ..compare import describe
-from ..diagnosis import Mistake, MistakeFound, run
-from ..errors import fail
-from ..inputs import generator, math_sdpa, randn
+from ..grader.cases import case as case_of_check
+from ..grader.compare import describe
+from ..grader.diagnosis import Mistake, MistakeFound, run
+from ..grader.inputs import generator, math_sdpa, randn
+from ..grader.student import call_student, expect_error, probe, served_to
+from ..grader.verify import Case
+from ..kernel.watches import AllocationMeter, watch_allocations
 from ..references.tiny_decoder import Weights, decoder_reference
-from ..student import call_student, expect_error, probe, served_to
-from ..verify import Case
-from ..watches import AllocationMeter, watch_allocations
+from ..shared.errors import fail
 
 # --- the paged KV cache: a script of operations, run on the student's class -------------------------------------
 
@@ -640,7 +640,7 @@ def speculative_run(speculative_generate, target: Spec, draft: Spec, prompt, ste
     """``speculative_generate`` run with the two models, each counting its calls where the check runs.
 
     Where the answer runs in the student's kernel, the models are served from the grader
-    (:func:`autograder.student.served_to`): the kernel gets stand-ins, and the calls are made and
+    (:func:`autograder.grader.student.served_to`): the kernel gets stand-ins, and the calls are made and
     counted here. Returns ``(tokens, target_calls as returned, calls of the target counted, calls of
     the draft counted)``.
     """
@@ -672,7 +672,7 @@ def expect_raised(raised, error: type[BaseException], what: str, why: str) -> No
     """Fail unless ``raised``, what an error probe returned (``[type name, message]`` or None), is ``error``.
 
     The probes of this notebook call the student's code where it runs and return the error it raised;
-    this is :func:`autograder.student.expect_error` for them.
+    this is :func:`autograder.grader.student.expect_error` for them.
     """
     if raised is None:
         fail(f"{what} should raise {error.__name__} because {why}, but it returned without an error.")

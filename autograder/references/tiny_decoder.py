@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..compare import assert_close, describe
-from ..errors import CheckFailed, fail
-from ..inputs import generator, randn
-from ..student import call_student, probe
+from ..grader.compare import assert_close, describe
+from ..grader.inputs import generator, randn
+from ..grader.student import call_student, harness, probe
+from ..shared.errors import CheckFailed, fail
 from .decoding_and_training import causal_rope_attention
 
 
@@ -150,6 +150,7 @@ def check_parameters(module, expected: dict[str, tuple[int, ...]], what: str) ->
              "nothing was computed in float32.")
 
 
+@harness
 def run_block(DecoderBlock, KVCache) -> Callable[..., Any]:  # noqa: N803
     """How a check runs a DecoderBlock: built by its constructor, given the weights, fed whole or in ``steps``."""
 
@@ -180,6 +181,7 @@ def build_model(TinyDecoder, weights: Weights):  # noqa: N803
     return model
 
 
+@harness
 def run_generate(generate, TinyDecoder) -> Callable[..., Any]:  # noqa: N803
     """How a check runs ``generate``: on a TinyDecoder that holds the weights."""
 
@@ -218,7 +220,7 @@ def model_calls(generate, model, prompt, steps, use_cache=True):
 class CountedCalls:
     """A model whose every call is noted where it runs: the tokens given to each call, and whether the caches were.
 
-    The checks serve it from the grader (:func:`autograder.student.served_to`): the student's
+    The checks serve it from the grader (:func:`autograder.grader.student.served_to`): the student's
     ``generate`` calls a stand-in in the kernel, and the calls are made, and noted, here.
     """
 

@@ -20,9 +20,9 @@ from collections import Counter
 import torch
 
 from autograder.course.repository import assignments
-from autograder.errors import CheckFailed
-from autograder.remote import lookup
-from autograder.serve import LocalChannel
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import lookup
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import catalogue
 from ..notebook_code import ROOT, cell_arguments

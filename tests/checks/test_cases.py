@@ -1,4 +1,4 @@
-"""Every hidden check as the grader judges it (:func:`autograder.cases.judging`): a list of named cases.
+"""Every hidden check as the grader judges it (:func:`autograder.grader.cases.judging`): a list of named cases.
 
 For every notebook, in-process and through the proxies grading uses: the reference passes every
 case, and its check calls the student's code only inside a case (a call outside one would stop the
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import cases
-from autograder.cases import CheckRecord
 from autograder.engine.judge import case_record, error_output, scored_outputs
-from autograder.errors import CheckFailed
-from autograder.remote import lookup
-from autograder.serve import LocalChannel
+from autograder.grader import cases
+from autograder.grader.cases import CheckRecord
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import lookup
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import cell_arguments
 from .test_catalogue import exercises, module, solution

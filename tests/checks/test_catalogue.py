@@ -4,7 +4,7 @@ For every notebook: the reference passes its visible and hidden checks quietly; 
 covers every answer cell and points to headings of the notebook; every catalogued mistake, pasted
 alone into a notebook as the end-to-end test submits it, keeps the reference's interface, fails
 the visible check (in lines ``nbgrader validate`` shows whole) and is named by the hidden one,
-with its section, judged through the proxies grading uses (:mod:`autograder.remote`). What is
+with its section, judged through the proxies grading uses (:mod:`autograder.grader.remote`). What is
 specific to one notebook (its interface, the mistakes its issue asks for, its probes) is in
 ``test_notebook_NN_*.py``; the same mistakes through nbgrader are in ``test_grading_end_to_end.py``.
 """
@@ -24,11 +24,11 @@ from torch import nn
 
 from autograder.course.repository import assignments, module_name
 from autograder.course.settings import course_config
-from autograder.diagnosis import Mistake
-from autograder.errors import CheckFailed
-from autograder.remote import lookup
-from autograder.serve import LocalChannel
-from autograder.variation import variant
+from autograder.grader.diagnosis import Mistake
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import lookup
+from autograder.grader.variation import variant
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import catalogue, mistake_source
 from ..notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -124,7 +124,7 @@ def test_reference_passes_visible_and_hidden(assignment, exercise, capsys):
 
 
 def varied_references():
-    """Every reference whose declared decisions make catalogued mistakes (:mod:`autograder.variation`)."""
+    """Every reference whose declared decisions make catalogued mistakes (:mod:`autograder.grader.variation`)."""
     for assignment in assignments():
         for exercise, listed in catalogue(assignment).items():
             references = {id(v.reference): v.reference for m in listed if (v := getattr(m.fn, "__variation__", None))}

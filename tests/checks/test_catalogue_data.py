@@ -1,4 +1,4 @@
-"""The mistake catalogue as data (:func:`autograder.diagnosis.read_mistakes`): what an entry makes, and the clear
+"""The mistake catalogue as data (:func:`autograder.grader.diagnosis.read_mistakes`): what an entry makes, and the clear
 error, naming the file, the entry and the problem, for every entry it cannot read."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder.diagnosis import CatalogueError, by_id, read_mistakes
-from autograder.variation import decisions
+from autograder.grader.diagnosis import CatalogueError, by_id, read_mistakes
+from autograder.grader.variation import decisions
 
 SECTION = "1. A first exercise"
 

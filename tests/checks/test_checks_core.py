@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from autograder.compare import Mismatch, assert_close, assert_dtype, assert_shape, is_close, max_error
-from autograder.diagnosis import Mistake, Outcome, diagnose, matching, run
-from autograder.errors import CheckFailed
-from autograder.student import call_student, expect_error
-from autograder.verify import Case, naming_mistakes, verify
+from autograder.grader.compare import Mismatch, assert_close, assert_dtype, assert_shape, is_close, max_error
+from autograder.grader.diagnosis import Mistake, diagnose, matching, run
+from autograder.grader.student import call_student, expect_error
+from autograder.grader.verify import Case, naming_mistakes, verify
+from autograder.kernel.call import Outcome
+from autograder.shared.errors import CheckFailed
 
 
 def test_assert_close_reports_the_largest_error_and_where():
@@ -165,7 +166,7 @@ def test_a_mismatch_keeps_the_problem_and_the_notes_apart():
 
 
 def test_naming_mistakes_adds_the_catalogue_to_a_failed_property(monkeypatch):
-    import autograder.verify as verify_module
+    import autograder.grader.verify as verify_module
 
     mistakes = (Mistake("wrong sign", "the sign is flipped.", "1. Intro", wrong_sign),)
     monkeypatch.setattr(verify_module, "catalogue", lambda notebook, exercise: mistakes)

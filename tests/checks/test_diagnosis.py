@@ -28,10 +28,12 @@ from autograder.checks import multi_head as visible05
 from autograder.checks import numerical_stability as visible04
 from autograder.checks import scaling as visible02
 from autograder.checks import soft_lookup as visible01
-from autograder.compare import assert_close
-from autograder.diagnoses import explain_device, explain_number, explain_values, simple_number
-from autograder.diagnosis import Mistake, catalogue, name_mistakes
-from autograder.errors import CheckFailed
+from autograder.grader.compare import assert_close
+from autograder.grader.diagnoses import explain_device, explain_number, explain_values, simple_number
+from autograder.grader.diagnosis import Mistake, catalogue, name_mistakes
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import Remote, lookup
+from autograder.grader.verify import Case, verify
 from autograder.hidden import complexity as hidden07
 from autograder.hidden import masking as hidden03
 from autograder.hidden import multi_head as hidden05
@@ -39,9 +41,7 @@ from autograder.hidden import numerical_stability as hidden04
 from autograder.hidden import positional_encoding as hidden06
 from autograder.hidden import scaling as hidden02
 from autograder.hidden import soft_lookup as hidden01
-from autograder.remote import Remote, lookup
-from autograder.serve import LocalChannel
-from autograder.verify import Case, verify
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 
@@ -581,7 +581,7 @@ def test_the_student_bundle_says_the_generic_diagnoses_only(tmp_path):
         import importlib.util, math, torch
         import autograder
         from autograder.checks.soft_lookup import check_scaled_dot_product_attention
-        from autograder.errors import CheckFailed
+        from autograder.shared.errors import CheckFailed
         assert importlib.util.find_spec("autograder.hidden") is None, autograder.__file__
 
         def no_scaling(Q, K, V):

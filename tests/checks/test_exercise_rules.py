@@ -4,7 +4,7 @@ For every exercise of every notebook in ``source/``, the test runs the visible a
 check on the reference answer and records what the checks enforce, from the code itself:
 
 - every built-in a guard forbids while the student's code runs (each
-  :class:`autograder.guard.Guard` made during the check, whatever module made it);
+  :class:`autograder.kernel.guard.Guard` made during the check, whatever module made it);
 - every error the checks expect the student's code to raise (each call of ``expect_error``).
 
 Then it reads the exercise's text, which is what a student has read when writing the answer:
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from autograder import guard as guard_module
-from autograder import student
 from autograder.course.repository import assignments, module_name
-from autograder.guard import SDPA
+from autograder.grader import student
+from autograder.kernel import guard as guard_module
+from autograder.kernel.guard import SDPA
 from autograder.references import serving as serving_references
 
 from ..notebook_code import answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -110,7 +110,7 @@ def enforced_by_checks(assignment: str, exercise: str, monkeypatch) -> Enforced:
         # during a check must bind the original, not this test's recorder). The serving references call
         # their own expect_raised by its global name: patched there, those calls are recorded too.
         for name, loaded in list(sys.modules.items()):
-            if not name.startswith("autograder.") or name == "autograder.student":
+            if not name.startswith("autograder.") or name == "autograder.grader.student":
                 continue
             for attribute, (original, recorder) in recorders.items():
                 if getattr(loaded, attribute, None) is original:

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.errors import CheckFailed
-from autograder.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
-from autograder.student import call_student
+from autograder.grader.student import call_student
+from autograder.kernel.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
+from autograder.shared.errors import CheckFailed
 
 x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from autograder.course.repository import assignments, module_name
-from autograder.diagnosis import Mistake, MistakeFound, by_id
 from autograder.engine import judge
-from autograder.errors import CheckFailed, NotWritten
-from autograder.guard import SOFTMAX, SOFTMAX_BUILTINS, ForbiddenCall
-from autograder.remote import Remote, lookup
-from autograder.serve import LocalChannel
-from autograder.student import call_student
+from autograder.grader.diagnosis import Mistake, MistakeFound, by_id
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import Remote, lookup
+from autograder.grader.student import call_student
+from autograder.kernel.guard import SOFTMAX, SOFTMAX_BUILTINS, ForbiddenCall
+from autograder.shared.errors import CheckFailed, NotWritten
 
 NOTEBOOKS = [module_name(a) for a in assignments()]
 SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
@@ -70,7 +70,7 @@ def test_mistakes_with_one_id_are_named_once_whatever_their_names():
     one = [Mistake("sign", "...", "1", wrong, id="nb/f/sign"), Mistake("sign, said otherwise", "...", "1",
                                                                          lambda x: x * -1, id="nb/f/sign")]
     with pytest.raises(MistakeFound) as caught:
-        from autograder.verify import Case, verify
+        from autograder.grader.verify import Case, verify
 
         verify(wrong, [Case((torch.ones(2),))], lambda x: x, exercise="f", arg_names=("x",), outputs=None,
                mistakes=one)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.inputs import generator
+from autograder.grader.inputs import generator
 from autograder.references.decoding_and_training import causal_rope_attention
 from autograder.references.long_context import sink_window_reference
 from autograder.references.masked_decoder import MaskedBlock, MaskedDecoder

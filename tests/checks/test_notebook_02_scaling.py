@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from autograder.checks import scaling as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import scaling as hidden
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 
@@ -299,7 +299,7 @@ def test_saturation_table_agrees_with_the_reference():
 
 def test_the_visible_checks_expected_draws_are_the_hidden_references():
     """The numbers the visible checks compare with are what the prescribed draws give (so they cannot go stale)."""
-    from autograder.inputs import generator
+    from autograder.grader.inputs import generator
     from autograder.references.scaling import VISIBLE_SATURATION, VISIBLE_SCORE_VARIANCE
 
     for scaled, value in VISIBLE_SCORE_VARIANCE.items():

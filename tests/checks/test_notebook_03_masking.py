@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from autograder.checks import masking as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import masking as hidden
 from autograder.hidden.masking import MISTAKES
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

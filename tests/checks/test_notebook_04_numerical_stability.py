@@ -14,10 +14,10 @@ from autograder.checks.numerical_stability import (
     record_reductions,
     streaming_problem,
 )
-from autograder.errors import CheckFailed
 from autograder.hidden import numerical_stability as hidden
 from autograder.hidden.numerical_stability import MISTAKES
 from autograder.references.numerical_stability import softmax_tolerance_of
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

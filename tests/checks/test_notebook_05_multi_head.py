@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from autograder.checks import multi_head as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import multi_head as hidden
 from autograder.hidden.multi_head import MISTAKES
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

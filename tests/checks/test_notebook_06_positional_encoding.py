@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from autograder.checks import positional_encoding as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import positional_encoding as hidden
+from autograder.shared.errors import CheckFailed
 from tests.notebook_code import solution_namespace
 
 ASSIGNMENT = "06_positional_encoding"

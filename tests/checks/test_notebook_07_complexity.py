@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import complexity as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import complexity as hidden
 from autograder.hidden.complexity import MISTAKES
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import ROOT, answer_cells, solution_namespace, source_notebook
 

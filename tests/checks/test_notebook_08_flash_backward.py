@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder import remote, serve
 from autograder.checks import flash_backward as visible
 from autograder.engine.source_check import forbidden_use
-from autograder.errors import CheckFailed
+from autograder.grader import remote
+from autograder.grader.local_channel import LocalChannel
 from autograder.hidden import flash_backward as hidden
 from autograder.hidden.flash_backward import MISTAKES
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import mistake_source
 from ..notebook_code import answer_cells, solution_namespace
@@ -71,7 +72,7 @@ def test_the_issue_mistakes_are_catalogued():
 
 
 def proxies(namespace: dict, *names: str) -> list:
-    channel = serve.LocalChannel(namespace)
+    channel = LocalChannel(namespace)
     found = [remote.lookup(channel, name) for name in names]
     assert all(ok for ok, _ in found)
     return [value for _, value in found]
@@ -87,7 +88,7 @@ def test_hidden_checks_pass_through_proxies(solution, capsys):
     assert capsys.readouterr().out.count("passes the hidden checks") == len(EXERCISES)
 
 
-class SourceReadingChannel(serve.LocalChannel):
+class SourceReadingChannel(LocalChannel):
     """A channel that reads the student's source for forbidden built-ins, as grading does."""
 
     def __init__(self, namespace: dict, sources: list[str]) -> None:

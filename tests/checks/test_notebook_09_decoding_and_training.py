@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from autograder.checks import decoding_and_training as visible
-from autograder.errors import CheckFailed
 from autograder.hidden import decoding_and_training as hidden
 from autograder.hidden.decoding_and_training import MISTAKES
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

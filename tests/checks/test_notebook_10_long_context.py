@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import long_context as visible
-from autograder.errors import CheckFailed
-from autograder.guard import ForbiddenCall
 from autograder.hidden import long_context as hidden
 from autograder.hidden.long_context import MISTAKES
+from autograder.kernel.guard import ForbiddenCall
 from autograder.references.long_context import HELD_ALLOWANCE, rolling_bytes_held, storage_bytes
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

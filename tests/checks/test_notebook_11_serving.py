@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from autograder.checks import serving as visible
-from autograder.errors import CheckFailed
+from autograder.grader.inputs import generator
 from autograder.hidden import serving as hidden
 from autograder.hidden.serving import MISTAKES, speculative_reference
-from autograder.inputs import generator
 from autograder.references.serving import (
     CountedDecoder,
     decoder_of,
@@ -27,6 +26,7 @@ from autograder.references.serving import (
     script,
 )
 from autograder.references.tiny_decoder import decoder_reference, greedy_reference
+from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import solution_namespace
 

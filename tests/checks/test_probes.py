@@ -1,8 +1,8 @@
 """Every probe a check judges is held in the graded kernel: derived from the checks' code, so a new one is covered.
 
-A probe (``probe(examine, target, ...)``, :func:`autograder.student.probe`) runs in the student's
+A probe (``probe(examine, target, ...)``, :func:`autograder.grader.student.probe`) runs in the student's
 kernel and returns what a check judges. In the graded kernel the probes are copied before any
-answer cell is loaded (:func:`autograder.serve.hold_probes`) and only the copies run. This test finds
+answer cell is loaded (:func:`autograder.kernel.serve.hold_probes`) and only the copies run. This test finds
 every ``probe(...)`` call in the package's code and checks that its probe is among the copies; the
 graded hostile submissions below replace a probe in three styles and earn nothing.
 """
@@ -19,11 +19,12 @@ import torch
 from traitlets.config import Config
 
 import autograder
-from autograder import serve
 from autograder.course.repository import assignments
 from autograder.engine import judge, source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
+from autograder.grader.local_channel import LocalChannel
+from autograder.kernel import serve
 
 from ..course_copy import reference_answers
 from ..judged import failure
@@ -55,7 +56,7 @@ def probes_in_the_code() -> dict[str, list[str]]:
 
 def test_the_probes_are_found_in_the_code():
     found = probes_in_the_code()
-    for known in ("autograder.watches:watch_allocations", "autograder.references.flash_backward:function_record",
+    for known in ("autograder.kernel.watches:watch_allocations", "autograder.references.flash_backward:function_record",
                   "autograder.references.flash_backward:backward_under_guard",
                   "autograder.references.flash_backward:function_values"):
         assert known in found
@@ -208,7 +209,7 @@ def test_a_generate_that_never_caches_fails(tmp_path):
 
 @pytest.mark.slow
 def test_a_generate_that_rewrites_what_the_count_noted_fails(tmp_path):
-    """The model is served from the grader (autograder.served): its calls are counted where no answer reaches."""
+    """The model is served from the grader (autograder.kernel.served): its calls are counted where no answer reaches."""
     message = failure(graded_generate(tmp_path, REWRITES_THE_COUNT))
     assert message is not None and "use_cache=True" in message, message
 
@@ -256,7 +257,8 @@ def speculative_generate(target, draft, prompt, steps, k):
 
 @pytest.mark.slow
 def test_a_speculative_decoder_that_rewrites_its_targets_count_fails(tmp_path):
-    """The models are served from the grader (autograder.served): the target's calls are counted where no answer reaches."""
+    """The models are served from the grader (autograder.kernel.served): the target's calls are counted where no answer
+    reaches."""
     message = failure(graded_one(tmp_path, "11_serving", "speculative_generate", VERIFIES_ONE_BY_ONE))
     assert message is not None and "target" in message, message
 
@@ -400,7 +402,7 @@ def _naive(Q, K, V, is_causal):
 """
 
 
-class _ReadingChannel(serve.LocalChannel):
+class _ReadingChannel(LocalChannel):
     """A namespace in this process whose source the grader reads, as grading reads the graded kernel's."""
 
     def __init__(self, sources: list[str]) -> None:
@@ -417,8 +419,8 @@ class _ReadingChannel(serve.LocalChannel):
 def test_a_backward_through_autograd_is_caught_with_the_kernels_guard_replaced(monkeypatch):
     """The guard in the kernel is replaced (as an answer cell can replace it there): the grader's reading of the
     Function's source for the built-ins the backward may not call still catches automatic differentiation."""
-    from autograder import remote
-    from autograder.guard import ForbiddenCall, Guard
+    from autograder.grader import remote
+    from autograder.kernel.guard import ForbiddenCall, Guard
     from autograder.references.flash_backward import check_backward_guard, qkv
 
     channel = _ReadingChannel(["import math\nimport torch", AUTOGRAD_IN_BACKWARD])

@@ -7,26 +7,29 @@ to a sandboxed kernel (every catalogued mistake through the proxies: ``test_cata
 
 from __future__ import annotations
 
+import ast
 import base64
 import importlib
 import json
 import math
+import types
 
 import nbformat
 import pytest
 import torch
 
-from autograder import remote as remote_module
-from autograder import wire
 from autograder.course.repository import assignments, module_name
-from autograder.engine.graded_cells import before, graded_sources
+from autograder.engine.graded_cells import before, graded_sources, imported_modules
 from autograder.engine.source_check import forbidden_use
-from autograder.errors import CheckFailed
-from autograder.guard import ATTENTION_BUILTINS
+from autograder.grader import remote as remote_module
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.remote import Remote, lookup
+from autograder.grader.student import attempt, call_student, expect_error, probe
+from autograder.kernel.guard import ATTENTION_BUILTINS, ForbiddenCall
+from autograder.references.multi_head import run_module
 from autograder.references.numerical_stability import unchanged_by
-from autograder.remote import Remote, lookup
-from autograder.serve import LocalChannel
-from autograder.student import attempt, call_student, expect_error, probe
+from autograder.shared import wire
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import fill, reference_answers
 from ..notebook_code import ROOT, answer_cells, hidden_test_arguments, nbgrader_meta, solution_namespace, source_notebook
@@ -209,6 +212,51 @@ def test_unwritten_and_forbidden_reach_the_check_as_messages():
         call_student(proxy("sdpa", cheats), q, q, q, what="sdpa(...)", forbid=ATTENTION_BUILTINS)
 
 
+class UsesSdpa:
+    """A student's MultiHeadAttention that calls the built-in its exercise forbids."""
+
+    @classmethod
+    def from_torch(cls, mha):
+        return cls()
+
+    def __call__(self, query, key, value):
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value)
+
+
+class RulesSeen(LocalChannel):
+    """A channel that notes the rules each call of the student's objects carries to the kernel."""
+
+    def __init__(self, namespace: dict) -> None:
+        super().__init__(namespace)
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def request(self, message: bytes) -> bytes:
+        request = wire.decode(message, resolve=lambda number, kind, is_callable: number)
+        if request.get("op") == "call":
+            self.calls.append((request["exercise"], [shown for shown, _, _ in request["forbid"]]))
+        return super().request(message)
+
+
+def test_the_objects_a_harness_runs_carry_the_rules_of_the_checks_call():
+    """A check that runs the student's class through code of its own (a harness) passes its call's rules on, explicitly:
+    the class, and the module reached from it, are called under them in the kernel; so is an object given as an
+    argument of the check's own function. A proxy called with no rules is its own exercise, with nothing forbidden."""
+    q, torch_mha = torch.ones(1, 2, 4), types.SimpleNamespace(mha=None)
+    channel = RulesSeen({"MultiHeadAttention": UsesSdpa})
+    cls = lookup(channel, "MultiHeadAttention")[1]
+    rules = [r.shown_as for r in ATTENTION_BUILTINS]
+    with pytest.raises(ForbiddenCall, match="^MultiHeadAttention called torch.nn.functional.scaled_dot_product_attention"):
+        attempt(run_module(cls), (torch_mha, q, q, q), exercise="MultiHeadAttention", forbid=ATTENTION_BUILTINS)
+    assert channel.calls == [("MultiHeadAttention", rules)] * 2  # from_torch, then the module it built
+    channel.calls.clear()
+    with pytest.raises(ForbiddenCall, match="^scenario called torch.nn.functional.scaled_dot_product_attention"):
+        attempt(lambda given, x: given.from_torch(None)(x, x, x), (cls, q), exercise="scenario", forbid=ATTENTION_BUILTINS)
+    assert channel.calls == [("scenario", rules)] * 2
+    channel.calls.clear()
+    assert torch.equal(run_module(cls)(torch_mha, q, q, q), UsesSdpa()(q, q, q))  # called outside a check's call
+    assert channel.calls == [("MultiHeadAttention", [])] * 2
+
+
 def test_objects_stay_in_the_kernel_and_answer_through_handles():
     class Counter:
         def __init__(self, start):
@@ -350,32 +398,43 @@ def _modules_loaded_by(code: str) -> set[str]:
 
 
 #: The grader's side: what runs outside the student's kernel and judges it.
-GRADER_SIDE = ("autograder.remote", "autograder.engine", "autograder.grading", "autograder.service", "autograder.course",
+GRADER_SIDE = ("autograder.grader.remote", "autograder.engine", "autograder.grading", "autograder.service", "autograder.course",
                "autograder.hidden", "autograder.__main__")
 
 
 def test_the_kernel_side_imports_nothing_of_the_graders_and_the_reverse():
     """serve (what answers in the student's kernel) and the grader's side never import each other, so no code of
-    the grader's is loaded where the student's runs, and none of the kernel's is trusted where the grader's runs."""
-    kernel = _modules_loaded_by("import autograder.serve, autograder.student, autograder.watches\n"
-                                "autograder.serve.hold_probes()")
-    assert "autograder.serve" in kernel
+    the grader's is loaded where the student's runs, and none of the kernel's is trusted where the grader's runs.
+    No module of autograder/kernel (nor of autograder/shared, beside it) imports autograder/grader, nor the
+    instructor's side."""
+    package = ROOT / "autograder"
+    allowed = {"kernel": ("autograder.kernel", "autograder.shared"), "shared": ("autograder.shared",)}
+    for side, within in allowed.items():
+        for path in sorted((package / side).glob("*.py")):
+            names = imported_modules(ast.parse(path.read_text()), f"autograder.{side}")
+            modules = [n for n in names if (ROOT / n.replace(".", "/")).with_suffix(".py").is_file()
+                       or (ROOT / n.replace(".", "/")).is_dir()]  # not a name the root package holds
+            outside = [n for n in modules if n.startswith("autograder.") and not n.startswith(within)]
+            assert not outside, f"{path.relative_to(ROOT)} imports {outside}"
+    kernel = _modules_loaded_by("import autograder.kernel.serve, autograder.kernel.call, autograder.kernel.watches\n"
+                                "autograder.kernel.serve.hold_probes()")
+    assert "autograder.kernel.serve" in kernel
     assert not {m for m in kernel if m.startswith(GRADER_SIDE)}, sorted(kernel)
     grader = _modules_loaded_by(
         "import pkgutil, autograder.hidden, autograder.engine\n"
         "for package in (autograder.hidden, autograder.engine):\n"
         "    for module in pkgutil.iter_modules(package.__path__):\n"
         "        __import__(f'{package.__name__}.{module.name}')\n"
-        "import autograder.remote, autograder.grading.grade, autograder.grading.cluster, autograder.service.serve")
-    assert {"autograder.remote", "autograder.engine.judge", "autograder.hidden.complexity"} <= grader
-    assert "autograder.serve" not in grader
+        "import autograder.grader.remote, autograder.grading.grade, autograder.grading.cluster, autograder.service.serve")
+    assert {"autograder.grader.remote", "autograder.engine.judge", "autograder.hidden.complexity"} <= grader
+    assert "autograder.kernel.serve" not in grader
 
 
 # -- objects the grader serves to the kernel ----------------------------------------------------------------
 
 
 def test_a_served_object_is_called_in_the_grader_and_only_through_the_methods_allowed():
-    from autograder import served as kernel_side
+    from autograder.kernel import served as kernel_side
 
     class Model:
         def __init__(self):

@@ -1,4 +1,4 @@
-"""A mistake as a declared variation of a reference (:mod:`autograder.variation`), and pairs of them named at once."""
+"""A mistake as a declared variation of a reference (:mod:`autograder.grader.variation`), and pairs of them named at once."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from autograder import diagnosis
-from autograder.cases import case, checking, judging
-from autograder.diagnosis import Mistake, matching, run
 from autograder.engine.judge import MISTAKES_KEY, mistakes_record
-from autograder.errors import CheckFailed, fail
-from autograder.variation import combined, decisions, source_of, variant, wrapping
+from autograder.grader import diagnosis
+from autograder.grader.cases import case, checking, judging
+from autograder.grader.diagnosis import Mistake, matching, run
+from autograder.grader.variation import combined, decisions, source_of, variant, wrapping
+from autograder.shared.errors import CheckFailed, fail
 
 
 @decisions("scale", "axis", "start")

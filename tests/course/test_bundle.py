@@ -15,7 +15,7 @@ import autograder
 from autograder.course.bundle import write_bundle
 from autograder.course.repository import assignments, module_name
 from autograder.course.student_versions import inside
-from autograder.variation import source_of
+from autograder.grader.variation import source_of
 
 from ..notebook_code import ROOT, answer_cells
 

@@ -24,8 +24,8 @@ from autograder.course.bundle import TOP, write_bundle
 from autograder.course.notebook_setup import notebook_link, package_address
 from autograder.course.repository import assignments, module_name
 from autograder.course.repository import pins as course_pins
-from autograder.diagnosis import MistakeFound, by_id
-from autograder.errors import CheckFailed
+from autograder.grader.diagnosis import MistakeFound, by_id
+from autograder.shared.errors import CheckFailed
 
 from .. import outputs_compared
 from ..course_copy import fill, mistake_source, reference_answers

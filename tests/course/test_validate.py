@@ -13,8 +13,8 @@ import pytest
 
 from autograder.course.bundle import TOP, write_bundle
 from autograder.course.repository import module_name
-from autograder.diagnosis import by_id
-from autograder.errors import CheckFailed
+from autograder.grader.diagnosis import by_id
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import fill, mistake_source, reference_answers
 

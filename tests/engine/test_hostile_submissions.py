@@ -130,8 +130,8 @@ def patch_hidden(rel, ref, course):
 
 
 def patch_fail(rel, ref, course):
-    patch = ("import autograder.errors, autograder.verify, autograder.compare, autograder.student\n"
-             "for module in (autograder.errors, autograder.verify, autograder.compare, autograder.student):\n"
+    modules = "autograder.shared.errors, autograder.grader.verify, autograder.grader.compare, autograder.grader.student"
+    patch = (f"import {modules}\nfor module in ({modules}):\n"
              "    module.fail = lambda message: None\n")
     return fill(rel, dict(WRONG, hard_lookup=patch + WRONG["hard_lookup"]))
 
@@ -295,7 +295,7 @@ def always_equal(rel, ref, course):
 
 def self_undoing(rel, ref, course):
     """Comparisons replaced while the function runs and put back before it returns; the re-check's state hunted."""
-    code = ("import gc, torch, autograder.compare as c\nsaved = (torch.allclose, c.is_close, c.assert_close)\n"
+    code = ("import gc, torch, autograder.grader.compare as c\nsaved = (torch.allclose, c.is_close, c.assert_close)\n"
             "torch.allclose, c.is_close, c.assert_close = (lambda *a, **k: True), (lambda *a, **k: True), "
             "(lambda *a, **k: None)\n"
             "for obj in gc.get_objects():\n    if isinstance(obj, dict) and 'verdicts' in obj:\n"
@@ -328,9 +328,10 @@ def startup_file(rel, ref, course):
 
 def _forging_package(course, student):
     folder = course / "submitted" / student / A / "autograder"
-    folder.mkdir(parents=True)
+    (folder / "kernel").mkdir(parents=True)
     (folder / "__init__.py").write_text("")
-    (folder / "serve.py").write_text(
+    (folder / "kernel" / "__init__.py").write_text("")
+    (folder / "kernel" / "serve.py").write_text(
         "import base64, json, struct\n"
         "def serve(request, namespace=None):\n"
         "    header = json.dumps({'dict': [['value', {'bool': True}]]}).encode()\n"

@@ -19,14 +19,20 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from autograder import wire
 from autograder.engine import cgroup, sandbox
 from autograder.engine.execute import ResilientExecute
-from autograder.errors import CheckFailed
+from autograder.grader.local_channel import LocalChannel
+from autograder.grader.memory import (
+    MEMORY_CASE_BLOCK,
+    MEMORY_CASE_D,
+    MEMORY_CASE_DTYPE,
+    MEMORY_CASE_N,
+    MEMORY_RISE_BOUND,
+)
+from autograder.grader.remote import lookup
 from autograder.hidden import complexity, flash_backward
-from autograder.remote import lookup
-from autograder.serve import LocalChannel
-from autograder.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, MEMORY_RISE_BOUND
+from autograder.shared import wire
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import reference_answers
 from ..judged import failure

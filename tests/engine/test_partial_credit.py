@@ -17,10 +17,10 @@ from nbformat.v4 import new_code_cell
 from nbgrader.utils import determine_grade
 from traitlets.config import Config
 
-from autograder import cases
-from autograder.cases import CaseResult, CheckRecord
 from autograder.engine import judge
 from autograder.engine.execute import ResilientExecute, is_test_cell
+from autograder.grader import cases
+from autograder.grader.cases import CaseResult, CheckRecord
 
 from ..notebook_code import ROOT, nbgrader_meta
 from .test_graded_kernel import A, instructor_notebook

@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from autograder.engine.source_check import definition_closure, forbidden_use
-from autograder.guard import ATTENTION_BUILTINS, MULTI_HEAD_ATTENTION, SOFTMAX_BUILTINS
+from autograder.kernel.guard import ATTENTION_BUILTINS, MULTI_HEAD_ATTENTION, SOFTMAX_BUILTINS
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -87,7 +87,7 @@ UNREAD = {
                                           "uses the module checks.flash_backward as a value"),
     "torch's softmax rebound": ("torch.softmax = lambda x, dim: x\n", sdpa("return Q"),
                                 "changes what the module torch holds"),
-    "mock.patch": ("from unittest import mock\nmock.patch('autograder.remote.serve', print).start()\n",
+    "mock.patch": ("from unittest import mock\nmock.patch('autograder.grader.remote.serve', print).start()\n",
                    sdpa("return Q"), "imports unittest"),
     "native multi-head attention by its name": ("", sdpa("return torch._native_multi_head_attention(Q, K, V, 4, 1)"),
                                                 "_native_multi_head_attention (`torch._native_multi_head_attention"),

@@ -11,7 +11,7 @@ import pytest
 
 from autograder.engine import source_check
 from autograder.engine.source_check import MAX_DEPTH, forbidden_use
-from autograder.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
+from autograder.kernel.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
 
 IMPORTS = "import math\nimport functools\nimport operator\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F"
 HONEST = "def sdpa(Q, K, V):\n    return torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), dim=-1) @ V\n"

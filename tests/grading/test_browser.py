@@ -29,8 +29,8 @@ import pytest
 
 from autograder.course.bundle import TOP, write_bundle
 from autograder.course.settings import Settings
-from autograder.errors import CheckFailed
 from autograder.grading import feedback, grade
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import fill, make_course, mistake_source, reference_answers, released, submit
 from . import case_records

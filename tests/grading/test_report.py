@@ -11,9 +11,9 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.settings import Settings
-from autograder.diagnosis import by_id
 from autograder.engine.judge import mistakes_record
 from autograder.engine.notes import Note, write_notes
+from autograder.grader.diagnosis import by_id
 from autograder.grading import grade, report
 from autograder.hidden.soft_lookup import MISTAKES
 

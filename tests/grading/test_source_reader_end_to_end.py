@@ -25,7 +25,7 @@ from autograder.course.settings import Settings
 from autograder.engine.graded_cells import before, graded_sources
 from autograder.engine.source_check import forbidden_use
 from autograder.grading import grade
-from autograder.guard import ATTENTION_BUILTINS
+from autograder.kernel.guard import ATTENTION_BUILTINS
 
 from ..course_copy import fill, grading_settings, make_course, reference_answers, released, submit
 from ..notebook_code import ROOT, nbgrader_meta

@@ -48,8 +48,8 @@ from nbgrader.utils import notebook_hash
 
 from autograder.checks.soft_lookup import check_scaled_dot_product_attention
 from autograder.engine import sandbox
-from autograder.errors import CheckFailed
 from autograder.grading import export
+from autograder.shared.errors import CheckFailed
 
 from ..course_copy import mistake_source, reference_answers
 from ..frontdoor import user

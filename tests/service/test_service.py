@@ -21,9 +21,9 @@ import pytest
 from nbformat import v4
 from nbgrader.api import Gradebook, MissingEntry
 
-from autograder.cases import CaseResult, CheckRecord
 from autograder.course.settings import Settings
 from autograder.engine import judge
+from autograder.grader.cases import CaseResult, CheckRecord
 from autograder.grading import grade
 from autograder.service import inbox, queue, visibility
 from autograder.service.serve import Service

@@ -46,7 +46,7 @@ MAX_HEADER_BYTES = 4 * 2**20
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
 
-#: What a request from the kernel for a served object (:mod:`autograder.served`) starts with, as an ``input()``
+#: What a request from the kernel for a served object (:mod:`autograder.kernel.served`) starts with, as an ``input()``
 #: prompt: the grader answers such a prompt with the call's result, any other with an empty line.
 SERVED_PROMPT = "autograder-served:"
 
@@ -72,14 +72,14 @@ class Handle:
 
 @dataclass(frozen=True)
 class Served:
-    """An object the grader keeps and runs for the kernel (:mod:`autograder.served`): the kernel gets a stand-in
+    """An object the grader keeps and runs for the kernel (:mod:`autograder.kernel.served`): the kernel gets a stand-in
     whose calls come back to the grader, which counts them."""
 
     number: int
 
 
 class Proxy:
-    """What stands, on the grader's side, for an object the kernel keeps (:class:`autograder.remote.Remote`).
+    """What stands, on the grader's side, for an object the kernel keeps (:class:`autograder.grader.remote.Remote`).
 
     Modules that must recognise one (the comparisons, calling a student's function) test for this
     base class, so they need not import the grader's side of the protocol.
@@ -92,6 +92,10 @@ class Proxy:
 
     def serve(self, obj: Any, methods: tuple[str, ...]) -> Served:
         """``obj`` kept on the grader's side for this object's calls, which may call ``methods`` of it."""
+        raise NotImplementedError
+
+    def under(self, forbid: tuple, exercise: str) -> Proxy:
+        """This object, whose calls are part of ``exercise`` under the rules ``forbid``."""
         raise NotImplementedError
 
 

@@ -1,13 +1,14 @@
 """The kernel's side of grading: the student's kernel answers the grader's requests.
 
-When a notebook is graded, the checks run in the grader's process (:mod:`autograder.remote`, the
-grader's side) and send each call of a student's function here, as plain data (:mod:`autograder.wire`):
-:func:`serve` calls the function under the guard (:mod:`autograder.student`), keeps what is not plain
-data under a number (a :class:`~autograder.wire.Handle`), and answers with the value or the error.
-The grader's side never imports this module, and this module never imports the grader's: the
-boundary that grading's security rests on is a boundary in the code too.
+When a notebook is graded, the checks run in the grader's process (:mod:`autograder.grader.remote`, the
+grader's side) and send each call of a student's function here, as plain data (:mod:`autograder.shared.wire`):
+:func:`serve` calls the function under the guard (:mod:`autograder.kernel.call`), keeps what is not plain
+data under a number (a :class:`~autograder.shared.wire.Handle`), and answers with the value or the error.
+The grader's side never imports this module (but :mod:`autograder.grader.local_channel`, which puts both
+sides in one process for the tests), and nothing of the kernel's side (:mod:`autograder.kernel`) imports
+the grader's: the boundary that grading's security rests on is a boundary in the code too.
 
-The probes a check runs here (:func:`autograder.student.probe`) are *held*: in the graded kernel,
+The probes a check runs here (:func:`autograder.grader.student.probe`) are *held*: in the graded kernel,
 before any answer cell is loaded, :func:`hold_probes` copies every function of the modules that
 define probes (:data:`PROBE_MODULES`), each copy with its own copy of its module's names, and
 :func:`serve` runs the copies. An answer cell that replaces a probe afterwards (an assignment or
@@ -20,7 +21,7 @@ property seen here, with what in the grader backs it (08's gradcheck, once a pro
 grader; where an exercise forbids built-ins the grader reads the source before each probe).
 
 A check that must know how the student's code calls a model (how many calls, with what) does not
-count in the kernel: it serves the model from the grader (:mod:`autograder.served`), and :func:`serve`
+count in the kernel: it serves the model from the grader (:mod:`autograder.kernel.served`), and :func:`serve`
 lets the stand-in's calls reach the grader as input requests while a request runs.
 
 What this does not protect: everything here runs in the student's kernel, beside the student's
@@ -30,7 +31,7 @@ modules they import (PyTorch, the guard), this module's own functions. Code writ
 replace those still changes what a probe reports. Its answers are plain data, judged in the grader; what it measures about
 how an answer was computed (the guard, the probes' watches) helps honest students and is backed by
 the grader's reading of the source (:mod:`autograder.engine.source_check`) and, for the memory of a
-call, by the grader's reading of the kernel's control group (:meth:`autograder.remote.Remote.measured_attempt`).
+call, by the grader's reading of the kernel's control group (:meth:`autograder.grader.remote.Remote.measured_attempt`).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import INSTRUCTOR_ONLY, wire
-from .errors import CheckFailed, NotWritten
+from .. import INSTRUCTOR_ONLY
+from ..shared import wire
+from ..shared.errors import CheckFailed, NotWritten
+from .call import guarded_call, student_frames
 from .guard import Forbidden, ForbiddenCall
 from .served import TRANSPORT, ServedObject
 
@@ -53,7 +56,7 @@ _objects: dict[int, Any] = {}
 #: The modules whose functions are the checks' probes (``probe(examine, ...)``); tests/checks/test_probes.py
 #: derives the probes from the checks' code and fails when one's module is missing here.
 PROBE_MODULES = (
-    "autograder.watches",
+    "autograder.kernel.watches",
     "autograder.checks.decoding_and_training",
     "autograder.checks.masking",
     "autograder.checks.serving",
@@ -100,8 +103,8 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
                   "built-ins, so nothing loaded may change a module)"),
     "autograder.references.numerical_stability:unchanged_by": (
         OBSERVED, "whether the input changed; backed as gradcheck_failure is"),
-    "autograder.watches:reductions_of": (OBSERVED, "the reductions made; backed as gradcheck_failure is"),
-    "autograder.watches:watch_allocations": (
+    "autograder.kernel.watches:reductions_of": (OBSERVED, "the reductions made; backed as gradcheck_failure is"),
+    "autograder.kernel.watches:watch_allocations": (
         OBSERVED, "tensors alive at once; on the measured cases of 07 and 08 the grader reads the kernel's memory "
                   "from outside; elsewhere nothing backs it"),
     "autograder.references.masking:padding_mask_off_the_default_device": (
@@ -161,8 +164,6 @@ def _keep(obj: Any) -> wire.Handle:
 
 
 def _error_info(error: BaseException) -> dict:
-    from .student import student_frames
-
     bases = [c.__name__ for c in type(error).__mro__ if getattr(builtins, c.__name__, None) is c]
     return {"type": type(error).__name__, "bases": bases, "message": str(error)[:20000],
             "frames": student_frames(error)[:5000]}
@@ -192,9 +193,6 @@ def _running_children() -> int:
 
 
 def _called(request: dict) -> dict:
-    from .guard import Forbidden
-    from .student import attempt
-
     rules = tuple(Forbidden(shown, frozenset(names), family) for shown, names, family in request.get("forbid", []))
     target = request["target"]
     args, kwargs, exercise = tuple(request.get("args", ())), dict(request.get("kwargs", {})), request.get("exercise", "")
@@ -202,7 +200,7 @@ def _called(request: dict) -> dict:
         args, target = (target, *args), _examiner(request["examine"])
     threads, children = threading.active_count(), _running_children()
     try:
-        outcome, error = attempt(target, args, kwargs, exercise=exercise, forbid=rules)
+        outcome, error = guarded_call(target, args, kwargs, exercise=exercise, forbid=rules)
     except ForbiddenCall as failure:
         return {"failed": str(failure), "forbidden": failure.builtin}
     except NotWritten as failure:
@@ -276,24 +274,3 @@ def serve(request: str, namespace: dict | None = None) -> _Reply:
     except (wire.WireError, RecursionError) as error:
         data = wire.encode({"unsendable": str(error)[:500]})
     return _Reply(base64.b64encode(data).decode("ascii"))
-
-
-class LocalChannel:
-    """A channel to a namespace in this process (tests, and trying the protocol without a kernel)."""
-
-    def __init__(self, namespace: dict) -> None:
-        self.namespace = namespace
-
-    def request(self, message: bytes) -> bytes:
-        # the grader is in this process: a served object's calls go straight to it (a kernel sends them with input())
-        from .remote import answer_served
-
-        token = TRANSPORT.set(answer_served)
-        try:
-            return base64.b64decode(str.__str__(serve(base64.b64encode(message).decode("ascii"), self.namespace)))
-        finally:
-            TRANSPORT.reset(token)
-
-    def forbidden_use(self, name: str, rules: Sequence[Forbidden], exercise: str) -> str | None:
-        """Nothing is read here: the grader reads the source (:mod:`autograder.engine.source_check`)."""
-        return None

@@ -5,7 +5,7 @@ section of the notebook that teaches the right idea, and an implementation that 
 exactly that mistake. A wrong answer is run on the same input as every mistake in the
 catalogue; the mistakes that produce the same result (or raise the same error) are named
 in the message, all of them when several give that result. When none does, pairs of
-mistakes declared as variations of one reference (:mod:`autograder.variation`) are tried,
+mistakes declared as variations of one reference (:mod:`autograder.grader.variation`) are tried,
 within :data:`PAIR_BUDGET` and once a judged check, and the first pair that gives the result is named.
 
 The catalogue is instructor-only: the grader has it, the student's bundle does not. Its
@@ -13,7 +13,7 @@ entries are data, a file per hidden module that :func:`read_mistakes` reads (an 
 cannot read is a :class:`CatalogueError` naming the file, the entry and the problem).
 :func:`catalogue` finds it when it is there, so that the visible checks name catalogued
 mistakes at grading time, while in the bundle only the generic diagnoses of
-:mod:`autograder.diagnoses` speak.
+:mod:`autograder.grader.diagnoses` speak.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
+from ..kernel.call import Outcome, copy_argument, mutated_arguments
+from ..kernel.guard import Forbidden, ForbiddenCall, Guard
+from ..shared.errors import CheckFailed
 from .cases import first_pair_search
 from .compare import is_close
-from .errors import CheckFailed
-from .guard import Forbidden, ForbiddenCall, Guard
 from .variation import combined, variant, wrapping
 
 
@@ -95,15 +94,6 @@ def pairs(mistakes: Sequence[Mistake], budget: int | None = None) -> list[Mistak
     return found
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a call produced: a value, or an exception's type and message; the inputs it changed in place."""
-
-    value: Any = None
-    error: tuple[str, str] | None = None
-    mutated: tuple[int | str, ...] = ()  # positions (and keyword names) of the tensor arguments it changed
-
-
 class MistakeFound(CheckFailed):
     """A failure whose answer is what catalogued mistakes give: the message names them.
 
@@ -114,26 +104,6 @@ class MistakeFound(CheckFailed):
     def __init__(self, problem: str, mistakes: Sequence[Mistake]) -> None:
         self.mistakes = tuple(mistakes)
         super().__init__(f"{problem}\n{name_mistakes(self.mistakes)}" if self.mistakes else problem)
-
-
-def copy_argument(value: Any) -> Any:
-    """A copy of a tensor argument (other values as they are), for a call that may change it in place."""
-    return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-def _changed(before: Any, after: Any) -> bool:
-    """Whether a tensor argument was changed in place (NaN equals NaN; meta tensors hold nothing to change)."""
-    if not isinstance(before, torch.Tensor) or before.device.type == "meta":
-        return False
-    if before.shape != after.shape or before.dtype != after.dtype:
-        return True
-    return not bool(((before == after) | ((before != before) & (after != after))).all())
-
-
-def mutated_arguments(originals: Sequence[Any], kw_originals: dict, args: Sequence[Any], kwargs: dict) -> tuple:
-    """The positions and keyword names of the tensor arguments that differ from their originals."""
-    return (tuple(i for i, (a, b) in enumerate(zip(originals, args)) if _changed(a, b))
-            + tuple(k for k in kw_originals if _changed(kw_originals[k], kwargs.get(k))))
 
 
 #: The error type of a mistake that called a built-in its exercise forbids.
@@ -267,7 +237,7 @@ def catalogue(notebook: str, exercise: str) -> tuple[Mistake, ...]:
     of :class:`Mistake`.
     """
     try:
-        module = importlib.import_module(f"{__package__}.hidden.{notebook}")
+        module = importlib.import_module(f"..hidden.{notebook}", __package__)
     except ImportError:
         return ()
     for value in vars(module).values():
@@ -348,7 +318,7 @@ def _entry_mistakes(entry: dict[str, Any], prefix: str, namespace: dict[str, Any
 
 
 def _variant(text: str, namespace: dict[str, Any]) -> Any:
-    """``"reference(decision=value, ...)"`` made with :func:`~autograder.variation.variant`."""
+    """``"reference(decision=value, ...)"`` made with :func:`~autograder.grader.variation.variant`."""
     try:
         call = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as error:

@@ -11,7 +11,7 @@ must therefore be self-contained: torch, math, ``F`` and ``nn`` only). The refer
 decision changed is the reference.
 
 Because the decisions are declared, :func:`combined` can make two mistakes at once (the diagnosis
-tries such pairs when no single mistake fits, :mod:`autograder.diagnosis`).
+tries such pairs when no single mistake fits, :mod:`autograder.grader.diagnosis`).
 
 What it does not do: a mistake that is another algorithm (autograd instead of the derivation, a loop
 over the whole sequence instead of the cache) is no variation of the reference and stays a function

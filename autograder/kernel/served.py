@@ -4,16 +4,16 @@ How a student's code calls a model is part of some answers: notebook 09's ``gene
 the prompt once, then one token per call, through the caches; notebook 11's speculative decoder
 must call the target model once per round. Counted in the kernel, beside the student's code, the
 count is whatever that code lets it be. So the grader keeps the model
-(:meth:`autograder.remote.Remote.serve`) and sends the kernel only its number
-(:class:`~autograder.wire.Served`), which the kernel reads as a :class:`ServedObject`. Each call of
+(:meth:`autograder.grader.remote.Remote.serve`) and sends the kernel only its number
+(:class:`~autograder.shared.wire.Served`), which the kernel reads as a :class:`ServedObject`. Each call of
 it, or of one of the methods the grader allows, is a request from the kernel to the grader over
 the kernel's stdin channel: an ``input_request``, which ipykernel sends for ``input()`` (the check's
-request allows stdin, and :func:`autograder.serve.serve` sets :data:`TRANSPORT` to the kernel's own
+request allows stdin, and :func:`autograder.kernel.serve.serve` sets :data:`TRANSPORT` to the kernel's own
 ``raw_input``), and which the grader answers while a check's call runs
 (:class:`autograder.engine.kernel_requests.KernelRequests`).
 The grader makes the call on its own object, counts it, and answers with the result as plain data;
 a result that is not plain data (a model's caches) stays in the grader and comes back as another
-number. In one process (:class:`autograder.serve.LocalChannel`), :data:`TRANSPORT` carries the
+number. In one process (:class:`autograder.grader.local_channel.LocalChannel`), :data:`TRANSPORT` carries the
 request straight to the grader's function.
 
 What this does not protect: nothing in the kernel is protected; the student's code may call the
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from . import wire
+from ..shared import wire
 
 #: How a request reaches the grader in one process (None: over the kernel's stdin channel, with ``input()``).
 TRANSPORT: ContextVar[Callable[[str], str] | None] = ContextVar("autograder_served_transport", default=None)
@@ -41,7 +41,7 @@ class ServedObject:
         self._number = number
 
     def __wire_served__(self) -> wire.Served:
-        """How :mod:`autograder.wire` sends this stand-in back to the grader: by its number."""
+        """How :mod:`autograder.shared.wire` sends this stand-in back to the grader: by its number."""
         return wire.Served(self._number)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

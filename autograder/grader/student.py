@@ -1,42 +1,23 @@
-"""Call the student's code so that whatever it does becomes a message for the student."""
+"""Call the student's code from a check so that whatever it does becomes a message for the student.
+
+Where the student's code runs in this process (the student's own notebook, the tests), a call is made
+here (:mod:`autograder.kernel.call`); when a notebook is graded, the student's objects are proxies
+(:mod:`autograder.grader.remote`) and each call is made in the student's kernel. The rules of a call
+(the built-ins its exercise forbids, and the exercise's name) are passed with it: to the kernel with
+each request, and to the student's objects a harness of the check runs (:class:`Harness`).
+"""
 
 from __future__ import annotations
 
-import traceback
+import functools
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
+from ..kernel.call import Outcome, guarded_call, student_frames
+from ..kernel.guard import Forbidden
+from ..shared.errors import fail
+from ..shared.wire import Proxy
 from .cases import case
-from .diagnosis import Outcome, copy_argument, mutated_arguments
-from .errors import CheckFailed, NotWritten, fail
-from .guard import ACTIVE_RULES, Forbidden, Guard, forbidden_call
-from .wire import Proxy
-
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
-_TORCH_MARKERS = ("/torch/", "\\torch\\")
-
-
-def student_frames(error: BaseException) -> str:
-    """The traceback lines that belong to the student's own code (no autograder, no torch)."""
-    if hasattr(error, "student_frames"):  # raised in the student's kernel, described there
-        return str(error.student_frames)
-    frames = [
-        f
-        for f in traceback.extract_tb(error.__traceback__)
-        if not str(Path(f.filename).resolve()).startswith(_PACKAGE_DIR)
-        and not any(m in f.filename for m in _TORCH_MARKERS)
-    ]
-    return "".join(traceback.format_list(frames)).rstrip()
-
-
-def not_written(exercise: str) -> str:
-    """The message for an exercise that still raises NotImplementedError."""
-    return (
-        f"{exercise} is not written yet: it still raises NotImplementedError. "
-        "Replace the line `raise NotImplementedError` with your implementation, run its cell, "
-        "then run this check again."
-    )
 
 
 def attempt(
@@ -49,39 +30,56 @@ def attempt(
 ) -> tuple[Outcome, BaseException | None]:
     """Run the student's ``fn`` under a guard; return its outcome and the exception, if any.
 
-    A forbidden call or an unwritten exercise stops the check at once with its message.
-    A :class:`~autograder.remote.Remote` function (grading) is run in the student's kernel.
+    A forbidden call or an unwritten exercise stops the check at once with its message. A
+    :class:`~autograder.grader.remote.Remote` function (grading) is run in the student's kernel; a
+    function of this process is run here (:func:`~autograder.kernel.call.guarded_call`), and the
+    student's objects it runs (a :class:`Harness`'s, and its arguments) are called under the same rules.
     """
     if isinstance(fn, Proxy):
         return fn.attempt(tuple(args), dict(kwargs or {}), exercise=exercise, forbid=forbid)
-    guard = Guard(tuple(forbid), exercise)
-    # The student's function gets copies: changing its inputs in place must not change
-    # the inputs the reference is computed from (and the copies show whether it did).
-    originals, kw_originals = tuple(args), dict(kwargs or {})
-    args = tuple(copy_argument(a) for a in originals)
-    kwargs = {k: copy_argument(v) for k, v in kw_originals.items()}
-    active = ACTIVE_RULES.set((tuple(forbid), exercise))
-    try:
-        with guard:
-            value = fn(*args, **kwargs)
-    except CheckFailed:  # a forbidden call (ForbiddenCall) among them
-        raise
-    except NotImplementedError:
-        raise NotWritten(not_written(exercise)) from None
-    except Exception as error:  # noqa: BLE001 - every student error becomes a message
-        if guard.violations:
-            raise forbidden_call(guard.violations[0], exercise) from None
-        return Outcome(error=(type(error).__name__, str(error))), error
-    finally:
-        ACTIVE_RULES.reset(active)
-    if guard.violations:
-        raise forbidden_call(guard.violations[0], exercise)
-    return Outcome(value=value, mutated=mutated_arguments(originals, kw_originals, args, kwargs)), None
+    fn, args = under(fn, forbid, exercise), tuple(under(a, forbid, exercise) for a in args)
+    kwargs = {k: under(v, forbid, exercise) for k, v in (kwargs or {}).items()}
+    return guarded_call(fn, args, kwargs, exercise=exercise, forbid=forbid)
+
+
+def under(obj: Any, forbid: Sequence[Forbidden], exercise: str) -> Any:
+    """``obj`` called as part of ``exercise`` under ``forbid``: a student's object in the kernel as a proxy whose calls
+    (and those of every object reached from it) carry the rules, a :class:`Harness` with its objects so; anything
+    else as it is."""
+    return obj.under(tuple(forbid), exercise) if isinstance(obj, Proxy | Harness) else obj
+
+
+class Harness:
+    """How a check runs the student's objects: ``build(*objects)`` makes the function the check calls.
+
+    A check that runs the student's code through code of its own (a module built from the student's
+    class, a cache fed in steps) hands :func:`attempt` a harness rather than a closure, so that the
+    student's objects it holds run under the rules of that call (:meth:`under`). Called directly (a
+    catalogued mistake run the same way), it runs ``build(*objects)`` as it is.
+    """
+
+    def __init__(self, build: Callable[..., Callable[..., Any]], objects: tuple) -> None:
+        self.build, self.objects = build, objects
+
+    def under(self, forbid: Sequence[Forbidden], exercise: str) -> Callable[..., Any]:
+        """The function the check calls, with the student's objects called under ``forbid`` as ``exercise``."""
+        return self.build(*(under(o, forbid, exercise) for o in self.objects))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.build(*self.objects)(*args, **kwargs)
+
+
+def harness(build: Callable[..., Callable[..., Any]]) -> Callable[..., Harness]:
+    """Make ``build(*objects) -> function`` (how a check runs the student's objects) return a :class:`Harness`."""
+    @functools.wraps(build)
+    def made(*objects: Any) -> Harness:
+        return Harness(build, objects)
+    return made
 
 
 def served_to(fn: Callable[..., Any], obj: Any, methods: tuple[str, ...] = ("__call__",)) -> Any:
     """``obj`` as an argument of ``fn``: where ``fn`` runs in the student's kernel, a stand-in whose calls
-    (``methods``) the grader makes on ``obj`` and so counts itself (:mod:`autograder.served`); else ``obj``."""
+    (``methods``) the grader makes on ``obj`` and so counts itself (:mod:`autograder.kernel.served`); else ``obj``."""
     return fn.serve(obj, methods) if isinstance(fn, Proxy) else obj
 
 
@@ -120,7 +118,7 @@ def expect_error(
 ) -> BaseException | None:
     """Fail unless ``fn(*args)`` raises ``error`` (for example ``ValueError`` on bad shapes).
 
-    A case of its own in a hidden check (:mod:`autograder.cases`), worth ``weight`` shares; returns
+    A case of its own in a hidden check (:mod:`autograder.grader.cases`), worth ``weight`` shares; returns
     the error raised (None when the case failed and the check went on).
     """
     raised = None
@@ -148,7 +146,7 @@ def probe(
     (autograd through it, its parameters, a watch on the torch calls it makes) and returns
     plain data. When a notebook is graded, ``target`` lives in the sandboxed kernel and so
     does this call, with the probe copied before any answer cell was loaded
-    (:func:`autograder.serve.hold_probes`): the student's code can still change what a probe
+    (:func:`autograder.kernel.serve.hold_probes`): the student's code can still change what a probe
     returns by changing what it calls, as it can change what its functions return, but never
     how the result is judged.
     """

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from ..kernel.call import Outcome
+from ..kernel.guard import Forbidden
+from ..shared.errors import CheckFailed, fail
 from . import cases as cases_of_check
 from .compare import Mismatch, assert_matches, describe, is_close
 from .diagnoses import explain_number
-from .diagnosis import Mistake, MistakeFound, Outcome, catalogue, matching, run
-from .errors import CheckFailed, fail
-from .guard import Forbidden
+from .diagnosis import Mistake, MistakeFound, catalogue, matching, run
 from .student import attempt, describe_error
 
 
@@ -42,7 +43,7 @@ class Case:
     args: tuple
     kwargs: dict = field(default_factory=dict)
     label: str = ""
-    weight: float = 1.0  # its share of the test cell's points, among the check's cases (autograder.cases)
+    weight: float = 1.0  # its share of the test cell's points, among the check's cases (autograder.grader.cases)
 
     def name(self, names: Sequence[str]) -> str:
         """The case's name in a list of cases: its label, or the input in words."""
@@ -101,7 +102,7 @@ def verify(
     """Fail on the first case where ``fn`` differs from ``reference`` or changes its inputs in place.
 
     The message names the input, says what differs (type, device, shape, dtype, the largest
-    error and where), how it differs (:mod:`autograder.diagnoses`) and, when the answer
+    error and where), how it differs (:mod:`autograder.grader.diagnoses`) and, when the answer
     matches mistakes of the catalogue, names them. ``mistakes`` left out: the catalogue of
     ``exercise`` in the notebook module ``notebook``, when this installation has it (the
     grader does, the student's bundle does not).

@@ -1,7 +1,7 @@
 """A hidden check as a list of named cases, each earning its share of the test cell's points.
 
-A case is one input of :func:`~autograder.verify.verify` (and of ``verify_each``,
-``verify_number``), one :func:`~autograder.student.expect_error`, or one block a check marks
+A case is one input of :func:`~autograder.grader.verify.verify` (and of ``verify_each``,
+``verify_number``), one :func:`~autograder.grader.student.expect_error`, or one block a check marks
 ``with case("name"):``. Its share is its ``weight`` over the weights of all the check's cases
 (even shares by default).
 
@@ -14,7 +14,7 @@ first failing case stops the check with its message, all or nothing, as nbgrader
 
 What earns no share, and why:
 
-- **a whole-cell failure** (:class:`~autograder.errors.WholeCellFailure`: a forbidden call, an
+- **a whole-cell failure** (:class:`~autograder.shared.errors.WholeCellFailure`: a forbidden call, an
   unwritten exercise) in any case: an answer that makes it has not solved the exercise on any
   input, so the check stops and the cell scores zero;
 - **a failure outside every case** (the check's own code between its cases, which may need what
@@ -38,7 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from .errors import CheckFailed, OutOfTime, WholeCellFailure, fail
+from ..shared.errors import CheckFailed, OutOfTime, WholeCellFailure, fail
 
 
 @dataclass
@@ -49,7 +49,7 @@ class CaseResult:
     weight: float
     passed: bool
     message: str = ""
-    mistakes: tuple = ()  # the catalogued mistakes (:class:`~autograder.diagnosis.Mistake`) its failure named
+    mistakes: tuple = ()  # the catalogued mistakes (:class:`~autograder.grader.diagnosis.Mistake`) its failure named
 
 
 @dataclass
@@ -161,7 +161,7 @@ class case:  # noqa: N801 - used as a statement, ``with case("causal, n != m"):`
 
     Recorded when the check is judged (:func:`recording`): a failure inside is kept with its
     message and swallowed, so the check goes on. Otherwise, and inside another case, it changes
-    nothing: a failure stops the check. A :class:`~autograder.errors.WholeCellFailure` always stops it.
+    nothing: a failure stops the check. A :class:`~autograder.shared.errors.WholeCellFailure` always stops it.
     """
 
     def __init__(self, name: str, weight: float = 1.0) -> None:

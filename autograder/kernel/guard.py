@@ -10,12 +10,11 @@ scaled_dot_product_attention as f``), ``torch.ops.aten...`` and modules such as
 from __future__ import annotations
 
 import re
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from torch.overrides import TorchFunctionMode
 
-from .errors import WholeCellFailure
+from ..shared.errors import WholeCellFailure
 
 
 class ForbiddenCall(WholeCellFailure):
@@ -84,10 +83,6 @@ MULTI_HEAD_ATTENTION_FORWARD = forbidden("torch.nn.functional.multi_head_attenti
 SOFTMAX = forbidden("torch.softmax", "special_softmax", "_softmax", family=SOFTMAX_FAMILY)
 LOG_SOFTMAX = forbidden("torch.nn.functional.log_softmax", "special_log_softmax", "_log_softmax", family=SOFTMAX_FAMILY)
 LOGSUMEXP = forbidden("torch.logsumexp", "special_logsumexp", family=r"(?i)logsumexp")
-
-#: The rules in force and the exercise they are for, while a check runs a student's function: calls
-#: of the student's other objects made meanwhile (in the grader, through proxies) carry them along.
-ACTIVE_RULES: ContextVar[tuple[tuple, str]] = ContextVar("ACTIVE_RULES", default=((), ""))
 
 #: The attention built-ins no from-scratch attention exercise may call.
 ATTENTION_BUILTINS = (SDPA, MULTI_HEAD_ATTENTION, MULTI_HEAD_ATTENTION_FORWARD)

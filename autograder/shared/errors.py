@@ -18,7 +18,7 @@ class CheckFailed(AssertionError):
 
 
 class WholeCellFailure(CheckFailed):
-    """A failure that costs the whole test cell its points, whatever cases passed (:mod:`autograder.cases`).
+    """A failure that costs the whole test cell its points, whatever cases passed (:mod:`autograder.grader.cases`).
 
     A forbidden call and an unwritten exercise are not wrong answers to one input: an answer that
     makes them has not solved the exercise at all, on any input.
@@ -31,7 +31,7 @@ class NotWritten(WholeCellFailure):
 
 class OutOfTime(BaseException):
     """A call of the student's code ran past the time its test cell had left (a ``BaseException``: no check
-    may swallow it; a case of a judged check records it, :mod:`autograder.cases`)."""
+    may swallow it; a case of a judged check records it, :mod:`autograder.grader.cases`)."""
 
 
 def shown_name(error: BaseException) -> str:

@@ -3,19 +3,24 @@
 When a notebook is graded, its test cells run in the grader's process, not in the kernel
 that ran the student's cells. A name a test cell reads from the student's notebook
 (``check_soft_lookup(soft_lookup)``) becomes a :class:`Remote`: calling it sends the
-arguments, as plain data (:mod:`autograder.wire`), to the kernel, where :func:`serve` calls
+arguments, as plain data (:mod:`autograder.shared.wire`), to the kernel, where :func:`serve` calls
 the student's function under the guard and sends back what it returned, or the error it
 raised. References, expected values, comparisons and the mistake catalogue never enter the
 kernel, so nothing the student's code does there can change how its results are judged.
 
 This module is the grader's side, over a :class:`Channel`; the kernel's side is
-:mod:`autograder.serve`, which this module does not import. A student's code can replace
-:func:`~autograder.serve.serve` in its own kernel; what it sends back is then still only plain
+:mod:`autograder.kernel.serve`, which this module does not import. A student's code can replace
+:func:`~autograder.kernel.serve.serve` in its own kernel; what it sends back is then still only plain
 data, judged like any other answer.
+
+Each call carries its rules (the built-ins its exercise forbids, and the exercise it is part of) in the
+request. A check's call passes them (:func:`autograder.grader.student.attempt`); a :class:`Remote` the
+check calls through code of its own (a harness) holds them (:meth:`Remote.under`), and so does every
+object reached from it. One called with none is its own exercise, with nothing forbidden.
 
 What this does not protect: what runs in the kernel is the student's. The guard against
 forbidden built-ins, the watches of probes and the thread check below all run there and can
-be fooled by code written to fool them (the probes are held, :func:`autograder.serve.hold_probes`,
+be fooled by code written to fool them (the probes are held, :func:`autograder.kernel.serve.hold_probes`,
 against an answer cell that replaces one, not against code that replaces what they call); the
 grader adds a reading of the student's source for forbidden built-ins
 (:mod:`autograder.engine.source_check`) that the kernel cannot change, and
@@ -31,9 +36,11 @@ import builtins
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from . import wire
-from .errors import CheckFailed, NotWritten, OutOfTime, fail
-from .guard import ACTIVE_RULES, Forbidden, ForbiddenCall
+from ..kernel.call import Outcome
+from ..kernel.guard import Forbidden, ForbiddenCall
+from ..shared import wire
+from ..shared.errors import CheckFailed, NotWritten, OutOfTime, fail
+from .student import describe_error
 
 
 class Interrupted(BaseException):
@@ -100,9 +107,16 @@ class Remote(wire.Proxy):
     """A student's object in the kernel: call it, read a public attribute, take its ``len``."""
 
     def __init__(self, channel: Channel, number: int, kind: str, is_callable: bool, root: str,
-                 named: bool = False) -> None:
+                 named: bool = False, rules: tuple[tuple[Forbidden, ...], str] | None = None) -> None:
         self._channel, self._number, self._kind, self._callable, self._root = channel, number, kind, is_callable, root
         self._named = named  # the object the notebook names ``root`` itself (not one reached from it)
+        # what its calls are part of: the built-ins forbidden, and the exercise named (by default, its own name)
+        self._rules = rules if rules is not None else ((), root)
+
+    def under(self, forbid: tuple[Forbidden, ...], exercise: str) -> Remote:
+        """This object, whose calls (and those of the objects reached from it) are part of ``exercise`` under ``forbid``."""
+        return Remote(self._channel, self._number, self._kind, self._callable, self._root, self._named,
+                      (tuple(forbid), exercise))
 
     @property
     def description(self) -> str:
@@ -113,7 +127,7 @@ class Remote(wire.Proxy):
         return f"<your {self._kind}>"
 
     def __wire_handle__(self) -> wire.Handle:
-        """How :mod:`autograder.wire` sends this object back to the kernel: by its number there."""
+        """How :mod:`autograder.shared.wire` sends this object back to the kernel: by its number there."""
         return wire.Handle(self._number)
 
     def serve(self, obj: Any, methods: tuple[str, ...]) -> wire.Served:
@@ -140,7 +154,8 @@ class Remote(wire.Proxy):
         return decoded
 
     def _resolver(self) -> Callable[[int, str, bool], Remote]:
-        return lambda number, kind, is_callable: Remote(self._channel, number, kind, is_callable, self._root)
+        return lambda number, kind, is_callable: Remote(self._channel, number, kind, is_callable, self._root,
+                                                        rules=self._rules)
 
     def _checked(self, forbid: Sequence[Forbidden], exercise: str) -> None:
         if not forbid:
@@ -171,13 +186,11 @@ class Remote(wire.Proxy):
 
     def attempt(self, args: Sequence[Any], kwargs: dict, *, exercise: str, forbid: Sequence[Forbidden] = ()
                 ) -> tuple[Any, BaseException | None]:
-        """:func:`autograder.student.attempt` of this object, run in the kernel."""
+        """:func:`autograder.grader.student.attempt` of this object, run in the kernel."""
         return self._outcome(self._call({"op": "call"}, args, kwargs, exercise, forbid))
 
     @staticmethod
     def _outcome(reply: dict) -> tuple[Any, BaseException | None]:
-        from .diagnosis import Outcome
-
         if "error" in reply:
             error = _student_error(reply["error"])
             return Outcome(error=(type(error).__name__, str(error))), error
@@ -209,9 +222,7 @@ class Remote(wire.Proxy):
 
     def probe(self, examine: Callable[..., Any], args: Sequence[Any], kwargs: dict, *, what: str,
               forbid: Sequence[Forbidden] = ()) -> Any:
-        """:func:`autograder.student.probe` with this object as the target, run in the kernel."""
-        from .student import describe_error
-
+        """:func:`autograder.grader.student.probe` with this object as the target, run in the kernel."""
         name = f"{examine.__module__}:{examine.__qualname__}"
         reply = self._call({"op": "probe", "examine": name}, args, kwargs, what.split("(", 1)[0], forbid)
         if "error" in reply:
@@ -219,7 +230,7 @@ class Remote(wire.Proxy):
         return reply.get("value")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        forbid, exercise = ACTIVE_RULES.get()
+        forbid, exercise = self._rules
         outcome, error = self.attempt(args, kwargs, exercise=exercise or self._root, forbid=forbid)
         if error is not None:
             raise error
@@ -250,7 +261,7 @@ def _gone(number: int, kind: str, is_callable: bool) -> Any:
 def lookup(channel: Channel, name: str) -> tuple[bool, Any]:
     """``(True, value)`` for a name the student's notebook defines (a :class:`Remote` or plain data), else ``(False, None)``.
 
-    Raises :class:`~autograder.errors.CheckFailed` when the kernel's answer cannot be read.
+    Raises :class:`~autograder.shared.errors.CheckFailed` when the kernel's answer cannot be read.
     """
     resolver = lambda number, kind, is_callable: Remote(channel, number, kind, is_callable, name, True)  # noqa: E731
     try:
@@ -272,7 +283,7 @@ def reset(channel: Channel) -> None:
     channel.request(wire.encode({"op": "reset"}))
 
 
-#: The objects this process keeps for the kernel (:mod:`autograder.served`): number -> (object, methods allowed).
+#: The objects this process keeps for the kernel (:mod:`autograder.kernel.served`): number -> (object, methods allowed).
 _served: dict[int, tuple[Any, frozenset[str]]] = {}
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from ..shared.errors import CheckFailed, fail
+from ..shared.wire import Proxy
 from .diagnoses import explain_device, explain_shape, explain_values
-from .errors import CheckFailed, fail
-from .wire import Proxy
 
 
 class Mismatch(CheckFailed):

@@ -2,11 +2,11 @@
 
 A notebook of the course is six files that must agree: the source notebook (prose, reference
 solution, visible and hidden test cells), its references (:mod:`autograder.references`, public),
-its visible checks (:mod:`autograder.checks`, public), its hidden checks and mistake catalogue
-(:mod:`autograder.hidden`, instructor-only) and its tests. :func:`create` writes all six for one
-example exercise, ``row_softmax``, whose referee is ``torch.softmax``, and an empty catalogue: the
-test suite passes on them as they are (every generic test runs over every notebook of
-``source/``), and ``make release`` then generates the student version and the executed solution.
+its visible checks (:mod:`autograder.checks`, public), its hidden checks (:mod:`autograder.hidden`,
+instructor-only), their mistake catalogue (data: ``autograder/hidden/mistakes/``) and its tests.
+:func:`create` writes all six for one example exercise, ``row_softmax``, whose referee is
+``torch.softmax``, and an empty catalogue: the test suite passes on them as they are (every generic
+test runs over every notebook of ``source/``), and ``make release`` then generates the student version and the executed solution.
 The author replaces the example with the notebook's own exercises, in the same shape.
 
 What this does *not* do: write the teaching, or choose what a check compares against; and it
@@ -65,27 +65,13 @@ HIDDEN = '''"""Hidden checks and mistake catalogue for notebook $number, $title 
 
 from __future__ import annotations
 
-from ..grader.diagnosis import Mistake
+from ..grader.diagnosis import read_mistakes
 from ..grader.inputs import generator, randn
 from ..grader.verify import Case, verify
 from ..references.$module import row_softmax_reference
 from . import hidden
 
-ROW_SOFTMAX = "1. A first exercise"
-
-
-# --- the mistake catalogue: each Mistake is self-contained (the tests paste its source into a notebook) ---
-# Add one per known wrong answer, for example:
-#
-# def row_softmax_wrong_axis(scores):
-#     return torch.softmax(scores, dim=0)
-#
-# Mistake("softmax over the wrong axis", "each row of weights must sum to 1.", ROW_SOFTMAX,
-#         row_softmax_wrong_axis, id="$module/row_softmax/softmax-over-the-wrong-axis")
-
-MISTAKES: dict[str, list[Mistake]] = {
-    "row_softmax": [],
-}
+MISTAKES = read_mistakes(globals())  # the catalogue: mistakes/$module.toml
 
 
 @hidden
@@ -99,6 +85,19 @@ def check_row_softmax(row_softmax) -> None:
     ]
     verify(row_softmax, cases, row_softmax_reference, exercise="row_softmax", arg_names=("scores",),
            mistakes=MISTAKES["row_softmax"], outputs=None)
+'''
+
+CATALOGUE = '''# The mistake catalogue of the hidden checks in autograder/hidden/$module.py: per exercise, its mistakes
+# in the order they are tried. How to add one: docs/architecture.md (the mistake catalogue). For example:
+#
+# [[row_softmax]]
+# id = "$module/row_softmax/softmax-over-the-wrong-axis"
+# name = "softmax over the wrong axis"
+# section = "1. A first exercise"
+# variant = 'row_softmax_reference(dim=0)'   # a decision the reference declares with @decisions("dim")
+# explanation = "each row of weights must sum to 1."
+
+row_softmax = []
 '''
 
 TESTS = '''"""Notebook $number, $title: what is specific to it (the generic tests run over every notebook)."""
@@ -189,6 +188,7 @@ def files(name: str, title: str, root: Path = ROOT) -> dict[Path, str]:
         root / "autograder" / "references" / f"{module}.py": Template(REFERENCES).substitute(values),
         root / "autograder" / "checks" / f"{module}.py": Template(CHECKS).substitute(values),
         root / "autograder" / "hidden" / f"{module}.py": Template(HIDDEN).substitute(values),
+        root / "autograder" / "hidden" / "mistakes" / f"{module}.toml": Template(CATALOGUE).substitute(values),
         root / "tests" / "checks" / f"test_notebook_{name}.py": Template(TESTS).substitute(values),
     }
 

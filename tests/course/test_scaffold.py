@@ -72,7 +72,8 @@ def test_a_new_notebook_passes_the_suite_and_grades(tmp_path):
     written = scaffold.create(NAME, "Row weights", root=copy)
     assert {p.relative_to(copy).as_posix() for p in written} == {
         f"source/{NAME}/{NAME}.ipynb", "autograder/references/row_weights.py", "autograder/checks/row_weights.py",
-        "autograder/hidden/row_weights.py", f"tests/checks/test_notebook_{NAME}.py"}
+        "autograder/hidden/row_weights.py", "autograder/hidden/mistakes/row_weights.toml",
+        f"tests/checks/test_notebook_{NAME}.py"}
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONWARNINGS="ignore")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # every test that runs over the notebooks of source/ (here only the new one), and the new one's own file

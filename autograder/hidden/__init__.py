@@ -1,19 +1,16 @@
 """Hidden checks and the mistake catalogue, one module per notebook (instructor-only).
 
-Never shipped to students: the mistakes are near-solutions. Each module defines
-``check_<exercise>(fn)`` for the hidden test cells, decorated with :func:`hidden`, and
-``MISTAKES``, a dict from an exercise name to its list of
-:class:`~autograder.grader.diagnosis.Mistake`, each with a stable ``id``, read from the module's data file
-``mistakes/<module>.toml`` (:func:`~autograder.grader.diagnosis.read_mistakes`); the test suite feeds every
-mistake to its check and expects the mistake's name in the message.
+Never shipped to students: the mistakes are near-solutions. Each module defines ``check_<exercise>(fn)``
+for the hidden test cells, decorated with :func:`hidden`, and ``MISTAKES``, read from its data file
+``mistakes/<module>.toml`` (:func:`~autograder.grader.diagnosis.read_mistakes`): per exercise, its
+:class:`~autograder.grader.diagnosis.Mistake` objects, each with a stable ``id``, each a declared variation of a
+reference (:mod:`autograder.grader.variation`) or, for another algorithm, a function of the module's own. The
+test suite feeds every mistake to its check and expects the mistake's name in the message.
 
-A module takes its references from its notebook's :mod:`autograder.references` module (the one
-its visible checks use) and never imports the visible checks. It keeps what is secret: its
-inputs, the catalogue, and the references that are an exercise's solution.
-
-Every mistake's implementation is self-contained (torch, math, ``F`` and ``nn`` only, nothing of
-this package): apart from its one mistake it is a correct answer, and the end-to-end tests paste
-its source into a notebook as a student's answer.
+A module takes its references from its notebook's :mod:`autograder.references` module (the one its visible
+checks use) and never imports the visible checks. It keeps what is secret: its inputs, the catalogue, and
+the references that are an exercise's solution. A mistake's code is self-contained (torch, math, ``F`` and
+``nn`` only, nothing of this package): the end-to-end tests paste its source into a notebook as a student's answer.
 """
 
 from __future__ import annotations

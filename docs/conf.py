@@ -7,6 +7,7 @@ the settings page's table is printed here, at build time, by the code that reads
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,6 +33,9 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
 autosummary_generate = True
+# autosummary writes the API pages on every build but never deletes one: a module moved or removed would keep
+# a page that no longer imports (a warning, so an error) in a checkout that built the manual before.
+shutil.rmtree(ROOT / "docs" / "api", ignore_errors=True)
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

@@ -1,5 +1,6 @@
 """What runs in the student's kernel, beside the student's code: the guard against forbidden built-ins
-and the guarded call (:mod:`.guard`, :mod:`.call`), the watches the probes run (:mod:`.watches`), the
-kernel's side of grading, which answers the grader's requests (:mod:`.serve`), and the stand-in for an
-object the grader keeps (:mod:`.served`). Nothing here imports the grader's side (:mod:`autograder.grader`);
+(:mod:`~autograder.kernel.guard`) and the guarded call (:mod:`~autograder.kernel.call`), the watches the
+probes run (:mod:`~autograder.kernel.watches`), the kernel's side of grading, which answers the grader's
+requests (:mod:`~autograder.kernel.serve`), and the stand-in for an object the grader keeps
+(:mod:`~autograder.kernel.served`). Nothing here imports the grader's side (:mod:`autograder.grader`);
 the checks call it directly where the student's code runs in their own process (the student's notebook)."""

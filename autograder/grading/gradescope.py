@@ -126,7 +126,9 @@ def package_files(root: Path) -> dict[str, bytes]:
     """Archive name -> content, for the whole ``autograder`` package (hidden checks and grading tools included)
     and the metadata that registers its entry points where it is not installed (:func:`distribution_files`)."""
     package = root / "autograder"
-    files = {f"autograder/{p.relative_to(package).as_posix()}": p.read_bytes() for p in sorted(package.rglob("*.py"))}
+    # the modules, and the package data pyproject.toml ships with them (the mistake catalogues the hidden checks read)
+    paths = sorted([*package.rglob("*.py"), *package.glob("hidden/mistakes/*.toml")])
+    files = {f"autograder/{p.relative_to(package).as_posix()}": p.read_bytes() for p in paths}
     return {**files, **distribution_files(root)}
 
 

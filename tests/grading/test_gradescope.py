@@ -523,3 +523,15 @@ def test_partial_credit_is_the_gradebooks_and_each_test_lists_its_cases(tmp_path
     full = [t for gid, t in tests.items() if gid not in scores]
     assert full and all(t["status"] == "passed" and t["score"] == t["max_score"] for t in full)
     assert results["score"] == sum(points().values()) - (3 - 2.25) - 2 - 1
+
+
+def test_the_package_shipped_to_graders_holds_its_package_data():
+    """The package that Gradescope's autograder and a cluster's workers run holds every file pyproject.toml ships
+    with it as package data (the mistake catalogues): without them the hidden checks cannot be imported there."""
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    expected = {f"{package.replace('.', '/')}/{p.relative_to(root / package.replace('.', '/')).as_posix()}"
+                for package, patterns in data.items() for pattern in patterns
+                for p in (root / package.replace(".", "/")).glob(pattern)}
+    assert expected, "pyproject.toml ships no package data: this test reads nothing"
+    assert expected <= set(gradescope.package_files(root))

@@ -24,7 +24,7 @@ from autograder.engine import judge, source_check
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
 from autograder.grader.local_channel import LocalChannel
-from autograder.kernel import serve
+from autograder.kernel import probe_kinds, serve
 
 from ..course_copy import reference_answers
 from ..judged import failure
@@ -72,11 +72,11 @@ def test_every_probe_in_the_code_is_held(monkeypatch):
 
 def test_every_probe_in_the_code_says_what_its_result_is():
     """A probe whose result is a property seen in the kernel (not data judged against a reference) says what backs
-    it: a new probe is classified (serve.PROBE_KINDS) before it is run, and a probe that goes takes its entry."""
-    found, classified = set(probes_in_the_code()), set(serve.PROBE_KINDS)
-    assert not found - classified, f"classify these probes in serve.PROBE_KINDS: {sorted(found - classified)}"
+    it: a new probe is classified (probe_kinds.PROBE_KINDS) before it is run, and a probe that goes takes its entry."""
+    found, classified = set(probes_in_the_code()), set(probe_kinds.PROBE_KINDS)
+    assert not found - classified, f"classify these probes in probe_kinds.PROBE_KINDS: {sorted(found - classified)}"
     assert not classified - found, f"no longer probes: {sorted(classified - found)}"
-    assert all(kind in (serve.DATA, serve.OBSERVED) and why for kind, why in serve.PROBE_KINDS.values())
+    assert all(kind in (probe_kinds.DATA, probe_kinds.OBSERVED) and why for kind, why in probe_kinds.PROBE_KINDS.values())
 
 
 @pytest.mark.parametrize("assignment", assignments())

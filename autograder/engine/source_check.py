@@ -63,8 +63,9 @@ from dataclasses import dataclass
 
 from ..kernel.guard import Forbidden
 
-#: Names whose use in an exercise's code gets round the guard: turning torch function
-#: modes off, or running the work in another thread or process, where the guard is not.
+#: Names whose use in an exercise's code gets round the guard or the probes: turning torch function
+#: modes off, running the work in another thread or process, where the guard is not, or hooks of
+#: autograd's own (what it saves for backward, what it runs there), which the probes rely on.
 EVASIONS = {
     "DisableTorchFunction": "turns off the guard that watches for forbidden built-ins",
     "DisableTorchFunctionSubclass": "turns off the guard that watches for forbidden built-ins",
@@ -82,6 +83,14 @@ EVASIONS = {
     "start_new_thread": "runs code in another thread, where the guard does not watch",
     "multiprocessing": "runs code in another process, where the guard does not watch",
     "DataLoader": "can run code in other processes, where the guard does not watch",
+    "saved_tensors_hooks": "changes what autograd saves for the backward pass, which the checks watch",
+    "save_on_cpu": "changes what autograd saves for the backward pass, which the checks watch",
+    "disable_saved_tensors_hooks": "changes what autograd saves for the backward pass, which the checks watch",
+    "register_hook": "changes what autograd computes in the backward pass outside the code the checks run",
+    "register_prehook": "changes what autograd computes in the backward pass outside the code the checks run",
+    "register_multi_grad_hook": "changes what autograd computes in the backward pass outside the code the checks run",
+    "register_post_accumulate_grad_hook": "changes what autograd computes in the backward pass outside the code the "
+                                          "checks run",
 }
 #: What an exercise that forbids built-ins may import: PyTorch and what honest answers use beside it. Any
 #: other module may run code the grader does not read (``importlib``, one the code writes at run time, a

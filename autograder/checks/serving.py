@@ -123,11 +123,11 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
     weights, x = LatentWeights(1130, *sizes), randn(2, 6, 16, gen=gen)
     cases = [Case((weights, x), {"steps": [3, 1, 2], "absorbed": absorbed},
                   label=f"a prompt of 3, one token, then 2, absorbed={absorbed}") for absorbed in (False, True)]
-    verify(run_mla(MultiHeadLatentAttention), cases, mla_reference, exercise="MultiHeadLatentAttention",
+    verify(run_mla(MultiHeadLatentAttention, ATTENTION_BUILTINS), cases, mla_reference, exercise="MultiHeadLatentAttention",
            arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, rtol=1e-10, atol=1e-12,
            mistakes=through(catalogue(NOTEBOOK, "MultiHeadLatentAttention"), run_mla))
     problem = absorbed_problem(probe(absorbed_allocations, MultiHeadLatentAttention,
-                                     LatentWeights(1131, 32, 4, 16, 8).state,
+                                     LatentWeights(1131, 32, 4, 16, 8).state, forbid=ATTENTION_BUILTINS,
                                      what="an absorbed decode step after 256 cached tokens"))
     if problem:
         fail(problem)

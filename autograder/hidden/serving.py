@@ -432,11 +432,12 @@ def check_MultiHeadLatentAttention(MultiHeadLatentAttention) -> None:  # noqa: N
     float32 = [Case((LatentWeights(11035, 16, 2, 8, 6, dtype=torch.float32), randn(2, 5, 16, gen=gen, dtype=torch.float32)),
                     {"steps": [3, 2], "absorbed": absorbed}, label=f"float32, absorbed={absorbed}") for absorbed in (False, True)]
     for group, rtol, atol in [(cases, 1e-10, 1e-12), (float32, 1e-4, 1e-5)]:
-        verify(run_mla(MultiHeadLatentAttention), group, mla_reference, exercise="MultiHeadLatentAttention",
+        verify(run_mla(MultiHeadLatentAttention, ATTENTION_BUILTINS), group, mla_reference, exercise="MultiHeadLatentAttention",
                arg_names=MLA_ARGS, outputs=MLA_OUTPUTS, forbid=ATTENTION_BUILTINS, mistakes=mistakes, rtol=rtol, atol=atol)
     weights = LatentWeights(11034, *(32, 4, 16, 8))
     with case("the absorbed path does not expand the cache: a decode step after 256 cached tokens"):
         problem = absorbed_problem(probe(absorbed_allocations, MultiHeadLatentAttention, weights.state,
+                                         forbid=ATTENTION_BUILTINS,
                                          what="an absorbed decode step after 256 cached tokens"))
         if problem:
             raise MistakeFound(problem, [by_id(MISTAKES["MultiHeadLatentAttention"],

@@ -25,6 +25,7 @@ from ..grader.diagnosis import Mistake, MistakeFound, run
 from ..grader.inputs import generator, math_sdpa, randn
 from ..grader.student import call_student, expect_error, probe, served_to
 from ..grader.verify import Case
+from ..kernel.guard import ATTENTION_BUILTINS
 from ..kernel.watches import AllocationMeter, watch_allocations
 from ..references.tiny_decoder import Weights, decoder_reference
 from ..shared.errors import fail
@@ -449,7 +450,8 @@ def paged_attention_errors(paged_attention, case: Case) -> None:
                       ((q, seqs[:-1]), f"q holds {q.shape[0]} queries but seqs names {len(seqs) - 1} sequences")]:
         what = f"paged_attention(q {tuple(args[0].shape)}, a cache with {keys.shape[1]} key/value heads, seqs={args[1]})"
         with case_of_check(f"{what} raises ValueError"):
-            expect_raised(probe(paged_attention_error, paged_attention, keys, values, sequences, *args, what=what),
+            expect_raised(probe(paged_attention_error, paged_attention, keys, values, sequences, *args, what=what,
+                                forbid=ATTENTION_BUILTINS),
                           ValueError, what, why)
 
 
@@ -537,12 +539,13 @@ MLA_ARGS = ("weights", "x")
 MLA_OUTPUTS = ("output", "latent cache", "tokens per cache entry")
 
 
-def run_mla(MultiHeadLatentAttention) -> Callable[..., Any]:  # noqa: N803
-    """How a check runs the student's class: :func:`mla_outputs` where the student's code runs."""
+def run_mla(MultiHeadLatentAttention, forbid=()) -> Callable[..., Any]:  # noqa: N803
+    """How a check runs the student's class: :func:`mla_outputs` where the student's code runs, under ``forbid``
+    (there the rules of the check's own call do not reach: the probe carries them)."""
     def run(weights, x, steps=None, absorbed=False):
         how = "whole" if steps is None else f"in steps {list(steps)} with a latent cache"
         return probe(mla_outputs, MultiHeadLatentAttention, weights.sizes, weights.state, x, steps, absorbed,
-                     what=f"{weights!r}, absorbed={absorbed}, {how}")
+                     what=f"{weights!r}, absorbed={absorbed}, {how}", forbid=forbid)
 
     return run
 

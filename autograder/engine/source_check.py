@@ -83,14 +83,13 @@ EVASIONS = {
     "start_new_thread": "runs code in another thread, where the guard does not watch",
     "multiprocessing": "runs code in another process, where the guard does not watch",
     "DataLoader": "can run code in other processes, where the guard does not watch",
-    "saved_tensors_hooks": "changes what autograd saves for the backward pass, which the checks watch",
-    "save_on_cpu": "changes what autograd saves for the backward pass, which the checks watch",
-    "disable_saved_tensors_hooks": "changes what autograd saves for the backward pass, which the checks watch",
-    "register_hook": "changes what autograd computes in the backward pass outside the code the checks run",
-    "register_prehook": "changes what autograd computes in the backward pass outside the code the checks run",
-    "register_multi_grad_hook": "changes what autograd computes in the backward pass outside the code the checks run",
-    "register_post_accumulate_grad_hook": "changes what autograd computes in the backward pass outside the code the "
-                                          "checks run",
+    "saved_tensors_hooks": "changes what autograd saves for the backward pass (what the checks watch)",
+    "save_on_cpu": "changes what autograd saves for the backward pass (what the checks watch)",
+    "disable_saved_tensors_hooks": "changes what autograd saves for the backward pass (what the checks watch)",
+    "register_hook": "runs code in the backward pass outside the functions the checks call",
+    "register_prehook": "runs code in the backward pass outside the functions the checks call",
+    "register_multi_grad_hook": "runs code in the backward pass outside the functions the checks call",
+    "register_post_accumulate_grad_hook": "runs code in the backward pass outside the functions the checks call",
 }
 #: What an exercise that forbids built-ins may import: PyTorch and what honest answers use beside it. Any
 #: other module may run code the grader does not read (``importlib``, one the code writes at run time, a

@@ -33,7 +33,7 @@ from autograder.shared.errors import CheckFailed
 from ..course_copy import reference_answers
 from ..judged import failure
 from ..notebook_code import answer_cells
-from .test_exercise_rules import module, partners, solution
+from .test_exercise_rules import exercise_text, forbids, module, partners, solution
 from .test_probes import graded_one
 
 # -- 08: what FlashAttention saves, hidden from the probe by hooks of the answer's own -----------------------------
@@ -124,7 +124,18 @@ def test_the_reader_refuses_autograds_graph_hooks_in_the_forward(line):
     source = SAVES_P.replace(saving, f"        {line}\n{saving}")
     problem = source_check.forbidden_use(["import math\nimport torch", source], "FlashAttention", FORWARD_BUILTINS,
                                          "FlashAttention")
-    assert problem is not None and "autograd" in problem, problem
+    assert problem is not None and "backward pass" in problem, problem
+
+
+#: What the reader refuses because it changes what autograd saves or runs (the probes of 08 rely on both).
+AUTOGRAD_HOOKS = sorted(name for name, why in source_check.EVASIONS.items() if "backward pass" in why)
+
+
+def test_flash_attentions_text_forbids_autograds_hooks():
+    """The rule is stated where the student reads it: the section of FlashAttention forbids each hook by name."""
+    assert len(AUTOGRAD_HOOKS) >= 7, AUTOGRAD_HOOKS
+    text = exercise_text("08_flash_backward", "FlashAttention")
+    assert not [name for name in AUTOGRAD_HOOKS if not forbids(text, [name])]
 
 
 @pytest.mark.slow

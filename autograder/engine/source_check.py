@@ -481,9 +481,8 @@ def _forbidden_words(closure: Sequence[ast.stmt], rules: Sequence[Forbidden], ex
                 continue
             where = _shown(node)
             if found in EVASIONS:
-                return (f"{exercise}'s code uses {found} (`{where}`), which {EVASIONS[found]}. In an exercise that "
-                        "asks you to write a built-in yourself, compute the result in your function's own thread, "
-                        "with the guard on.")
+                return (f"{exercise}'s code uses {found} (`{where}`), which {EVASIONS[found]}. Compute the result in "
+                        "your function's own thread, with the guard and the checks' watches on.")
             rule = words[found]
             return (f"{exercise}'s code uses {rule.shown_as} (`{where}`), which this exercise asks you to write "
                     "yourself. Outside your function PyTorch's built-in is the referee your answer is compared "
@@ -546,11 +545,11 @@ class _Reader:
                         raise CannotVerify(f"imports {module}, which can change which function a name stands for", node)
             if isinstance(node, ast.Name) and node.id in DYNAMIC_CALLS and not self._reads_namespace(node, parents):
                 raise CannotVerify(DYNAMIC_CALLS[node.id], node)
-            if isinstance(node, ast.Attribute) and (node.attr in ("__dict__", "__globals__", "__code__", "__builtins__",
-                                                                  "f_globals", "f_locals")
+            if isinstance(node, ast.Attribute) and (node.attr in ("__dict__", "__globals__", "__code__", "__builtins__")
+                                                    or node.attr in DYNAMIC_ATTRIBUTES
                                                     or node.attr == "modules" and _chain_root(node) == "sys"):
                 raise CannotVerify(f"reaches code through {node.attr}", node)
-            problem = self._patches_a_module(node) or self._module_as_value(node, parents)
+            problem = self._patches_a_module(node) or self._through_a_class(node) or self._module_as_value(node, parents)
             if problem:
                 raise CannotVerify(problem, node)
 
@@ -587,6 +586,25 @@ class _Reader:
                     root = root.value
                 if isinstance(root, ast.Name):
                     return f"changes what the module {root.id} holds"
+        return None
+
+    @staticmethod
+    def _through_a_class(node: ast.AST) -> str | None:
+        """How ``node`` changes a class reached through one of its objects (``type(x).f = g``, ``x.__class__.f = g``,
+        ``setattr(type(x), ...)``): a class of PyTorch's or of the grader's watches, which no name shows."""
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = [t for t in node.targets if isinstance(t, ast.Attribute)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Attribute):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            targets = node.args[:1]
+        for target in targets:
+            base = target.value if isinstance(target, ast.Attribute) and not isinstance(node, ast.Call) else target
+            for part in ast.walk(base):
+                if (isinstance(part, ast.Attribute) and part.attr == "__class__") or (
+                        isinstance(part, ast.Call) and isinstance(part.func, ast.Name) and part.func.id == "type"):
+                    return "changes a class through one of its objects (type(x) or x.__class__)"
         return None
 
     def _visit(self, node: ast.AST, own: frozenset[str], in_class: bool) -> None:
@@ -722,8 +740,8 @@ class _Reader:
         if (isinstance(node, ast.Attribute) and _chain_root(node) in self.torch_names
                 and not _only_named(node, parents) and re.search(GUARD_MACHINERY, node.attr)):
             return (f"{exercise}'s code uses {node.attr} (`{_shown(node)}`), PyTorch's machinery of modes "
-                    "and dispatch, which can turn off or detect the guard and the watches. In an exercise that "
-                    "asks you to write a built-in yourself, compute the result with the guard on.")
+                    "and dispatch, which can turn off or detect the guard and the watches. Compute the result "
+                    "with the guard and the checks' watches on.")
         kin = _kin(node, self.rules, self.torch_names, parents)
         if kin is not None:
             rule, entry = kin
@@ -749,6 +767,8 @@ def _cannot_verify(exercise: str, problem: str, where: str | None) -> str:
     """The message of code the grader cannot read for the built-ins it runs: what, where, and what to write."""
     shown = f" (`{where}`)" if where else ""
     return (f"Cannot verify {exercise}: the code loaded for grading {problem}{shown}. In an exercise that asks you "
-            "to write a built-in yourself, the grader reads the code your answer runs to see that no built-in does "
-            "the work, and gives no points for code it cannot read: write plain Python in the exercise cells, "
-            "call functions by their names, and import only what the exercise needs.")
+            "to write a built-in yourself, or whose checks watch your code while it runs (the memory it allocates, "
+            "the gradients it reaches), the grader reads the code your answer runs to see that no built-in does "
+            "the work and nothing changes what the checks watch, and gives no points for code it cannot read: "
+            "write plain Python in the exercise cells, call functions by their names, and import only what the "
+            "exercise needs.")

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from ..kernel.call import Outcome
 from ..kernel.guard import Forbidden, ForbiddenCall
+from ..kernel.probe_kinds import OBSERVED, PROBE_KINDS
 from ..shared import wire
 from ..shared.errors import CheckFailed, NotWritten, OutOfTime, fail
 from .student import describe_error
@@ -157,8 +158,14 @@ class Remote(wire.Proxy):
         return lambda number, kind, is_callable: Remote(self._channel, number, kind, is_callable, self._root,
                                                         rules=self._rules)
 
-    def _checked(self, forbid: Sequence[Forbidden], exercise: str) -> None:
+    def _checked(self, forbid: Sequence[Forbidden], exercise: str, observes: bool = False) -> None:
+        """Read the student's source before a call: for the built-ins ``forbid`` names, and, before a probe that
+        ``observes`` what the code does in the kernel, for anything that could change what the probe relies on
+        (the reader's rules with nothing forbidden: no module changed, no dynamic lookups, no evasions)."""
         if not forbid:
+            problem = self._channel.forbidden_use(self._root, (), self._root) if observes else None
+            if problem:  # what the probe observes is not backed: its case fails, not the whole cell
+                fail(problem)
             return
         problem = self._channel.forbidden_use(self._root, forbid, exercise)
         if problem:
@@ -170,8 +177,8 @@ class Remote(wire.Proxy):
             raise ForbiddenCall(problem, builtin)
 
     def _call(self, op: dict, args: Sequence[Any], kwargs: dict, exercise: str, forbid: Sequence[Forbidden],
-              measured: list[int | None] | None = None) -> dict:
-        self._checked(forbid, exercise)
+              measured: list[int | None] | None = None, observes: bool = False) -> dict:
+        self._checked(forbid, exercise, observes)
         request = dict(op, target=self.__wire_handle__(), args=tuple(args), kwargs=dict(kwargs), exercise=exercise,
                        forbid=[[r.shown_as, sorted(r.names), r.family] for r in forbid])
         reply = self._ask(request, measured)
@@ -224,7 +231,9 @@ class Remote(wire.Proxy):
               forbid: Sequence[Forbidden] = ()) -> Any:
         """:func:`autograder.grader.student.probe` with this object as the target, run in the kernel."""
         name = f"{examine.__module__}:{examine.__qualname__}"
-        reply = self._call({"op": "probe", "examine": name}, args, kwargs, what.split("(", 1)[0], forbid)
+        observes = PROBE_KINDS.get(name, (OBSERVED,))[0] == OBSERVED  # a probe not classified is read too
+        reply = self._call({"op": "probe", "examine": name}, args, kwargs, what.split("(", 1)[0], forbid,
+                           observes=observes)
         if "error" in reply:
             fail(describe_error(what, _student_error(reply["error"])))
         return reply.get("value")

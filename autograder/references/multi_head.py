@@ -110,10 +110,15 @@ def built_module(module_class, *args, **kwargs) -> dict:
 
 
 def parameters_without_grad(module, x: torch.Tensor) -> list[str]:
-    """A probe: the parameters of ``module`` that get no gradient from ``module(x, x, x)[0].sum().backward()``."""
+    """A probe: the parameters of ``module`` that get no gradient from ``module(x, x, x)[0].sum()``.
+
+    Asked of autograd's graph (``torch.autograd.grad``), not read from ``.grad``, which the module's own code
+    could fill in while it runs."""
     output, _ = module(x, x, x)
-    output.sum().backward()
-    return [name for name, p in module.named_parameters() if p.grad is None]
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(output.sum(), [p for _, p in named], allow_unused=True) if named else ()
+    unreached = {name for (name, _), grad in zip(named, grads) if grad is None}
+    return [name for name, p in module.named_parameters() if name in unreached or not p.requires_grad]
 
 
 def check_parameters(MultiHeadAttention, d_model: int, num_heads: int, bias: bool) -> None:

@@ -35,6 +35,7 @@ import pytest
 from autograder.course.repository import assignments, module_name
 from autograder.grader import student
 from autograder.kernel import guard as guard_module
+from autograder.kernel import probe_kinds
 from autograder.kernel.guard import SDPA
 from autograder.references import serving as serving_references
 
@@ -79,6 +80,7 @@ class Enforced:
 
     forbidden: dict[str, guard_module.Forbidden] = field(default_factory=dict)
     errors: set[str] = field(default_factory=set)
+    observed: set[str] = field(default_factory=set)  # the probes run whose result is a property seen in the kernel
 
 
 def enforced_by_checks(assignment: str, exercise: str, monkeypatch) -> Enforced:
@@ -102,8 +104,16 @@ def enforced_by_checks(assignment: str, exercise: str, monkeypatch) -> Enforced:
         found.errors.add(error.__name__)
         return expect_raised(raised, error, what, why)
 
+    probe = student.probe
+
+    def recording_probe(examine, *args, **kwargs):
+        name = f"{examine.__module__}:{examine.__qualname__}"
+        if probe_kinds.PROBE_KINDS.get(name, (probe_kinds.OBSERVED,))[0] == probe_kinds.OBSERVED:
+            found.observed.add(name)
+        return probe(examine, *args, **kwargs)
+
     recorders = {"expect_error": (expect_error, recording_expect_error),
-                 "expect_raised": (expect_raised, recording_expect_raised)}
+                 "expect_raised": (expect_raised, recording_expect_raised), "probe": (probe, recording_probe)}
 
     def record_in_loaded_modules() -> None:
         # Each check module has its own name for the function; student's own stays (a module imported
@@ -251,13 +261,16 @@ def marked(table: dict):
 
 @pytest.mark.parametrize(("assignment", "exercise"), list(marked(READ_NOT_SAID_YET)))
 def test_an_exercise_whose_source_is_read_says_so(assignment, exercise, capsys):
-    """The checks forbid a built-in, so the grader reads the answer's source: the exercise's own section says so."""
+    """The checks forbid a built-in, or run a probe that observes the code in the kernel (before which the grader
+    reads the source: autograder.grader.remote), so the grader reads the answer's source: its own section says so."""
     found = enforced(assignment, exercise)
     capsys.readouterr()
     _, section, _ = exercise_parts(assignment, exercise)
-    assert not found.forbidden or READ_PHRASE in section, (
-        f"{assignment}, exercise {exercise}: its checks forbid {', '.join(sorted(found.forbidden))}, so the grader reads "
-        f"the code the answer runs, but its section never says that it {READ_PHRASE}")
+    why = [f"forbid {', '.join(sorted(found.forbidden))}"] if found.forbidden else []
+    why += [f"run the probes {', '.join(sorted(found.observed))}, which observe the code"] if found.observed else []
+    assert not why or READ_PHRASE in section, (
+        f"{assignment}, exercise {exercise}: its checks {' and '.join(why)}, so the grader reads the code the answer "
+        f"runs, but its section never says that it {READ_PHRASE}")
 
 
 @pytest.mark.parametrize(("assignment", "exercise"), list(marked(ERRORS_NOT_CHECKED_YET)))
@@ -290,6 +303,15 @@ def test_the_rules_are_read_from_the_checks(monkeypatch, capsys):
     assert ways_to_name("torch.nn.functional.scaled_dot_product_attention")[0] == "F.scaled_dot_product_attention"
     assert not forbids("Compare with F.scaled_dot_product_attention. Do not use loops.", ["F.scaled_dot_product_attention"])
     assert forbids("Do not call F.scaled_dot_product_attention inside.", ["F.scaled_dot_product_attention"])
+
+
+def test_the_probes_that_observe_are_read_from_the_checks(capsys):
+    """09's KVCache forbids nothing, but its checks count what its appends allocate in the kernel: it is read."""
+    found = enforced("09_decoding_and_training", "KVCache")
+    capsys.readouterr()
+    assert not found.forbidden and found.observed == {"autograder.references.decoding_and_training:cache_allocations"}
+    _, section, _ = exercise_parts("09_decoding_and_training", "KVCache")
+    assert READ_PHRASE in section
 
 
 def test_a_text_without_its_forbidding_sentence_fails():

@@ -5,6 +5,7 @@ the steps of checking a ``torch.autograd.Function`` both kinds of checks run."""
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,12 +131,52 @@ def _error_text(error: BaseException, function: Any) -> list[str]:
     return [type(error).__name__, message]
 
 
+#: How deep :func:`_tensors_on` looks inside what an attribute of ctx holds.
+CTX_DEPTH = 8
+
+
+def _held_by(value: Any) -> list:
+    """What ``value`` holds that may hold a tensor: a container's items, an object's attributes, a function's
+    closure and defaults (a tensor kept in a box, a lambda or a list on ctx is kept all the same)."""
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    if isinstance(value, types.FunctionType):
+        return [*_cells(value), *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+    if isinstance(value, types.MethodType):
+        return [value.__self__, value.__func__]
+    if hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)):
+        return list(vars(value).values())
+    return []
+
+
+def _cells(function: types.FunctionType) -> list:
+    """The values of ``function``'s closure (a cell not filled yet holds nothing)."""
+    values = []
+    for cell in function.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            pass
+    return values
+
+
 def _tensors_on(ctx: Any) -> list[list]:
-    """[attribute, shape] of every tensor kept as an attribute of ctx (directly or in a list, tuple or dict)."""
-    found = []
+    """[attribute, shape] of every tensor kept through an attribute of ctx: directly, or in what it holds (a list,
+    a dict, an object's attributes, a function's closure), up to :data:`CTX_DEPTH` steps deep."""
+    found, seen = [], set()
     for name, value in sorted(vars(ctx).items()) if hasattr(ctx, "__dict__") else []:
-        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-        found += [[name, list(v.shape)] for v in values if isinstance(v, torch.Tensor)]
+        todo = [(value, 0)]
+        while todo:
+            value, depth = todo.pop()
+            if id(value) in seen or depth > CTX_DEPTH:
+                continue
+            seen.add(id(value))
+            if isinstance(value, torch.Tensor):
+                found.append([name, list(value.shape)])
+            else:
+                todo += [(held, depth + 1) for held in _held_by(value)]
     return found
 
 

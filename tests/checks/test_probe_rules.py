@@ -127,6 +127,30 @@ def test_the_reader_refuses_autograds_graph_hooks_in_the_forward(line):
     assert problem is not None and "backward pass" in problem, problem
 
 
+#: P kept for the backward pass through an attribute of ctx, one step away from it: in an object of the answer's own
+#: class, or in a function's closure (ctx.P itself, or a list on ctx, was always seen).
+KEPT_ON_CTX = {
+    "in an object": ("ctx.box = Box()\n        ctx.box.P = P", "P = ctx.box.P"),
+    "in a closure": ("ctx.weights = lambda: P", "P = ctx.weights()"),
+    "in a dict in a list": ("ctx.kept = [{'P': P}]", "P = ctx.kept[0]['P']"),
+}
+
+
+def keeping_on_ctx(style: str) -> str:
+    keep, read = KEPT_ON_CTX[style]
+    return "class Box:\n    pass\n\n" + SAVES_P.replace(
+        "ctx.save_for_backward(Q, K, V, P)", f"ctx.save_for_backward(Q, K, V)\n        {keep}").replace(
+        "Q, K, V, P = ctx.saved_tensors", f"Q, K, V = ctx.saved_tensors\n        {read}")
+
+
+@pytest.mark.parametrize("style", sorted(KEPT_ON_CTX))
+def test_probabilities_kept_through_an_attribute_of_ctx_are_seen(style):
+    namespace: dict = {}
+    exec("import math\nimport torch\n" + keeping_on_ctx(style), namespace)  # noqa: S102 - the test's own answer
+    with pytest.raises(CheckFailed, match="kept tensors as attributes of ctx"):
+        check_function_cases(namespace["FlashAttention"], flash_cases())
+
+
 #: What the reader refuses because it changes what autograd saves or runs (the probes of 08 rely on both).
 AUTOGRAD_HOOKS = sorted(name for name, why in source_check.EVASIONS.items() if "backward pass" in why)
 

@@ -18,7 +18,8 @@ OBSERVED = "observed"
 PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.decoding_and_training:cache_scenario": (DATA, "lengths, keys and values against the reference"),
     "autograder.references.long_context:rolling_scenario": (DATA, "lengths, keys, values and positions against the reference"),
-    "autograder.references.serving:mla_outputs": (DATA, "outputs and latents against the reference module's"),
+    "autograder.references.serving:mla_outputs": (DATA, "outputs and latents against the reference module's, "
+                                                        "run under the exercise's rules"),
     "autograder.references.serving:paged_attention_on": (DATA, "the output against the reference"),
     "autograder.references.serving:paged_scenario": (DATA, "every live sequence and the pool against the reference"),
     "autograder.references.serving:paged_attention_error": (DATA, "the error raised against the one the text asks for"),
@@ -29,7 +30,8 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.multi_head:module_summary": (DATA, "the class and its parameter count against the text's"),
     "autograder.references.flash_backward:function_record": (
         OBSERVED, "output and gradients: data against autograd through SDPA; what is saved for backward and "
-                  "kept on ctx: observed, nothing in the grader backs it"),
+                  "kept through ctx: observed, backed by the grader's reading of the source (no autograd hooks, "
+                  "nothing loaded changes a module)"),
     "autograder.references.flash_backward:function_values": (
         DATA, "outputs at moved inputs and gradients: the grader compares them as gradcheck does"),
     "autograder.references.flash_backward:backward_under_guard": (

@@ -52,7 +52,6 @@ from ..references.tiny_decoder import (
     run_generate,
 )
 from ..references.tiny_decoder import build_model as build_model  # the tests import them from here
-from ..references.tiny_decoder import model_calls as model_calls
 from ..references.tiny_decoder import module_parameters as module_parameters
 from ..references.tiny_decoder import train_block as train_block
 from ..shared.errors import fail

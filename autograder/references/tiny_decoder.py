@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..grader.compare import assert_close, describe
+from ..grader.compare import assert_close
 from ..grader.inputs import generator, randn
 from ..grader.student import call_student, harness, probe
 from ..shared.errors import CheckFailed, fail
@@ -189,32 +189,6 @@ def run_generate(generate, TinyDecoder) -> Callable[..., Any]:  # noqa: N803
         return generate(build_model(TinyDecoder, weights), prompt, steps, use_cache=use_cache)
 
     return run
-
-
-def model_calls(generate, model, prompt, steps, use_cache=True):
-    """``generate(model, ...)`` while every call of the model is noted, in the process where ``model`` is (the
-    checks serve their model from the grader instead, :class:`CountedCalls`: a count noted beside the student's
-    code is whatever that code lets it be).
-
-    Returns ``(tokens, fed, cached)``: generate's result, the number of tokens given to each
-    call of the model, and whether that call received the caches.
-    """
-    fed, cached = [], []
-    forward = model.forward
-
-    def noted(tokens, caches=None):
-        fed.append(int(tokens.shape[-1]))
-        cached.append(caches is not None)
-        return forward(tokens, caches)
-
-    model.forward = noted
-    try:
-        tokens = generate(model, prompt, steps, use_cache=use_cache)
-    finally:
-        del model.forward
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"generate should return a tensor of tokens, but it returned {describe(tokens)}")
-    return tokens, torch.tensor(fed, dtype=torch.long), torch.tensor(cached, dtype=torch.bool)
 
 
 class CountedCalls:

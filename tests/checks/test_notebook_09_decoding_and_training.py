@@ -293,11 +293,13 @@ def test_the_calls_of_the_model_are_what_catches_recomputation(solution):
     weights = visible.Weights(1, 8, 2, 16, vocab=11, num_layers=2)
     prompt = torch.randint(0, 11, (2, 4), generator=torch.Generator().manual_seed(0))
     wasteful = hidden.generate_whole_sequence_each_step
-    tokens, fed, cached = visible.model_calls(wasteful, visible.build_model(solution.TinyDecoder, weights), prompt, 6)
+    counted = visible.CountedCalls(visible.build_model(solution.TinyDecoder, weights))
+    tokens = wasteful(counted, prompt, 6)
     assert torch.equal(tokens, visible.greedy_reference(weights, prompt, 6))  # the tokens alone cannot tell
-    assert visible.calls_problem(fed, cached, 4, 6)
-    _, fed, cached = visible.model_calls(solution.generate, visible.build_model(solution.TinyDecoder, weights), prompt,
-                                         6)
+    assert visible.calls_problem(*counted.calls(), 4, 6)
+    counted = visible.CountedCalls(visible.build_model(solution.TinyDecoder, weights))
+    solution.generate(counted, prompt, 6)
+    fed, cached = counted.calls()
     assert fed.tolist() == [4, 1, 1, 1, 1, 1] and bool(cached.all())
     assert visible.calls_problem(fed, cached, 4, 6) is None
 
@@ -319,7 +321,7 @@ def test_a_wrong_model_is_reported_before_generate(solution):
 
 
 @pytest.mark.parametrize("examine", [visible.cache_scenario, visible.cache_allocations, visible.module_parameters,
-                                     visible.train_block, visible.model_calls])
+                                     visible.train_block])
 def test_probes_live_in_the_public_checks(examine):
     assert examine.__module__.startswith("autograder.references.")  # public, shared with the hidden checks
     assert "<locals>" not in examine.__qualname__

@@ -95,8 +95,8 @@ def test_a_held_probe_is_not_the_function_an_answer_cell_can_reach(monkeypatch):
 
     monkeypatch.setattr(serve, "_held", {})
     serve.hold_probes()
-    held = serve._held["autograder.references.tiny_decoder:model_calls"]
-    assert held is not tiny_decoder.model_calls and held.__code__ is tiny_decoder.model_calls.__code__
+    held = serve._held["autograder.references.tiny_decoder:train_block"]
+    assert held is not tiny_decoder.train_block and held.__code__ is tiny_decoder.train_block.__code__
     assert held.__globals__ is not vars(tiny_decoder)
     with pytest.raises(ValueError, match="not a probe"):
         serve._examiner("autograder.references.tiny_decoder:Weights")

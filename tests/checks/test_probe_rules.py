@@ -151,6 +151,43 @@ def test_probabilities_kept_through_an_attribute_of_ctx_are_seen(style):
         check_function_cases(namespace["FlashAttention"], flash_cases())
 
 
+#: An honest FlashAttention in another style: its options in a dict and in an object of its own class on ctx, and a
+#: scale kept beside them (plain values only, however they are held).
+HONEST_OPTIONS_ON_CTX = '''
+class Options:
+    def __init__(self, block_size, is_causal):
+        self.block_size, self.is_causal = block_size, is_causal
+
+
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, Q, K, V, block_size, is_causal=False):
+        O, lse = flash_attention_forward(Q, K, V, block_size, is_causal)
+        ctx.save_for_backward(Q, K, V, O, lse)
+        ctx.options = Options(block_size, is_causal)
+        ctx.sizes = {"n": Q.shape[-2], "m": K.shape[-2], "shape": Q.shape}
+        ctx.scale = 1 / math.sqrt(Q.shape[-1])
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, lse = ctx.saved_tensors
+        dQ, dK, dV = flash_attention_backward(Q, K, V, O, dO, lse, ctx.options.block_size, ctx.options.is_causal)
+        return dQ, dK, dV, None, None
+'''
+
+
+def test_an_honest_flash_attention_with_plain_values_on_ctx_passes_and_is_read_as_honest():
+    answers = reference_answers("08_flash_backward")
+    sources = ["import math\nimport torch", answers["flash_attention_forward"], answers["flash_attention_backward"],
+               HONEST_OPTIONS_ON_CTX]
+    assert source_check.forbidden_use(sources, "FlashAttention", FORWARD_BUILTINS, "FlashAttention") is None
+    namespace: dict = {}
+    for source in sources:
+        exec(source, namespace)  # noqa: S102 - the reference's answers and the test's own
+    check_function_cases(namespace["FlashAttention"], flash_cases())
+
+
 #: What the reader refuses because it changes what autograd saves or runs (the probes of 08 rely on both).
 AUTOGRAD_HOOKS = sorted(name for name, why in source_check.EVASIONS.items() if "backward pass" in why)
 

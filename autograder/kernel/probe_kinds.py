@@ -11,7 +11,8 @@ from __future__ import annotations
 #: right answer.
 DATA = "data"
 #: A probe's result that is a property seen in the kernel (bytes, counts, saved tensors, forbidden calls, how a result
-#: was built), which code in the kernel can forge.
+#: was built), which code in the kernel can forge: before each such probe the grader reads the student's source with
+#: the reader's rules (:meth:`autograder.grader.remote.Remote.probe`), whether or not the exercise forbids built-ins.
 OBSERVED = "observed"
 #: Each probe (``module:qualname``) -> (:data:`DATA` or :data:`OBSERVED`, what the grader checks it against, or that
 #: nothing does), so that a new probe is not added without saying (tests/checks/test_probes.py; docs/safety.md).
@@ -43,19 +44,22 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
         OBSERVED, "whether the input changed; backed as gradcheck_failure is"),
     "autograder.kernel.watches:reductions_of": (OBSERVED, "the reductions made; backed as gradcheck_failure is"),
     "autograder.kernel.watches:watch_allocations": (
-        OBSERVED, "tensors alive at once; on the measured cases of 07 and 08 the grader reads the kernel's memory "
-                  "from outside; elsewhere nothing backs it"),
+        OBSERVED, "tensors alive at once; backed by the grader's reading of the source (nothing loaded changes a "
+                  "module or a watch's class); on the measured cases of 07 and 08 the grader also reads the kernel's "
+                  "memory from outside"),
     "autograder.references.masking:padding_mask_off_the_default_device": (
-        OBSERVED, "where the result was built; backed by the grader's reading of the source where the exercise "
-                  "forbids built-ins, else nothing"),
-    "autograder.references.multi_head:parameters_without_grad": (OBSERVED, "the parameters autograd reached; nothing "
-                                                                           "in the grader backs it"),
-    "autograder.references.decoding_and_training:cache_allocations": (OBSERVED, "bytes allocated; nothing in the "
-                                                                                 "grader backs it"),
+        OBSERVED, "where the result was built; backed by the grader's reading of the source (nothing loaded "
+                  "changes a module)"),
+    "autograder.references.multi_head:parameters_without_grad": (
+        OBSERVED, "the parameters autograd's graph reaches (torch.autograd.grad, not .grad, which the module could "
+                  "fill in); backed by the grader's reading of the source (nothing loaded changes autograd)"),
+    "autograder.references.decoding_and_training:cache_allocations": (
+        OBSERVED, "bytes allocated; backed by the grader's reading of the source (nothing loaded changes a module "
+                  "or the meter's class)"),
     "autograder.references.long_context:rolling_bytes_held": (OBSERVED, "bytes held; backed as gradcheck_failure is"),
-    "autograder.references.serving:absorbed_allocations": (OBSERVED, "the first large tensor; nothing in the grader "
-                                                                      "backs it"),
-    "autograder.references.serving:append_allocations": (OBSERVED, "bytes allocated; nothing in the grader backs it"),
+    "autograder.references.serving:absorbed_allocations": (OBSERVED, "the first large tensor; backed as "
+                                                                      "cache_allocations is"),
+    "autograder.references.serving:append_allocations": (OBSERVED, "bytes allocated; backed as cache_allocations is"),
     "autograder.references.tiny_decoder:train_block": (OBSERVED, "the losses of a training run in the kernel; backed "
                                                                  "as gradcheck_failure is"),
 }

@@ -3,8 +3,10 @@
 In the student's kernel the guard (:mod:`autograder.kernel.guard`) stops a forbidden built-in when
 it is called, which is what an honest student needs. Code in that kernel can also switch the
 guard off (``torch._C.DisableTorchFunction``), call the built-in from another thread, or
-replace the guard. So, before the grader asks the kernel to run an exercise that forbids
-built-ins, it reads, in the grader's process, exactly what the graded kernel loads (the
+replace the guard, or a watch a probe runs. So, before the grader asks the kernel to run an exercise
+that forbids built-ins, and before every probe that observes the student's code there (a probe of
+:data:`autograder.kernel.probe_kinds.OBSERVED` kind, in any exercise: read with nothing forbidden),
+it reads, in the grader's process, exactly what the graded kernel loads (the
 release's own imports and definitions, the student's import statements, the answer cells) and
 in it:
 
@@ -35,7 +37,9 @@ objects and the grader's arguments, one step deep); no dunder beyond a few plain
 (``torch.jit``, ``torch.compile``, ``torch.load``), PyTorch's private names, or a module outside
 :data:`IMPORTABLE`. Anywhere in what is loaded, nothing may write the notebook's namespace
 (``globals()[...] = ``, ``__builtins__``, ``import builtins``) or change what an imported module
-holds (``torch.softmax = f``, a probe of the public checks replaced). A source that does not parse,
+holds (``torch.softmax = f``, a probe of the public checks replaced), change a class through one of its
+objects (``type(meter).__torch_dispatch__ = f``, ``x.__class__.f = g``) or reach a frame
+(``sys._getframe()``, ``f_builtins``). A source that does not parse,
 an expression nested deeper than :data:`MAX_DEPTH`, more than :data:`MAX_CHARS` of source, and any
 error of the reader's own are "cannot verify" too. A function that behaves differently when it is
 graded gains nothing: its source is what is read.
@@ -44,9 +48,10 @@ What it does not see: cells the graded kernel does not load (scratch cells, set-
 magics of the imports cell: they cannot change a verdict there), code that is not Python source
 (a compiled extension this environment already has), a family that no pattern describes, what a
 PyTorch object reached in one ``getattr`` step from the student's own objects does when called
-(the guard sees that at run time), and exercises that forbid no built-in (their source is not
-read). Those are left to the guard, to the pristine graded kernel, and to the instructor reading
-the code.
+(the guard sees that at run time), the calls of an exercise that forbids no built-in other than its
+probes that observe (what they return is judged against a reference), and a property an answer
+games in plain code that a probe measures as it should. Those are left to the guard, to the
+pristine graded kernel, and to the instructor reading the code.
 """
 
 from __future__ import annotations

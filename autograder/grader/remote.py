@@ -22,8 +22,9 @@ What this does not protect: what runs in the kernel is the student's. The guard 
 forbidden built-ins, the watches of probes and the thread check below all run there and can
 be fooled by code written to fool them (the probes are held, :func:`autograder.kernel.serve.hold_probes`,
 against an answer cell that replaces one, not against code that replaces what they call); the
-grader adds a reading of the student's source for forbidden built-ins
-(:mod:`autograder.engine.source_check`) that the kernel cannot change, and
+grader adds a reading of the student's source (:mod:`autograder.engine.source_check`) that the kernel
+cannot change, before every call of an exercise that forbids built-ins and before every probe that
+observes the code in the kernel (:data:`autograder.kernel.probe_kinds.OBSERVED`), and
 measures a call's memory from outside the kernel where the channel can
 (:meth:`Remote.measured_attempt`: the call made in a fresh kernel loaded as the graded one, its
 control group's peak during the call above what it held before the answer cells were loaded).

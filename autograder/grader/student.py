@@ -146,9 +146,10 @@ def probe(
     (autograd through it, its parameters, a watch on the torch calls it makes) and returns
     plain data. When a notebook is graded, ``target`` lives in the sandboxed kernel and so
     does this call, with the probe copied before any answer cell was loaded
-    (:func:`autograder.kernel.serve.hold_probes`): the student's code can still change what a probe
-    returns by changing what it calls, as it can change what its functions return, but never
-    how the result is judged.
+    (:func:`autograder.kernel.serve.hold_probes`). A probe whose result is a property seen there
+    (:data:`autograder.kernel.probe_kinds.OBSERVED`) is preceded by the grader's reading of the
+    student's source, so that nothing loaded changes what it calls (a "cannot verify" fails the
+    call); a probe whose result is data is judged against a reference, however it was computed.
     """
     if isinstance(target, Proxy):
         return target.probe(examine, args, kwargs, what=what, forbid=forbid)

@@ -244,7 +244,12 @@ class PeakMeter:
     Python's objects, a child process, files written to a tmpfs), whatever the code in it believes
     it is doing. Where the peak cannot be reset (cgroup v2 before Linux 6.12), a meter of a group
     made for the stretch measured (``whole_life``) reads the peak of the group's whole life instead:
-    never less than the peak of the stretch, so code in the group cannot lower it.
+    never less than the peak of the stretch, so code in the group cannot lower it, and equal to it unless
+    something before the stretch reached higher (a kernel made for one measured call: a transient of
+    loading an answer cell; for the references, the peak right before the call was within 0.3 MiB of the usage).
+
+    Pages are counted, not bytes in use: what a process's allocator keeps after a ``free`` counts as held
+    (see :mod:`autograder.kernel.allocator`, which a measured kernel runs first).
     """
 
     def __init__(self, folder: Path, version: int) -> None:

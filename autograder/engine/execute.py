@@ -444,13 +444,13 @@ class ResilientExecute(KernelRequests, Execute):
             self._graded_broken = (f"This check could not be run: the grader could not start the kernel that runs "
                                    f"the checks ({type(error).__name__}: {error}).")
 
-    async def start_kernel_for_checks(self) -> GradedKernel:
+    async def start_kernel_for_checks(self, measured: bool = False) -> GradedKernel:
         """A kernel made as the notebook's was (forked from its zygote where it was), launched: the graded kernel,
-        or one for a measured call."""
+        or one for a measured call (``measured``)."""
         manager = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config)
         manager.zygote_address = (getattr(getattr(self.km, "provisioner", None), "zygote_address", None)
                                   or getattr(manager, "zygote_address", None))
-        kernel = GradedKernel(manager, self.startup_timeout, self._check_modules)
+        kernel = GradedKernel(manager, self.startup_timeout, self._check_modules, measured=measured)
         try:
             path = self.resources.get("metadata", {}).get("path") or None
             await kernel.launch(extra_arguments=self.extra_arguments, **({"cwd": path} if path else {}))

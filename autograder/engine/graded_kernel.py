@@ -14,7 +14,9 @@ so it can neither change a verdict nor cost one.
 - A kernel that dies or hangs (while loading or while a check runs) is restarted: the sources are
   loaded again, without one that killed it, and grading goes on.
 - Its control group's memory right after the release's own code was loaded (before any answer cell)
-  is the base that a measured call's peak is judged against (:mod:`autograder.engine.kernel_requests`).
+  is the base that a measured call's peak is judged against (:mod:`autograder.engine.kernel_requests`);
+  a kernel made for a measured call first sets its C allocator to give freed blocks back
+  (:mod:`autograder.kernel.allocator`), so that the peak counts what the call held, not what it freed.
 
 What this does NOT protect: the answer cells are the student's code; loaded here they can do what
 they could do in the notebook's kernel (replace a probe, patch PyTorch) to the graded kernel. The
@@ -36,6 +38,8 @@ from .graded_cells import ANSWER, GradedSource
 ANSWER_WAIT = 5
 #: Run before any answer cell: the probes the checks run are copied as they are (:func:`autograder.kernel.serve.hold_probes`).
 HOLD_PROBES = "__import__('autograder.kernel.serve', fromlist=['hold_probes']).hold_probes({modules!r})"
+#: Run first in a kernel whose memory is measured: freed blocks go back to the system (:mod:`autograder.kernel.allocator`).
+RETURN_FREED_MEMORY = "__import__('autograder.kernel.allocator', fromlist=['x']).return_freed_memory()"
 
 
 async def connect(km: Any, startup_timeout: float) -> Any:
@@ -85,8 +89,11 @@ async def responsive(km: Any, kc: Any, wait: float) -> bool:
 class GradedKernel:
     """A kernel manager and client for the graded kernel, and what has been loaded into it."""
 
-    def __init__(self, manager: Any, startup_timeout: float, check_modules: list[str] | None = None) -> None:
+    def __init__(self, manager: Any, startup_timeout: float, check_modules: list[str] | None = None, *,
+                 measured: bool = False) -> None:
         self.km = manager
+        #: its memory is measured: its C allocator gives freed blocks back before anything is loaded
+        self.measured = measured
         self.check_modules = check_modules  # the modules whose probes are held (None: all)
         self.kc: Any = None
         self.startup_timeout = startup_timeout
@@ -143,7 +150,9 @@ class GradedKernel:
             await self._connect()
         if not self.loaded and not self.held:
             # the probes are copied before any answer cell can replace them (autograder.kernel.serve.hold_probes)
-            self.held = await self._run(HOLD_PROBES.format(modules=self.check_modules), deadline) is None
+            prelude = HOLD_PROBES.format(modules=self.check_modules)
+            self.held = await self._run(f"{RETURN_FREED_MEMORY}\n{prelude}" if self.measured else prelude,
+                                        deadline) is None
         while True:
             todo = [s for s in sources if s not in self.loaded and s.name not in self.left_out]
             if not todo:

@@ -13,7 +13,8 @@ kernel's memory during it, read from its control group (:class:`autograder.engin
 by this process, outside the sandbox, so that nothing the student's code does can change it, and
 judged as a total: above the kernel's memory right after the release's own code was loaded, before
 any answer cell, so that memory an answer cell holds, or frees during the call and takes again,
-counts against the call.
+counts against the call. That kernel's C allocator gives freed blocks back at once
+(:mod:`autograder.kernel.allocator`): what the call freed is not counted as if it were still held.
 
 What this does NOT protect: the answer is plain data the kernel made; it is judged in the grader,
 never trusted as a verdict.
@@ -82,7 +83,7 @@ class KernelRequests:
         return run_sync(self._async_measured_request)(request, name)
 
     async def _async_measured_request(self, request: dict, name: str) -> tuple[bytes, int | None]:
-        kernel = await self.start_kernel_for_checks()
+        kernel = await self.start_kernel_for_checks(measured=True)
         try:
             await kernel.load_until(self.graded_sources_now(), self._deadline, lambda: False)
             target = kernel.kc, kernel.km
@@ -106,8 +107,8 @@ class KernelRequests:
         finally:
             await kernel.shutdown()
 
-    async def start_kernel_for_checks(self) -> GradedKernel:
-        """A new kernel for the checks, launched (``ResilientExecute`` makes it)."""
+    async def start_kernel_for_checks(self, measured: bool = False) -> GradedKernel:
+        """A new kernel for the checks, launched (``ResilientExecute`` makes it); ``measured``: for a measured call."""
         raise NotImplementedError
 
     def graded_sources_now(self) -> list:

@@ -123,6 +123,17 @@ METER_REPLACED = {
                            "_w.AllocationMeter.__torch_dispatch__ = _quiet\n",
 }
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+#: Ways a cache's own append reaches the meter while it runs, through PyTorch's stack of dispatch modes.
+MODE_STACK_REACHED = {
+    "the current mode": "from torch.utils._python_dispatch import _get_current_dispatch_mode\n",
+    "the mode popped": "import torch.utils._python_dispatch as _d\n",
+    "the stack through torch._C": "",
+}
+_REACHES = {
+    "the current mode": "        _get_current_dispatch_mode().__class__.__torch_dispatch__ = None\n",
+    "the mode popped": "        with _d._pop_mode_temporarily():\n            pass\n",
+    "the stack through torch._C": "        torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)\n",
+}
 
 
 @pytest.mark.parametrize("style", sorted(METER_REPLACED))
@@ -130,6 +141,13 @@ def test_a_meter_replaced_is_cannot_verify_where_nothing_is_forbidden(style):
     problem = forbidden_use([HEADER, CONCATENATING + METER_REPLACED[style]], "KVCache", (), "KVCache")
     assert problem is not None and problem.startswith("Cannot verify KVCache"), problem
     assert forbidden_use([HEADER, CONCATENATING], "KVCache", (), "KVCache") is None
+
+
+@pytest.mark.parametrize("style", sorted(MODE_STACK_REACHED))
+def test_an_append_that_reaches_the_mode_stack_is_cannot_verify(style):
+    append = CONCATENATING.replace("    def append(self, k, v):\n", "    def append(self, k, v):\n" + _REACHES[style])
+    problem = forbidden_use([HEADER, MODE_STACK_REACHED[style] + append], "KVCache", (), "KVCache")
+    assert problem is not None and "KVCache" in problem, problem
 
 
 #: Honest caches in other styles than the reference's: what the reader must leave alone.

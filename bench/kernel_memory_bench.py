@@ -1,7 +1,8 @@
 """How far a grading kernel's memory reaches on the case notebooks 07 and 08 measure, read from outside the kernel.
 
-The hidden checks of ``flash_attention`` (07), ``flash_attention_forward`` and ``flash_attention_backward``
-(08) call the student's function on Q, K, V of shape (1, 4096, 8) in float32 with ``block_size=256``, and
+The hidden checks of ``chunked_attention`` and ``flash_attention`` (07), ``flash_attention_forward`` and
+``flash_attention_backward`` (08) call the student's function on Q, K, V of shape (1, 4096, 8) in float32 with
+``block_size=256`` (``chunk_size=128``), and
 bound how far the memory of the kernel that makes the call reaches above what it held before the answer
 cells were loaded (:data:`autograder.grader.memory.MEMORY_RISE_BOUND`), read by the grader from that kernel's
 control group; each measured call is made in a fresh kernel loaded as the graded one. This runs the
@@ -30,10 +31,11 @@ sys.path.insert(0, str(ROOT))
 from autograder.engine import cgroup  # noqa: E402
 from autograder.engine.execute import ResilientExecute  # noqa: E402
 from autograder.grader.memory import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_N, MEMORY_RISE_BOUND  # noqa: E402
+from autograder.hidden.complexity import MEMORY_CASE_CHUNK  # noqa: E402
 from tests.course_copy import reference_answers  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-REPEATS = 3
+REPEATS = 5
 
 WRONG = '''
 def naive_attention(Q, K, V, block_size, is_causal=False):
@@ -73,7 +75,8 @@ import time
 import torch
 from autograder.hidden import complexity, flash_backward
 from autograder.grader.inputs import generator, randn
-from autograder.kernel.watches import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, measured_memory_call
+from autograder.grader.memory import MEMORY_CASE_BLOCK, MEMORY_CASE_D, MEMORY_CASE_DTYPE, MEMORY_CASE_N, measured_memory_call
+from autograder.hidden.complexity import MEMORY_CASE_CHUNK
 
 n, d, block, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE
 gen = generator(1)
@@ -87,9 +90,11 @@ del scores
 forward_args = (Q, K, V, block)
 backward_args = (Q, K, V, O, dO, lse, block)
 warm = (Q[:, :n // 4], K[:, :n // 4], V[:, :n // 4], block)
+chunked_args, warm_chunked = (Q, K, V, MEMORY_CASE_CHUNK), (*warm[:3], MEMORY_CASE_CHUNK)
 warm_backward = (Q[:, :n // 4], K[:, :n // 4], V[:, :n // 4], O[:, :n // 4], dO[:, :n // 4], lse[:, :n // 4], block)
 rows = []
 for exercise, name, fn, args, first in [
+    ("chunked_attention", "reference", chunked_attention, chunked_args, warm_chunked),
     ("flash_attention", "reference", flash_attention, forward_args, warm),
     ("flash_attention", "reference, in float64 inside", in_float64, forward_args, warm),
     ("flash_attention", "the n x m scores and their softmax", naive_attention, forward_args, warm),
@@ -110,7 +115,8 @@ for exercise, name, fn, args, first in [
     rows.append({{"exercise": exercise, "answer": name, "rise_mib": [r / 2**20 for r in rises],
                  "call_s": [round(s, 3) for s in seconds]}})
 checks = []
-for name, module, fn, exercise in [("flash_attention (07)", complexity, flash_attention, None),
+for name, module, fn, exercise in [("chunked_attention (07)", complexity, chunked_attention, "chunked_attention"),
+                                   ("flash_attention (07)", complexity, flash_attention, "flash_attention"),
                                    ("flash_attention_forward (08)", flash_backward, flash_attention_forward,
                                     "flash_attention_forward"),
                                    ("flash_attention_backward (08)", flash_backward, flash_attention_backward,
@@ -118,10 +124,7 @@ for name, module, fn, exercise in [("flash_attention (07)", complexity, flash_at
     seconds = []
     for _ in range({REPEATS}):
         started = time.perf_counter()
-        if exercise is None:
-            module.measured_memory_check(fn)
-        else:
-            module.measured_memory_check(fn, exercise)
+        module.measured_memory_check(fn, exercise)
         seconds.append(time.perf_counter() - started)
     checks.append({{"check": name, "seconds": [round(s, 3) for s in seconds]}})
 print("RESULT " + __import__("json").dumps({{"calls": rows, "checks": checks}}))
@@ -145,8 +148,8 @@ def main() -> None:
         return
     answers = {**reference_answers("07_complexity"), **reference_answers("08_flash_backward")}
     cells = [new_code_cell("import math\nimport torch\ntorch.set_num_threads(1)"),
-             *(answer_cell(answers[name], name) for name in ("flash_attention", "flash_attention_forward",
-                                                             "flash_attention_backward")),
+             *(answer_cell(answers[name], name) for name in ("chunked_attention", "flash_attention",
+                                                             "flash_attention_forward", "flash_attention_backward")),
              answer_cell(WRONG, "wrong"), graded_cell(MEASURE)]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -160,7 +163,8 @@ def main() -> None:
     lines = ["# How far a grading kernel's memory reaches above what it held before the answer cells were loaded, "
              "read from its control group",
              "", f"Q, K, V of shape (1, {MEMORY_CASE_N}, {MEMORY_CASE_D}) in float32, block_size={MEMORY_CASE_BLOCK}; "
-             f"one {MEMORY_CASE_N} x {MEMORY_CASE_N} float32 matrix is {MEMORY_CASE_N**2 * 4 // 2**20} MiB; the bound "
+             f"chunk_size={MEMORY_CASE_CHUNK};"
+             f" one {MEMORY_CASE_N} x {MEMORY_CASE_N} float32 matrix is {MEMORY_CASE_N**2 * 4 // 2**20} MiB; the bound "
              f"is {MEMORY_RISE_BOUND // 2**20} MiB. Each call {REPEATS} times, after a call on a quarter of the size.",
              "",
              "| exercise | answer | above the base (MiB) | call, a fresh kernel's start included (s) |",

@@ -70,8 +70,9 @@ def measured_memory_call(fn: Callable[..., Any], args: tuple, kwargs: dict, *, e
 MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_BLOCK, MEMORY_CASE_DTYPE = 4096, 8, 256, torch.float32
 #: How far the memory may reach during that call above the kernel's before the answer cells were loaded: half of
 #: one n x n float32 matrix, above what a tiled pass needs in a fresh kernel (its tiles, its outputs, the wire's
-#: buffers, PyTorch's first use of its operations: 6 to 18 MiB measured) and far below the scores and their
-#: softmax (133 MiB measured), or the scores kept as Python floats (650 MiB; bench/results/kernel_memory_bench.md).
+#: buffers, PyTorch's first use of its operations: 5 to 10 MiB measured, with the kernel's allocator giving freed
+#: blocks back, autograder.kernel.allocator) and far below the scores and their softmax (132 MiB measured), or the
+#: scores kept as Python floats (650 MiB; bench/results/kernel_memory_bench.md).
 MEMORY_RISE_BOUND = 32 * 2**20
 
 

@@ -4,6 +4,7 @@ the steps of checking a ``torch.autograd.Function`` both kinds of checks run."""
 
 from __future__ import annotations
 
+import gc
 import math
 import types
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from ..grader.inputs import math_sdpa, randn
 from ..grader.student import probe
 from ..grader.verify import Case
 from ..kernel.guard import ATTENTION_BUILTINS, ForbiddenCall, Guard, forbidden, forbidden_call
+from ..kernel.watches import TensorWatch
 from ..references.scaling import BACKWARD, FORWARD_AD, SOFTMAX_BACKWARD
 from ..shared.errors import CheckFailed, fail
 
@@ -185,8 +187,11 @@ def function_record(function, Q, K, V, dO, block_size: int, is_causal: bool) -> 
 
     Returns plain data: ``saved`` ([shape, bytes] of each tensor saved for backward, through
     ``torch.autograd.graph.saved_tensors_hooks``), ``saved_bytes`` (the bytes of their distinct
-    storages), ``ctx_tensors`` (tensors kept as attributes of ctx), ``output``, ``grads`` (by
-    ``torch.autograd.grad`` with dO), or ``error`` ([type, message]) and ``stage`` where it failed.
+    storages), ``kept_bytes`` (the bytes of the other tensors the forward pass made that are still
+    alive after it, the output's aside: kept in a global, a closure, ..., seen by a
+    :class:`~autograder.kernel.watches.TensorWatch`), ``ctx_tensors`` (tensors kept through attributes of
+    ctx), ``output``, ``grads`` (by ``torch.autograd.grad`` with dO), or ``error`` ([type, message])
+    and ``stage`` where it failed.
     """
     Q, K, V = (t.detach().clone().requires_grad_(True) for t in (Q, K, V))
     saved: list[list] = []
@@ -199,8 +204,9 @@ def function_record(function, Q, K, V, dO, block_size: int, is_causal: bool) -> 
         return t
 
     record: dict[str, Any] = {"saved": saved}
+    watch = TensorWatch([Q, K, V], rows=2**62, cols=2**62, max_elements=2**62)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
             out = function.apply(Q, K, V, block_size, is_causal)
     except NotImplementedError:
         raise  # not written yet: the caller says so
@@ -209,6 +215,14 @@ def function_record(function, Q, K, V, dO, block_size: int, is_causal: bool) -> 
     record["saved_bytes"] = sum(storages.values())
     if not isinstance(out, torch.Tensor):
         return dict(record, returned=describe(out))
+    inputs = {_storage_key(t)[0] for t in (Q, K, V)}  # not made by the forward pass
+    for generation in (1, 2):  # what only a reference cycle keeps is not kept; the young ones first (cheaper)
+        gc.collect(generation)
+        made = {address: size for address, size in [*storages.items(), _storage_key(out)]
+                if address in watch.alive and address not in inputs}
+        record["kept_bytes"] = watch.current - sum(made.values())
+        if record["kept_bytes"] < kept_limit(Q, K):
+            break
     record["output"] = out.detach()
     if out.grad_fn is None:
         return dict(record, returned="a tensor that autograd cannot differentiate (no grad_fn)")
@@ -305,6 +319,12 @@ def check_gradcheck(FlashAttention, Q, K, V, block_size: int, is_causal: bool) -
              "gradcheck compares the gradients your backward returns with finite differences of your forward.")
 
 
+def kept_limit(Q: torch.Tensor, K: torch.Tensor) -> int:
+    """Bytes of one n x m matrix of Q's dtype: FlashAttention's forward pass may not leave that much alive besides its
+    output and what it saves (a block's mask an answer caches is less; P, or the scores, of any layout is more)."""
+    return Q.shape[-2] * K.shape[-2] * Q.element_size()
+
+
 def saved_budget(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> int:
     """Bytes of Q, K, V, O and lse: all FlashAttention may keep between forward and backward."""
     queries = Q.numel() // Q.shape[-1]  # every query of every batch entry: one lse each
@@ -352,6 +372,13 @@ def function_problem(record: dict, case: Case) -> tuple[str, Any, str] | None:
             "checks that they were not changed in place, and frees them after backward. Attributes are for "
             "plain values such as block_size and is_causal.")
     budget = saved_budget(Q, K, V)
+    kept = record.get("kept_bytes", 0)
+    if kept >= kept_limit(Q, K):
+        return "kept bytes", kept, (
+            f"{call} left {kept} bytes of tensors it made alive after the forward pass, besides its output and what "
+            f"it saved for backward: as much as an n x m = {n} x {m} matrix. Tensors kept in a global, a closure or "
+            "a cache are kept all the same. FlashAttention saves Q, K, V, O and the logsumexp with "
+            "ctx.save_for_backward, and keeps nothing else.")
     if record["saved_bytes"] > budget:
         shapes = [shape for shape, _ in record["saved"]]
         return "saved bytes", record["saved_bytes"], (

@@ -95,8 +95,9 @@ def flash_cases() -> list[Case]:
     return [Case(qkv(gen, (2,), 8, 8, 4, 4) + (4,), label="n = m = 8, blocks of 4")]
 
 
-def test_the_hooks_hide_the_saved_probabilities_from_the_probe_where_the_source_is_not_read():
-    """The hole itself: run in this process (where nothing is read), the hidden P passes; the plain one does not."""
+def test_the_probabilities_hidden_by_hooks_are_still_seen_alive_where_the_source_is_not_read():
+    """In this process nothing is read: the hooks hide P from the saved tensors, but P is still alive after the
+    forward pass, which the record sees as well (the plain one is caught as saved)."""
     namespace: dict = {}
     exec("import math\nimport torch\n" + SAVES_P, namespace)  # noqa: S102 - the test's own answer
     with pytest.raises(CheckFailed, match="saved tensors of shapes"):
@@ -104,7 +105,43 @@ def test_the_hooks_hide_the_saved_probabilities_from_the_probe_where_the_source_
     for style in HIDDEN_BY:
         namespace = {}
         exec("import math\nimport torch\n" + hiding(style), namespace)  # noqa: S102
+        with pytest.raises(CheckFailed, match="alive after the forward pass"):
+            check_function_cases(namespace["FlashAttention"], flash_cases())
+
+
+#: P kept for the backward pass outside ctx and outside what autograd saves.
+KEPT_ELSEWHERE = {
+    "in a list at the top level": ("_KEPT = []\n", "_KEPT.append(P)", "P = _KEPT.pop()"),
+    "in a dict at the top level": ("_KEPT = {}\n", "_KEPT['P'] = P", "P = _KEPT.pop('P')"),
+    "on the class": ("", "FlashAttention.kept = P", "P = FlashAttention.kept"),
+}
+
+
+def keeping_elsewhere(style: str) -> str:
+    top, keep, read = KEPT_ELSEWHERE[style]
+    return top + SAVES_P.replace(
+        "ctx.save_for_backward(Q, K, V, P)", f"ctx.save_for_backward(Q, K, V)\n        {keep}").replace(
+        "Q, K, V, P = ctx.saved_tensors", f"Q, K, V = ctx.saved_tensors\n        {read}")
+
+
+@pytest.mark.parametrize("style", sorted(KEPT_ELSEWHERE))
+def test_probabilities_kept_outside_ctx_are_seen_alive(style):
+    namespace: dict = {}
+    exec("import math\nimport torch\n" + keeping_elsewhere(style), namespace)  # noqa: S102 - the test's own answer
+    with pytest.raises(CheckFailed, match="alive after the forward pass"):
         check_function_cases(namespace["FlashAttention"], flash_cases())
+
+
+@pytest.mark.slow
+def test_a_flash_attention_that_keeps_its_probabilities_in_a_global_earns_nothing_for_it_in_the_graded_kernel(tmp_path):
+    """The source reader accepts this code (a list at the top level is plain Python): what the record sees alive
+    after the forward pass is what catches it, case by case."""
+    sources = ["import math\nimport torch", keeping_elsewhere("in a list at the top level")]
+    assert source_check.forbidden_use(sources, "FlashAttention", FORWARD_BUILTINS, "FlashAttention") is None
+    outputs = graded_one(tmp_path, "08_flash_backward", "FlashAttention", sources[1])
+    cases = judge.case_record({"outputs": outputs})["cases"]
+    kept = [c for c in cases if not c["passed"] and "alive after the forward" in c.get("message", "")]
+    assert len(kept) == 7, cases
 
 
 @pytest.mark.parametrize("style", sorted(HIDDEN_BY))

@@ -117,11 +117,15 @@ KEPT_ELSEWHERE = {
 }
 
 
-def keeping_elsewhere(style: str) -> str:
-    top, keep, read = KEPT_ELSEWHERE[style]
+def keeping(top: str, keep: str, read: str) -> str:
+    """:data:`SAVES_P` saving Q, K and V only, P kept by the line ``keep`` and read back by ``read``, ``top`` before."""
     return top + SAVES_P.replace(
         "ctx.save_for_backward(Q, K, V, P)", f"ctx.save_for_backward(Q, K, V)\n        {keep}").replace(
         "Q, K, V, P = ctx.saved_tensors", f"Q, K, V = ctx.saved_tensors\n        {read}")
+
+
+def keeping_elsewhere(style: str) -> str:
+    return keeping(*KEPT_ELSEWHERE[style])
 
 
 @pytest.mark.parametrize("style", sorted(KEPT_ELSEWHERE))
@@ -174,10 +178,7 @@ KEPT_ON_CTX = {
 
 
 def keeping_on_ctx(style: str) -> str:
-    keep, read = KEPT_ON_CTX[style]
-    return "class Box:\n    pass\n\n" + SAVES_P.replace(
-        "ctx.save_for_backward(Q, K, V, P)", f"ctx.save_for_backward(Q, K, V)\n        {keep}").replace(
-        "Q, K, V, P = ctx.saved_tensors", f"Q, K, V = ctx.saved_tensors\n        {read}")
+    return keeping("class Box:\n    pass\n\n", *KEPT_ON_CTX[style])
 
 
 @pytest.mark.parametrize("style", sorted(KEPT_ON_CTX))

@@ -30,9 +30,9 @@ PROBE_KINDS: dict[str, tuple[str, str]] = {
     "autograder.references.multi_head:built_module": (DATA, "the class and its parameter count against the text's"),
     "autograder.references.multi_head:module_summary": (DATA, "the class and its parameter count against the text's"),
     "autograder.references.flash_backward:function_record": (
-        OBSERVED, "output and gradients: data against autograd through SDPA; what is saved for backward and "
-                  "kept through ctx: observed, backed by the grader's reading of the source (no autograd hooks, "
-                  "nothing loaded changes a module)"),
+        OBSERVED, "output and gradients: data against autograd through SDPA; what is saved for backward, kept "
+                  "through ctx or left alive: observed, backed by the grader's reading of the source (no autograd "
+                  "hooks, nothing loaded changes a module)"),
     "autograder.references.flash_backward:function_values": (
         DATA, "outputs at moved inputs and gradients: the grader compares them as gradcheck does"),
     "autograder.references.flash_backward:backward_under_guard": (

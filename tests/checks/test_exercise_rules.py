@@ -322,3 +322,38 @@ def test_a_text_without_its_forbidding_sentence_fails():
     cut = " ".join(s for s in sentences(text) if not (FORBIDDING.search(s) and alias in s))
     assert not forbids(cut, [alias])
     assert aliases_shown("08_flash_backward", SDPA) == [alias]
+
+
+#: How the introduction's paragraph on the source reading starts.
+READS_HEADING = "**What the grader reads.**"
+
+
+def what_the_grader_reads(assignment: str) -> str | None:
+    """The introduction's paragraph that says what the source reading accepts (None: the notebook has none)."""
+    introduction, *_ = exercise_parts(assignment, next(iter(answer_cells(assignment))))
+    paragraphs = [p for p in introduction.split("\n\n") if p.startswith(READS_HEADING)]
+    return paragraphs[0] if paragraphs else None
+
+
+def test_every_notebook_says_the_same_of_what_the_grader_reads():
+    """One statement of the reader's rules: every notebook with an exercise whose code is read holds the same
+    paragraph, and it names what the reader refuses in every exercise (each kind of the evasions by an example)."""
+    from autograder.engine.source_check import EVASIONS
+
+    said = {}
+    for assignment in assignments():
+        sections = [exercise_parts(assignment, exercise)[1] for exercise in answer_cells(assignment)]
+        if any(READ_PHRASE in section for section in sections):
+            said[assignment] = what_the_grader_reads(assignment)
+    assert said and None not in said.values(), f"notebooks without the paragraph: {[a for a, p in said.items() if p is None]}"
+    first, paragraph = next(iter(said.items()))
+    assert all(p == paragraph for p in said.values()), (
+        f"the paragraph differs from {first}'s in {[a for a, p in said.items() if p != paragraph]}")
+    kinds: dict[str, list[str]] = {}
+    for name, reason in EVASIONS.items():
+        kinds.setdefault(reason, []).append(name)
+    words = {"thread": "threads", "process": "processes", "guard that watches": "torch._C"}
+    for reason, names in kinds.items():
+        named = any(re.search(rf"\b{re.escape(n)}\b", paragraph) for n in names) or \
+            any(w in reason and said_as in paragraph for w, said_as in words.items())
+        assert named, f"the paragraph names nothing the reader refuses because it {reason} ({', '.join(names)})"

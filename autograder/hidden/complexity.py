@@ -269,9 +269,12 @@ def measured_memory_check(fn, exercise: str) -> None:
     """Config E: n = m = 4096 in float32; the memory may rise by at most MEMORY_RISE_BOUND while ``fn`` runs.
 
     Measured from outside the kernel where grading has a control group, else by the watch. A call on a
-    quarter of the size comes first, unmeasured: code that PyTorch loads the first time an operation
-    runs at these sizes is then not counted against the student. The value is compared on every 64th
-    query (the reference of the whole output would cost the grader more than the student's call).
+    quarter of the size comes first, unmeasured, in the graded kernel: an error is named on a small case.
+    It does not warm the kernel that is measured: measured from outside, the call runs in a fresh kernel,
+    where PyTorch's first use of its operations counts (within the 5 to 10 MiB the references reach,
+    :data:`~autograder.grader.memory.MEMORY_RISE_BOUND`); the watch counts tensors only, which such
+    costs are not. The value is compared on every 64th query (the reference of the whole output would
+    cost the grader more than the student's call).
     """
     gen = generator(790 if exercise == "flash_attention" else 745)
     n, d, dtype = MEMORY_CASE_N, MEMORY_CASE_D, MEMORY_CASE_DTYPE

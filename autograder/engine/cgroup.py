@@ -20,9 +20,12 @@ into the group before it becomes the sandbox, so everything the code starts is c
 The memory controller also measures: :class:`PeakMeter` reads the highest a group's memory reached
 during a stretch of time (one call of a student's function), from its counters, which nothing in the
 group can change: cgroup v1's ``memory.max_usage_in_bytes`` (reset by writing 0), or v2's ``memory.peak``
-(reset for one open descriptor, Linux 6.12 and later). Where it cannot be reset, the peak of a group
-made for the stretch (a kernel started for one measured call) is read from the group's whole life;
-where there is no peak at all (cgroup v2 before Linux 5.19) there is no meter.
+(reset for one open descriptor, Linux 6.12 and later). Where it cannot be reset, a kernel started for one
+measured call has its processes moved, right before the call, into a group made for it beside its own
+(:meth:`PeakMeter.for_call`): the figure is what its own group still holds then plus the new group's
+whole-life peak. Where no group can be made beside it, the peak of its own group's whole life is read
+(which also counts what loading its answer cells did); where there is no peak at all (cgroup v2 before
+Linux 5.19) there is no meter.
 """
 
 from __future__ import annotations
@@ -245,8 +248,8 @@ class PeakMeter:
     it is doing. Where the peak cannot be reset (cgroup v2 before Linux 6.12), a meter of a group
     made for the stretch measured (``whole_life``) reads the peak of the group's whole life instead:
     never less than the peak of the stretch, so code in the group cannot lower it, and equal to it unless
-    something before the stretch reached higher (a kernel made for one measured call: a transient of
-    loading an answer cell; for the references, the peak right before the call was within 0.3 MiB of the usage).
+    something before the stretch reached higher (what loading a kernel's answer cells did and freed):
+    :meth:`for_call` moves the processes into a group made for the stretch, so that it does not count.
 
     Pages are counted, not bytes in use: what a process's allocator keeps after a ``free`` counts as held
     (see :mod:`autograder.kernel.allocator`, which a measured kernel runs first).
@@ -257,6 +260,11 @@ class PeakMeter:
         self._peak: IO[str] | None = None
         self._start = 0
         self.reset = True  # False: the peak is the group's whole life's (it could not be reset)
+        #: a meter of :meth:`for_call` whose processes were moved: the group they left, and what it still held
+        #: once the last one had left (None: one is still there, so its whole life's peak is counted instead)
+        self.left: tuple[Path, int | None] | None = None
+        #: the group made for the call (:meth:`for_call`), which the caller removes once the kernel is stopped
+        self.made: Group | None = None
 
     @classmethod
     def of(cls, group: Group | None, whole_life: bool = False) -> PeakMeter | None:
@@ -279,6 +287,40 @@ class PeakMeter:
             meter._read(USAGE_FILES[meter.version][1])
         except (OSError, ValueError, IndexError):
             return None
+        return meter
+
+    @classmethod
+    def for_call(cls, group: Group | None) -> PeakMeter | None:
+        """A meter of one call that the processes of ``group``, a group made for that call's kernel, are about to make.
+
+        Where the peak can be reset, it is (:meth:`of`). Elsewhere (cgroup v2 before Linux 6.12) every
+        process of ``group`` is moved into a new group beside it, with its limits (the memory less what
+        ``group`` still holds), and the figure is what ``group`` held once the last process had left plus
+        the new group's whole-life peak. It is never below the call's own peak: pages stay charged to
+        the group that took them when their process moves (cgroup v2 never moves them; v1 does only with
+        ``memory.move_charge_at_immigrate``, read after the move, so a moved charge is counted in the new
+        group), and a group without processes takes no new pages, so ``group`` can only shrink. A process
+        still in ``group`` after the move (one started meanwhile, again and again) makes ``group``'s whole
+        life's peak count instead. Where no group can be made beside it, the whole life's peak of ``group``
+        (:meth:`of` with ``whole_life``), which also counts what was done before the call.
+        """
+        meter = cls.of(group)
+        if meter is not None:
+            return meter
+        found = memory_folder(group)
+        if found is None:
+            return None
+        old, version = found
+        made = _beside(old, version)
+        if made is None:
+            return cls.of(group, whole_life=True)
+        meter = cls.of(Group((made,)), whole_life=True)
+        if meter is None:
+            remove(Group((made,)))
+            return cls.of(group, whole_life=True)
+        meter.made = Group((made,))
+        still_there = _move_all(old, made)
+        meter.left = (old, None if still_there else usage(old, version))
         return meter
 
     def _read(self, name: str) -> int:
@@ -305,12 +347,15 @@ class PeakMeter:
                 peak = int(self._peak.read().split()[0])
             else:  # v1 (reset by writing 0), or a peak never reset
                 peak = self._read(USAGE_FILES[self.version][1])
+            if self.left is not None:  # processes moved here (for_call): what the group they left held counts too
+                folder, held = self.left
+                peak += held if held is not None else int((folder / USAGE_FILES[self.version][1]).read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
         finally:
             self.close()
-        if base is None and not self.reset:
-            return None  # a whole life's peak says nothing about a rise from the start
+        if base is None and (not self.reset or self.left is not None):
+            return None  # a whole life's peak, or two groups', says nothing about a rise from the start
         return max(0, peak - (self._start if base is None else base))
 
     def close(self) -> None:
@@ -320,3 +365,44 @@ class PeakMeter:
             except OSError:
                 pass
             self._peak = None
+
+
+#: Rounds of moving a group's processes (:func:`_move_all`): each moves every process listed, and one started
+#: meanwhile is listed in the next.
+MOVE_ROUNDS = 20
+
+
+def _beside(folder: Path, version: int) -> Path | None:
+    """A new group beside ``folder`` with its limits, its memory's less what ``folder`` holds now (None: not made)."""
+    made = folder.with_name(f"{folder.name}-call-{uuid.uuid4().hex[:8]}")
+    held = usage(folder, version) or 0
+    try:
+        made.mkdir()
+        for files in LIMIT_FILES.values():
+            name = files[version - 1]
+            if not (folder / name).exists():
+                continue
+            limit = (folder / name).read_text().strip()
+            if name == LIMIT_FILES["memory"][version - 1] and limit.isdigit():
+                limit = str(max(int(limit) - held, 2**20))  # the two groups together stay within the kernel's limit
+            (made / name).write_text(limit)
+    except OSError:
+        remove(Group((made,)))
+        return None
+    return made
+
+
+def _move_all(source: Path, target: Path) -> bool:
+    """Move every process of ``source`` into ``target`` (a thread group at a time); whether one is still in ``source``."""
+    for _ in range(MOVE_ROUNDS):
+        pids = members(Group((source,)))
+        if not pids:
+            return False
+        for pid in pids:
+            try:
+                (target / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                continue  # it ended meanwhile
+            except OSError:
+                return bool(members(Group((source,))))
+    return bool(members(Group((source,))))

@@ -67,9 +67,10 @@ class KernelRequests:
         kernel's memory reached, at its highest during the request, above what it held once the
         release's own code was loaded, before any answer cell (:attr:`GradedKernel.base_memory`):
         memory that an answer cell holds, or frees during the call and takes again, counts. Read
-        from the kernel's control group, outside it (None where there is none, or its peak cannot
-        be reset, nor read for the kernel's whole life). Without a graded kernel (checks in the
-        notebook's kernel): the rise during the request in the notebook's kernel.
+        from the kernel's control group, outside it (:meth:`autograder.engine.cgroup.PeakMeter.for_call`;
+        None where there is none, or its peak cannot be reset, nor read for the kernel's whole life).
+        Without a graded kernel (checks in the notebook's kernel): the rise during the request in the
+        notebook's kernel.
         """
         if self.graded is None:
             meter = cgroup.PeakMeter.of(getattr(self.km, "group", None))
@@ -84,6 +85,7 @@ class KernelRequests:
 
     async def _async_measured_request(self, request: dict, name: str) -> tuple[bytes, int | None]:
         kernel = await self.start_kernel_for_checks(measured=True)
+        made: cgroup.Group | None = None  # a group made for the call (PeakMeter.for_call), removed after the kernel
         try:
             await kernel.load_until(self.graded_sources_now(), self._deadline, lambda: False)
             target = kernel.kc, kernel.km
@@ -95,8 +97,10 @@ class KernelRequests:
                 return remote.wire.encode({"failed": f"{name} could not be found when your answer cells were "
                                                      "loaded again, to measure its memory."}), None
             message = remote.wire.encode(dict(request, target=named["value"]))
-            # the kernel's group was made for this call: where its peak cannot be reset, its whole life's is read
-            meter = cgroup.PeakMeter.of(getattr(kernel.km, "group", None), whole_life=True)
+            # where the peak cannot be reset, the kernel's processes move to a group made for the call, whose whole
+            # life is the call's: what loading the answer cells did and no longer holds is not counted
+            meter = cgroup.PeakMeter.for_call(getattr(kernel.km, "group", None))
+            made = meter.made if meter is not None else None
             try:
                 reply = await self._async_request(message, target)
             except BaseException:
@@ -106,6 +110,7 @@ class KernelRequests:
             return reply, meter.stop(kernel.base_memory) if meter is not None else None
         finally:
             await kernel.shutdown()
+            cgroup.remove(made)
 
     async def start_kernel_for_checks(self, measured: bool = False) -> GradedKernel:
         """A new kernel for the checks, launched (``ResilientExecute`` makes it); ``measured``: for a measured call."""

@@ -490,6 +490,119 @@ def test_a_meter_that_cannot_reset_reads_the_whole_life_peak_only_when_asked(tmp
     assert cgroup.PeakMeter.of(group, whole_life=True).stop() is None  # no base: a whole life says nothing
 
 
+# -- where the peak cannot be reset: the processes move to a group made for the call -----------------------------
+
+#: Run in a control group, one step per line read: Python started; a 400 MiB transient made and freed, then a 200 MiB
+#: buffer made and held (an answer cell loading); the buffer written again and 50 MiB more made (the call).
+LOAD_THEN_CALL = """
+import sys
+def step(name):
+    print(name, flush=True)
+    sys.stdin.readline()
+step("started")
+transient = bytearray(b"\\x01") * (400 * 2**20)
+del transient
+held = bytearray(b"\\x01") * (200 * 2**20)
+step("loaded")
+held[::4096] = b"\\x02" * len(held[::4096])
+more = bytearray(b"\\x01") * (50 * 2**20)
+step("called")
+"""
+
+MiB = 2**20
+
+
+def measured_call(monkeypatch) -> tuple[int | None, set[int], set[int], int]:
+    """LOAD_THEN_CALL in a new group, measured from before its load: (figure, processes left in the kernel's group and
+    in the group made for the call, right after the move, the process's pid)."""
+    whole_life_only(monkeypatch)
+    group = cgroup.create(f"call-test-{time.monotonic_ns()}", 16, 2**30)
+    assert group is not None and cgroup.memory_folder(group) is not None
+    process = subprocess.Popen(cgroup.join_command(group, [sys.executable, "-S", "-c", LOAD_THEN_CALL]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    meter = None
+
+    def next_step(expected: str) -> None:
+        if expected != "started":
+            process.stdin.write("\n")
+            process.stdin.flush()
+        assert process.stdout.readline().strip() == expected
+
+    try:
+        next_step("started")
+        base = cgroup.usage(*cgroup.memory_folder(group))
+        next_step("loaded")
+        meter = cgroup.PeakMeter.for_call(group)
+        assert meter is not None and meter.made is not None
+        folder, version = cgroup.memory_folder(group)
+        made_limit = int((meter.made.folders[0] / cgroup.LIMIT_FILES["memory"][version - 1]).read_text())
+        assert made_limit <= 2**30 - 200 * MiB, "the two groups together may take more than the kernel's limit"
+        memory = cgroup.Group((folder,))  # where memory is counted (v1: one hierarchy of several)
+        left, moved = cgroup.members(memory), cgroup.members(meter.made)
+        next_step("called")
+        figure = meter.stop(base)
+    finally:
+        process.kill()
+        process.wait(10)
+        cgroup.remove(group)
+        cgroup.remove(meter.made if meter is not None else None)
+    print(f"figure: {figure / MiB:.1f} MiB above the base" if figure is not None else "no figure")
+    return figure, left, moved, process.pid
+
+
+@needs_group
+def test_a_call_moved_to_a_group_of_its_own_is_not_charged_for_what_loading_freed(monkeypatch):
+    """Where the peak cannot be reset: the 400 MiB that loading made and freed are not counted (the whole life's peak
+    counted them), the 200 MiB still held and the call's 50 MiB are."""
+    figure, left, moved, pid = measured_call(monkeypatch)
+    assert not left and pid in moved
+    assert figure is not None and 250 * MiB <= figure < 350 * MiB
+
+
+@needs_group
+def test_a_process_left_in_the_kernels_group_cannot_lower_the_figure(monkeypatch):
+    """A process still in the kernel's group after the move (here: none is moved) makes that group's whole life count:
+    the figure is as high as the whole life's peak, never lower than what the call itself held."""
+    monkeypatch.setattr(cgroup, "MOVE_ROUNDS", 0)
+    figure, left, _, pid = measured_call(monkeypatch)
+    assert pid in left
+    assert figure is not None and figure >= 400 * MiB
+
+
+def test_where_no_group_can_be_made_for_the_call_the_whole_life_peak_is_read(tmp_path, monkeypatch):
+    """A group the grader may not add a group beside (a folder of files here): the kernel's group's whole life."""
+    folder = tmp_path / "group"
+    folder.mkdir()
+    (folder / "memory.usage_in_bytes").write_text("100\n")
+    (folder / "memory.max_usage_in_bytes").write_text("5000\n")
+    def refused(self, *args, **kwargs):
+        raise PermissionError(f"no group can be made at {self}")
+
+    whole_life_only(monkeypatch)
+    monkeypatch.setattr(type(tmp_path), "mkdir", refused)
+    meter = cgroup.PeakMeter.for_call(cgroup.Group((folder,)))
+    assert meter is not None and not meter.reset and meter.made is None and meter.left is None
+    assert meter.stop(base=1000) == 4000
+
+
+#: An honest answer cell that tries its function on a large input at its top level, then deletes what it made.
+TRIED_AT_TOP_LEVEL = "\n_check = torch.softmax(torch.randn(4096, 4096), dim=-1)\ndel _check\n"
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+def test_what_an_answer_cell_did_at_load_is_not_charged_to_the_call_on_the_whole_life_path(tmp_path, monkeypatch):
+    """The chunked reference whose cell makes and frees a 64 MiB softmax at its top level passes where the peak
+    cannot be reset (the kernel's whole life's peak failed it at 128 MiB)."""
+    whole_life_only(monkeypatch)
+    answer = reference_answers("07_complexity")["chunked_attention"] + TRIED_AT_TOP_LEVEL
+    outputs, seconds = graded_check(tmp_path, [answer], "complexity", "chunked_attention", sandboxed=True)
+    message = failure(outputs)
+    print(f"graded in {seconds:.1f} s:", message)
+    assert message is None, outputs
+
+
 # -- what the allocator gave back is not counted: a measured kernel's C allocator returns freed blocks -----------
 
 #: Run in a fresh process: a 4 MiB block freed (glibc's threshold then rises above 2 MiB), sixteen blocks of 2 MiB

@@ -569,6 +569,32 @@ def test_a_process_left_in_the_kernels_group_cannot_lower_the_figure(monkeypatch
     assert figure is not None and figure >= 400 * MiB
 
 
+@needs_group
+def test_every_process_of_the_kernels_group_moves_with_it(monkeypatch):
+    """A child the kernel started moves too: nothing is left in the kernel's group to charge pages there."""
+    whole_life_only(monkeypatch)
+    group = cgroup.create(f"call-test-{time.monotonic_ns()}", 16, 2**30)
+    assert group is not None
+    process = subprocess.Popen(cgroup.join_command(group, ["sh", "-c", "sleep 60 & sleep 60 & wait"]))
+    meter = None
+    try:
+        memory = cgroup.Group((cgroup.memory_folder(group)[0],))
+        deadline = time.monotonic() + 10
+        while len(cgroup.members(memory)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = cgroup.members(memory)
+        assert len(started) == 3
+        meter = cgroup.PeakMeter.for_call(group)
+        assert meter is not None and meter.made is not None
+        assert not cgroup.members(memory) and cgroup.members(meter.made) == started
+        assert meter.left is not None and meter.left[1] is not None
+    finally:
+        process.kill()
+        cgroup.remove(group)
+        cgroup.remove(meter.made if meter is not None else None)
+        process.wait(10)
+
+
 def test_where_no_group_can_be_made_for_the_call_the_whole_life_peak_is_read(tmp_path, monkeypatch):
     """A group the grader may not add a group beside (a folder of files here): the kernel's group's whole life."""
     folder = tmp_path / "group"

@@ -361,7 +361,8 @@ def check_MultiHeadAttention(MultiHeadAttention) -> None:  # noqa: N802 - named 
     with case("output.sum().backward() reaches every parameter of the module of from_torch(mha)"):
         needs(module, built)
         call_student(module, x, x, x, what="the module of MultiHeadAttention.from_torch(mha)(x, x, x)")
-        no_grad = probe(parameters_without_grad, module, x, what="output.sum().backward() on your module's output")
+        no_grad = probe(parameters_without_grad, module, x, what="output.sum().backward() on your module's output",
+                        forbid=ATTENTION_BUILTINS)
         if no_grad:
             fail(f"After output.sum().backward(), the parameters {no_grad} of your module have no gradient: the "
                  "output must be computed from the module's parameters, with autograd on.")

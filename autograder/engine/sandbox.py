@@ -39,6 +39,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -415,22 +416,52 @@ def _nobody_runs_python() -> bool:
 
 def kill_leftovers(token: str, variable: str = TOKEN_VARIABLE, prefix: bool = False) -> int:
     """Kill every process whose environment has ``variable=token`` (``prefix``: a value that starts with
-    ``token``); return how many were killed."""
+    ``token``), and wait until they are gone; return how many were killed.
+
+    A scan sees the processes that lived when it began: a marked process may fork while one runs, and its child,
+    marked too, would go on (making files in a folder about to be removed). So the scans repeat until one finds
+    none, each after the processes it killed have ended.
+    """
     import psutil
 
     killed = 0
     me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            value = proc.environ().get(variable)
-            if value == token or (prefix and value is not None and value.startswith(token)):
-                proc.kill()
-                killed += 1
-        except (psutil.Error, OSError):
-            continue
+    for _ in range(50):  # each round kills what the last one's processes started before they died: a handful at most
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            if proc.pid == me:
+                continue
+            try:
+                value = proc.environ().get(variable)
+                if value == token or (prefix and value is not None and value.startswith(token)):
+                    proc.kill()
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        if not found:
+            break
+        killed += len(found)
+        _until_ended(found, seconds=5)
     return killed
+
+
+def _until_ended(procs: list, seconds: float) -> None:
+    """Wait until each of ``procs`` (killed) has ended or is a zombie; not reaped here: a child's parent reaps it."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.Error:
+                continue
+        if not alive:
+            return
+        procs = alive
+        time.sleep(0.01)
 
 
 def run(

@@ -18,6 +18,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course.settings import Grading, Settings
+from autograder.engine import sandbox
 from autograder.engine.sandbox import RUN_VARIABLE
 from autograder.grading import grade, runs
 
@@ -120,3 +121,34 @@ def test_a_live_run_is_left_alone_and_a_record_cannot_remove_other_folders(tmp_p
     finally:
         first.close()
     assert not first.folder.exists() and not list((course / runs.REGISTRY).iterdir())
+
+
+def test_a_process_born_while_the_leftovers_are_scanned_is_killed_too(tmp_path, monkeypatch):
+    """A scan of the processes sees those that lived when it began: a stopped run's process that forks meanwhile
+    leaves a child the scan never sees, which goes on making files in the folder being removed (seen once in
+    ``make test``: a killed run's folder left, with a kernel's folder made after the clean-up). Here the child is
+    born right after the first scan's list is taken; it is marked as its parent was, and must be killed too."""
+    ident = "0" * 32
+    env = dict(os.environ, **{RUN_VARIABLE: f"{ident}:run"})
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    born: list[subprocess.Popen] = []
+    real = psutil.process_iter
+
+    def scan_with_a_birth(*args, **kwargs):
+        procs = list(real(*args, **kwargs))  # the list is taken: what starts now is not in it
+        if not born:
+            born.append(subprocess.Popen(sleeper, env=env))
+            assert _wait_for(lambda: _marked(ident), 30)
+        return iter(procs)
+
+    parent = subprocess.Popen(sleeper, env=env)
+    try:
+        assert _wait_for(lambda: len(_marked(ident)) == 1, 30)
+        monkeypatch.setattr(psutil, "process_iter", scan_with_a_birth)
+        assert sandbox.kill_leftovers(f"{ident}:", RUN_VARIABLE, prefix=True) == 2
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+        assert born[0].wait(timeout=30) == -signal.SIGKILL, "the process born during the scan lives on"
+    finally:
+        for proc in [parent, *born]:
+            proc.kill()
+            proc.wait()

@@ -29,12 +29,15 @@ from autograder.engine.kernel_manager import SandboxedKernelManager
 from autograder.engine.notes import NOTES_FILE
 from autograder.grading import feedback, grade
 
-from ..course_copy import fill, make_course, reference_answers, released, submit
+from ..course_copy import UNHURRIED, fill, make_course, reference_answers, released, submit
+from ..demonstrations import release_without_demonstrations
 from ..notebook_code import ROOT, nbgrader_meta
 
 A = "01_soft_lookup"
+#: The cell limit the two submissions about it are graded under (:data:`TIMED`), in a run of their own; the rest of
+#: the class is graded under :data:`~tests.course_copy.UNHURRIED` limits, so that no verdict depends on how busy the
+#: machine is (a fork bomb's 256 forks, a reference's plots).
 CELL_TIMEOUT = 10
-NOTEBOOK_TIMEOUT = 300
 MARKER = f"hostile-{uuid.uuid4().hex}"
 POINTS = {
     "test_hard_lookup": 1, "test_hard_lookup_hidden": 1,
@@ -492,8 +495,6 @@ ALL = None
 CASES = {
     "reference": (lambda rel, ref, course: fill(rel, ref), [], []),
     "untouched": (lambda rel, ref, course: rel, ALL, []),
-    "loop_forever": (loop_forever, TESTS_OF["hard_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
-    "swallow_interrupt": (swallow_interrupt, TESTS_OF["soft_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
     "kernel_exit": (kernel_exit, TESTS_OF["nadaraya_watson"], ["The kernel", "exited with code 3"]),
     "segfault": (segfault, TESTS_OF["scaled_dot_product_attention"], ["The kernel", "SIGSEGV"]),
     "system_exit": (system_exit, TESTS_OF["hard_lookup"], ["SystemExit"]),
@@ -539,23 +540,36 @@ CASES = {
     "chdir": (chdir, [], []),
     "snoop": (snoop, [], []),
 }
+#: Submissions that run past the cell limit: graded in a run of their own under :data:`CELL_TIMEOUT`, beside the
+#: reference, without the demonstrations (each of their other cells takes milliseconds, far below the limit).
+TIMED = {
+    "reference": CASES["reference"],
+    "loop_forever": (loop_forever, TESTS_OF["hard_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
+    "swallow_interrupt": (swallow_interrupt, TESTS_OF["soft_lookup"], [f"stopped after running for {CELL_TIMEOUT} s"]),
+}
 
 
-def grade_the_class(course: Path):
-    """Submit every case, grade the class in one parallel run and write its feedback."""
-    rel, ref = released(course, A), reference_answers(A)
-    for student, (build, _, _) in CASES.items():
+def grade_the_class(course: Path, cases: dict = CASES, limits: dict | None = None, release=None):
+    """Submit every case of ``cases`` (built on ``release``, default the released notebook), grade the class in one
+    parallel run under ``limits`` (default :data:`~tests.course_copy.UNHURRIED`) and write its feedback."""
+    rel, ref = release or released(course, A), reference_answers(A)
+    for student, (build, _, _) in cases.items():
         notebook = build(rel, ref, course)
         if notebook is not None:
             submit(course, A, student, notebook)
-    settings = Settings.load(course, {"Grading.workers": 2, "Execute.timeout": CELL_TIMEOUT,
-                                      "ResilientExecute.notebook_timeout": NOTEBOOK_TIMEOUT})
+    settings = Settings.load(course, {"Grading.workers": 2, **(limits or UNHURRIED)})
     summary = grade.autograde([A], settings, progress=False)
     errors = feedback.feedback([A], root=course).broken
     with Gradebook(grade.db_url(Settings.load(course))) as gb:
-        scores = {s: {g.name: g.score for g in gb.find_submission_notebook(A, A, s).grades} for s in CASES}
-        totals = {s: (gb.find_submission(A, s).score, gb.find_submission(A, s).max_score) for s in CASES}
+        scores = {s: {g.name: g.score for g in gb.find_submission_notebook(A, A, s).grades} for s in cases}
+        totals = {s: (gb.find_submission(A, s).score, gb.find_submission(A, s).max_score) for s in cases}
     return summary, errors, scores, totals
+
+
+def expected_scores(zero) -> dict[str, float]:
+    """Each test cell's points, but 0 for those of ``zero`` (:data:`ALL`: every one)."""
+    zero = set(POINTS) if zero is ALL else set(zero)
+    return {name: 0.0 if name in zero else float(points) for name, points in POINTS.items()}
 
 
 def feedback_text(course: Path, student: str) -> str:
@@ -587,8 +601,7 @@ def test_a_hostile_class(tmp_path):
 
     # each submission: the expected scores, and the feedback says what happened
     for student, (_, zero, words) in CASES.items():
-        zero = set(POINTS) if zero is ALL else set(zero)
-        expected = {name: 0.0 if name in zero else float(points) for name, points in POINTS.items()}
+        expected = expected_scores(zero)
         check(scores[student] == expected, f"{student}: scores {scores[student]}, expected {expected}")
         text = feedback_text(course, student)
         for word in words:
@@ -648,6 +661,26 @@ def test_a_hostile_class(tmp_path):
         check(forked is not None and int(forked.group(1)) < sandbox.Limits().processes, f"fork bomb: {printed[:300]}")
     check(not (course / "written.txt").exists() and not (ROOT / f"written-{MARKER}.txt").exists(), "a file was written")
 
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_a_cell_past_its_time_limit_is_stopped(tmp_path):
+    """A loop that never ends, and one that swallows the interrupt, are stopped at the cell limit: that exercise's
+    tests score 0 and its feedback says so; the other exercises keep their points, the reference keeps full marks.
+    Graded apart from the class, under a short limit that only these loops reach."""
+    if sandbox.mode() == "limits only":
+        pytest.skip(f"no sandbox here ({sandbox.why_not()}): grading refuses hostile code without one; "
+                    "install bubblewrap to run this test")
+    course = make_course(tmp_path, [A])
+    summary, errors, scores, totals = grade_the_class(
+        course, TIMED, {"Execute.timeout": CELL_TIMEOUT}, release_without_demonstrations(released(course, A), A))
+    problems = [] if not summary.failed and not errors else [f"failures: {summary.failed} {errors}"]
+    for student, (_, zero, words) in TIMED.items():
+        if scores[student] != expected_scores(zero):
+            problems.append(f"{student}: scores {scores[student]}, expected {expected_scores(zero)}")
+        problems += [f"{student}: {word!r} is not in the feedback" for word in words
+                     if word not in feedback_text(course, student)]
     assert not problems, "\n".join(problems)
 
 

@@ -24,6 +24,7 @@ stays TeX, as nbconvert writes it, for MathJax where there is one; maths outside
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import secrets
@@ -81,6 +82,7 @@ def _safe(element: Element) -> Element:
     return safe
 
 
+@functools.lru_cache(maxsize=4096)  # a class's pages share the notebook's formulas: each is converted once
 def mathml(tex: str, display: bool) -> str | None:
     """The MathML of the formula ``tex`` (a block when ``display``), or None when ``latex2mathml`` cannot convert it."""
     try:

@@ -5,8 +5,10 @@ SHELL := /bin/bash
 # The Pythons the course supports, newest first. PYTHON=... chooses one; otherwise the newest that runs
 # here (a pyenv shim of a version that is not selected exists but does not run: each is tried).
 SUPPORTED_PYTHONS := 3.14 3.13 3.12 3.11
-PYTHON ?= $(or $(firstword $(foreach v,$(SUPPORTED_PYTHONS),$(shell python$(v) -c 'import sys; print(sys.executable)' 2>/dev/null))),$(shell command -v python3))
 VENV ?= .venv
+# The environment's own Python once there is one (made by `make setup PYTHON=...`, every later target uses it);
+# before, the newest supported Python on PATH.
+PYTHON ?= $(or $(shell test -x $(VENV)/bin/python && $(VENV)/bin/python -c 'import sys; print(sys.executable)' 2>/dev/null),$(firstword $(foreach v,$(SUPPORTED_PYTHONS),$(shell python$(v) -c 'import sys; print(sys.executable)' 2>/dev/null))),$(shell command -v python3))
 BIN := $(abspath $(VENV))/bin
 # nbgrader calls `jupyter` and `alembic` by name: the venv's bin leads PATH everywhere.
 export PATH := $(BIN):$(PATH)

@@ -1,5 +1,5 @@
 """``make setup PYTHON=...`` for an environment made with another Python of the same version says so; a Python whose
-regular expressions break nbconvert's pages is refused.
+regular expressions break nbconvert's pages is refused; once the environment is made, every target uses its Python.
 
 The hub's guide makes the course's environment with a Python every user can run (``/usr/bin/python3``);
 an environment already made from another 3.11 (pyenv's, under ``/root``) was kept, silently.
@@ -68,3 +68,38 @@ def test_make_setup_refuses_a_python_whose_regular_expressions_break_nbconvert(t
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "use 3.11.5 or newer" in done.stdout, done.stdout + done.stderr
     assert not venv.exists()  # refused before anything is made
+
+
+def _another_version() -> Path | None:
+    """A supported Python (3.11 to 3.14) of another minor version than this one, on PATH or pyenv's, if any."""
+    for minor in (14, 13, 12, 11):
+        if minor == sys.version_info.minor:
+            continue
+        found = shutil.which(f"python3.{minor}")
+        candidates = [Path(found)] if found else []
+        candidates += sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+        for candidate in candidates:
+            if subprocess.run([str(candidate), "-c", "import sys"], capture_output=True).returncode == 0:
+                return candidate
+    return None
+
+
+@pytest.mark.skipif(_another_version() is None or not shutil.which("make"),
+                    reason="needs make and a Python 3.11-3.14 of another version than this one")
+def test_after_setup_with_a_named_python_a_target_without_one_uses_the_environments(tmp_path):
+    """The hub's guide runs ``make setup PYTHON=<a Python every user can run>`` and then ``make release`` without
+    naming it again. Where the newest Python on PATH is another version (Debian 12: its python3.11 is 3.11.2, the
+    guide's Python a newer one), ``make release`` set up an environment again with that one, and stopped."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (venv / f".installed-{sys.version_info.major}.{sys.version_info.minor}").touch()  # made with this Python
+    newer = tmp_path / "bin"
+    newer.mkdir()
+    other = _another_version()
+    (newer / other.name).symlink_to(other)  # the Python that make finds first without PYTHON=
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env["PATH"] = f"{newer}:{env['PATH']}"
+    done = subprocess.run(["make", "--no-print-directory", "setup", f"VENV={venv}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert done.returncode == 0 and f"make: Python {version} ({venv}/bin/python" in done.stdout, done.stdout + done.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ..frontdoor import user
 from ..notebook_code import ROOT
 
 SYSTEM = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -34,7 +35,7 @@ def test_make_setup_with_another_python_than_the_environments_refuses_and_says_w
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     (venv / f".installed-{version}").touch()  # installed: make setup has nothing to install
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = user.user_env()  # without the PYTHON= and VENV= that `make test PYTHON=...` exports to its recipes
 
     def setup(python: str) -> subprocess.CompletedProcess:
         return subprocess.run(["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}"], cwd=ROOT,
@@ -63,7 +64,7 @@ def _broken_regular_expressions() -> Path | None:
 def test_make_setup_refuses_a_python_whose_regular_expressions_break_nbconvert(tmp_path):
     python = _broken_regular_expressions()
     venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = user.user_env()
     done = subprocess.run(["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "use 3.11.5 or newer" in done.stdout, done.stdout + done.stderr
@@ -97,7 +98,7 @@ def test_after_setup_with_a_named_python_a_target_without_one_uses_the_environme
     newer.mkdir()
     other = _another_version()
     (newer / other.name).symlink_to(other)  # the Python that make finds first without PYTHON=
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = user.user_env()
     env["PATH"] = f"{newer}:{env['PATH']}"
     done = subprocess.run(["make", "--no-print-directory", "setup", f"VENV={venv}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)

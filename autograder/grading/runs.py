@@ -11,7 +11,10 @@ through it (not list it) to reach the kernels' own folders
 or a power cut, leaves its file unlocked: the next run, before it grades anything, kills what is
 left of it and removes its folder.
 Runs at the same time (the service beside ``make autograde``) leave each other alone: a locked file
-is a live run.
+is a live run, unless the record says it was written on this machine by a process that has ended (its
+pid and start time). A lock outlives its run where a process the run forked still holds the file: a
+child between ``fork`` and ``exec``, killed with the run but not yet scheduled to die on a busy machine
+(seen in ``make test`` under load: a killed run's record and folder left).
 
 What this does not do: undo what the stopped run had written. nbgrader writes a submission's grades in
 one transaction and the next run grades (``--force``) every submission it is asked to, so the grades
@@ -23,13 +26,15 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
+import socket
 import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 from ..engine.sandbox import RUN_VARIABLE, kill_leftovers, open_to_sandbox_user
 
@@ -74,7 +79,8 @@ def start(root: Path) -> Run:
     record = registry / ident
     handle = open(record, "w")  # noqa: SIM115 - held open, and locked, for the run's whole life
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    json.dump({"folder": str(folder), "pid": os.getpid()}, handle)
+    me = psutil.Process()
+    json.dump({"folder": str(folder), "pid": me.pid, "started": me.create_time(), "host": socket.gethostname()}, handle)
     handle.flush()
     return Run(ident, folder, handle, record)
 
@@ -90,17 +96,34 @@ def clean_stopped(root: Path) -> list[str]:
             continue
         with handle:
             try:
+                facts = json.loads(handle.read() or "{}")
+            except ValueError:
+                facts = {}
+            facts = facts if isinstance(facts, dict) else {}
+            try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                continue  # locked: a live run
+                if not _ended(facts):
+                    continue  # locked: a live run
             kill_leftovers(f"{record.name}:", RUN_VARIABLE, prefix=True)
-            try:
-                folder = Path(json.loads(handle.read() or "{}").get("folder", ""))
-            except (ValueError, AttributeError):
-                folder = Path()
+            folder = Path(str(facts.get("folder", "")))
             # Only a folder this module made: a record is a file in the course, not to be trusted with rmtree.
             if folder.name.startswith(FOLDER_PREFIX) and folder.parent == Path(tempfile.gettempdir()):
                 shutil.rmtree(folder, ignore_errors=True)
             record.unlink(missing_ok=True)
             cleaned.append(record.name)
     return cleaned
+
+
+def _ended(facts: dict) -> bool:
+    """Whether the record ``facts`` names a run's process on this machine that has ended (False when it cannot tell:
+    a record of another machine, or of an older version, without its process's start time)."""
+    pid, started = facts.get("pid"), facts.get("started")
+    if facts.get("host") != socket.gethostname() or not isinstance(pid, int) or not isinstance(started, float):
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - started) > 0.01  # that pid is now another process's
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False

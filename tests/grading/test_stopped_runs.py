@@ -3,9 +3,11 @@ an uninterrupted one would (:mod:`autograder.grading.runs`)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -121,6 +123,66 @@ def test_a_live_run_is_left_alone_and_a_record_cannot_remove_other_folders(tmp_p
     finally:
         first.close()
     assert not first.folder.exists() and not list((course / runs.REGISTRY).iterdir())
+
+
+#: A run whose process ends (as when killed) while a child it forked still holds its record's file, in a session
+#: of its own; prints the run's id and the child's pid.
+ORPHANED_LOCK = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from autograder.grading import runs
+    run = runs.start(Path(sys.argv[1]))
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        for fd in (0, 1, 2):  # the test reads the output to its end
+            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+        time.sleep(120)
+        os._exit(0)
+    print(run.ident, child, flush=True)
+    os._exit(0)
+""")
+
+
+def test_a_run_whose_lock_outlives_its_process_is_cleaned_up(tmp_path):
+    """A run's lock is held by every process holding its file, and a child forked by the run holds it until it
+    execs or dies: killed with the run on a busy machine, it may not have died yet when the next run looks (seen in
+    ``make test`` under load: a killed run's record and folder left). A run whose own process has ended is stopped,
+    whoever still holds its lock; a live run is still left alone (the test above)."""
+    course = tmp_path / "course"
+    course.mkdir()
+    done = subprocess.run([sys.executable, "-c", ORPHANED_LOCK, str(course)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    ident, child = done.stdout.split()
+    try:
+        record = course / runs.REGISTRY / ident
+        folder = Path(json.loads(record.read_text())["folder"])
+        with open(record) as handle:  # the lock is held: by the child alone, its run's process has ended
+            with pytest.raises(OSError):
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert runs.clean_stopped(course) == [ident]
+        assert not record.exists() and not folder.exists()
+    finally:
+        os.kill(int(child), signal.SIGKILL)
+
+
+def test_a_locked_record_of_another_machine_is_left_alone(tmp_path):
+    """A course folder shared by two machines: a run's process is not among this machine's, and its lock is all
+    that says whether it lives. Here the same record, its process ended, is cleaned up only when it is this
+    machine's."""
+    course = tmp_path / "course"
+    registry = course / runs.REGISTRY
+    registry.mkdir(parents=True)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    facts = {"pid": int(ended.stdout), "started": psutil.Process().create_time(), "host": "another-machine"}
+    record = registry / ("1" * 32)
+    record.write_text(json.dumps(facts))
+    with open(record) as holder:  # its run, alive elsewhere, holds the lock
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert runs.clean_stopped(course) == [] and record.exists()
+        record.write_text(json.dumps(dict(facts, host=socket.gethostname())))
+        assert runs.clean_stopped(course) == [record.name] and not record.exists()
 
 
 def test_a_process_born_while_the_leftovers_are_scanned_is_killed_too(tmp_path, monkeypatch):

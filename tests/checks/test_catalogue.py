@@ -17,6 +17,7 @@ import math
 import re
 import warnings
 
+import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,13 +25,15 @@ from torch import nn
 
 from autograder.course.repository import assignments, module_name
 from autograder.course.settings import course_config
+from autograder.engine import graded_cells, source_check
+from autograder.grader import cases
 from autograder.grader.diagnosis import Mistake
 from autograder.grader.local_channel import LocalChannel
 from autograder.grader.remote import lookup
 from autograder.grader.variation import variant
 from autograder.shared.errors import CheckFailed
 
-from ..course_copy import catalogue, mistake_source
+from ..course_copy import catalogue, depends_on, fill, mistake_source, reference_answers, without_demonstrations
 from ..notebook_code import ROOT, answer_cells, cell_arguments, nbgrader_meta, solution_namespace, source_notebook
 
 #: Mistakes a visible check cannot see, with why; the test asserts they still pass it (so the list cannot go stale).
@@ -160,8 +163,34 @@ def test_every_exercise_has_a_visible_and_a_hidden_test_cell(assignment):
         assert f"test_{exercise}" in ids and f"test_{exercise}_hidden" in ids, exercise
 
 
+class ReadingChannel(LocalChannel):
+    """A channel that reads the student's source for forbidden built-ins as the grader does, before it runs an exercise
+    that forbids some (:mod:`autograder.engine.source_check`): ``sources`` are what the graded kernel would hold."""
+
+    def __init__(self, namespace: dict, sources: list[str]) -> None:
+        super().__init__(namespace)
+        self.sources = sources
+
+    def forbidden_use(self, name, rules, exercise):
+        return source_check.forbidden_use(self.sources, name, rules, exercise)
+
+
+def graded_sources(assignment: str, exercise: str, mistake) -> list[str]:
+    """What the graded kernel loads before the exercise's hidden test cell, when the mistake is submitted as the
+    end-to-end test submits it (the release, the right answers its grading needs, the mistake; no demonstration)."""
+    release = nbformat.read(ROOT / "notebooks" / f"{assignment}.ipynb", as_version=4)
+    reference = reference_answers(assignment)
+    answers = {e: reference[e] for e in depends_on(assignment, exercise, mistake)}
+    submission = without_demonstrations(fill(release, answers | {exercise: mistake_source(mistake, exercise)}))
+    test_cell = next(i for i, c in enumerate(submission.cells) if nbgrader_meta(c).get("grade_id") == f"test_{exercise}_hidden")
+    return [s.source for s in graded_cells.before(graded_cells.graded_sources(submission, release), test_cell)]
+
+
 @pytest.mark.parametrize(("assignment", "exercise", "index"), list(mistakes()))
 def test_mistake_fails_hidden_check_and_is_named(assignment, exercise, index):
+    """Judged as grading judges it (the test cell's proxies, the source read, the cases recorded): the check goes on past
+    the mistake, and a failed case names it, its section and its catalogue id; unjudged (a check run alone), the first
+    failing case says the same. The end-to-end test grades a few of these submissions through nbgrader."""
     mistake = catalogue(assignment)[exercise][index]
     reference = interface(getattr(solution(assignment), exercise))
     assert interface(mistake.fn, set(reference) - {""}) == reference, mistake.fn.__name__
@@ -169,11 +198,19 @@ def test_mistake_fails_hidden_check_and_is_named(assignment, exercise, index):
     answer = pasted(mistake, exercise)
     # As grading calls it: what the hidden test cell names (the exercise, the student's own KVCache...),
     # each a proxy into the student's namespace; and, where the cell passes more, the function alone.
-    channel = LocalChannel(dict(vars(solution(assignment)), **{exercise: answer}))
-    calls = [[lookup(channel, name)[1] for name in cell_arguments(assignment, True)[exercise]]]
-    if len(calls[0]) > 1:
-        calls.append([answer])
-    for arguments in calls:
+    namespace = dict(vars(solution(assignment)), **{exercise: answer})
+    channel = ReadingChannel(namespace, graded_sources(assignment, exercise, mistake))
+    graded = [lookup(channel, name)[1] for name in cell_arguments(assignment, True)[exercise]]
+    with cases.judging() as records, pytest.raises(CheckFailed):
+        check(*graded)
+    [record] = records
+    if record.stopped:  # only a forbidden call stops a check: the whole cell scores zero, and the stop names it
+        assert f"'{mistake.name}'" in record.stopped and mistake.section in record.stopped, record.stopped[:600]
+    else:
+        named = [r for r in record.failed if f"'{mistake.name}'" in r.message and mistake.section in r.message]
+        assert named, [r.message[:300] for r in record.failed]
+        assert any(mistake.id in {m.id for m in r.mistakes} for r in named), [[m.id for m in r.mistakes] for r in named]
+    for arguments in [graded] + ([[answer]] if len(graded) > 1 else []):
         with pytest.raises(CheckFailed) as failure:
             check(*arguments)
         message = str(failure.value)

@@ -1,9 +1,13 @@
 """Through nbgrader, end to end: one class of every notebook, graded in one parallel run.
 
-Each notebook is submitted as its reference, untouched, and as a few submissions that carry every catalogued
-mistake between them (:func:`~tests.course_copy.mistake_submissions`: one mistake per exercise at
-once). The submissions with mistakes answer right only the exercises their mistakes' grading needs
-(:func:`~tests.course_copy.depends_on`), leave the others as released, and leave out the
+Each notebook is submitted as its reference, untouched, and as the fewest submissions with mistakes that hold
+a catalogued mistake of every exercise between them (:func:`graded_mistake_submissions`, taken from
+:func:`~tests.course_copy.mistake_submissions`: one mistake per exercise at once). Every other catalogued
+mistake is judged in-process as grading judges it, through the same proxies, the source read the same way and
+the cases recorded (``tests/checks/test_catalogue.py``); what only nbgrader adds (the two kernels, the
+gradebook, the feedback page) is the same for every mistake of an exercise, and each grading here costs
+seconds of a machine's time. The submissions with mistakes answer right only the exercises their mistakes'
+grading needs (:func:`~tests.course_copy.depends_on`), leave the others as released, and leave out the
 demonstrations no graded cell needs, as a student may
 (:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are for
 and are most of the time a notebook takes; the reference submission answers and runs everything, the
@@ -95,6 +99,17 @@ def judged_problems(where: str, cell, mistake) -> list[str]:
     return []
 
 
+def graded_mistake_submissions(assignment: str) -> list[tuple[int, dict]]:
+    """The fewest of :func:`~tests.course_copy.mistake_submissions`, each with its index, that hold a mistake of every
+    exercise with a catalogue (in order: the first holds the most)."""
+    left, chosen = set(catalogue(assignment)), []
+    for k, mistakes in enumerate(mistake_submissions(assignment)):
+        if left & set(mistakes):
+            chosen.append((k, mistakes))
+            left -= set(mistakes)
+    return chosen
+
+
 def submit_the_class(course, assignments: list[str]) -> dict[tuple[str, str], dict]:
     """Submit each notebook's reference, untouched release and mistakes; (assignment, student) -> its mistakes."""
     expected = {}
@@ -103,7 +118,7 @@ def submit_the_class(course, assignments: list[str]) -> dict[tuple[str, str], di
         reference = reference_answers(assignment)
         submit(course, assignment, "reference", fill(student_version, reference))
         submit(course, assignment, "untouched", student_version)
-        for k, mistakes in enumerate(mistake_submissions(assignment)):
+        for k, mistakes in graded_mistake_submissions(assignment):
             # the exercises the mistakes' grading needs are answered right; the others are left as released
             needed = set().union(*(depends_on(assignment, e, m) for e, m in mistakes.items()))
             answers = {e: reference[e] for e in needed} | {e: mistake_source(m, e) for e, m in mistakes.items()}
@@ -169,6 +184,9 @@ def test_every_mistake_goes_to_exactly_one_submission(assignment):
     listed = Counter((exercise, id(mistake)) for exercise, mistakes in catalogue(assignment).items() for mistake in mistakes)
     assert placed == listed
     assert len(submissions) < sum(map(len, catalogue(assignment).values()))  # several mistakes per submission
+    graded = graded_mistake_submissions(assignment)
+    assert set().union(*(set(chosen) for _, chosen in graded)) == set(catalogue(assignment))
+    assert all(submissions[k] is chosen for k, chosen in graded)
     for chosen in submissions:
         for exercise, mistake in chosen.items():
             assert not depends_on(assignment, exercise, mistake) & set(chosen), (exercise, mistake.name)

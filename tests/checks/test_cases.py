@@ -27,7 +27,8 @@ from autograder.grader.remote import lookup
 from autograder.shared.errors import CheckFailed
 
 from ..notebook_code import cell_arguments
-from .test_catalogue import exercises, module, solution
+from .pasted_answers import module, solution
+from .test_catalogue import exercises
 
 _CHECKS = str(Path(__file__).resolve().parents[2] / "autograder")
 #: Seconds one call of the student's code may take here before it counts as never returning (the grader's cell

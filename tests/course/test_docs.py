@@ -1,4 +1,7 @@
-"""``make docs``: the manual builds with warnings as errors, its links resolve, and its settings table is the code's."""
+"""``make docs``: the manual builds with warnings as errors, its links resolve, and its settings table is the code's.
+
+The manual is built once, by ``make docs`` typed in a fresh clone (its front door); the tests read what it built.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 
 from autograder.course import settings
 
+from ..frontdoor import user
 from ..notebook_code import ROOT
 
 #: sphinx-build's options in ``make docs``: a fresh environment, every warning an error, all of them reported.
@@ -41,16 +45,30 @@ def test_make_docs_builds_with_these_options():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("docs")
-    done = build(ROOT / "docs", out)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return out / "html"
+def made():
+    """``make docs`` typed in a fresh clone: the clone, and what make gave."""
+    if user.why_not():
+        pytest.skip(user.why_not())
+    course = user.clone()
+    try:
+        yield course, user.make(course, "docs")
+    finally:
+        user.remove(course)
 
 
-def test_the_manual_builds_without_a_warning(built):
-    for page in ("index", "settings", "safety", "architecture", "api/autograder.engine.sandbox"):
-        assert (built / f"{page}.html").is_file(), page
+@pytest.fixture(scope="module")
+def built(made) -> Path:
+    course, done = made
+    assert done.returncode == 0, user.said(done)
+    return course / "docs" / "_build" / "html"
+
+
+def test_make_docs_builds_the_manual_without_a_warning(made):
+    course, done = made
+    assert done.returncode == 0, user.said(done)  # -W: a warning is an error
+    assert "build succeeded." in done.stdout and "WARNING" not in done.stderr, user.said(done)  # not "succeeded, 1 warning"
+    for page in ("index", "term", "settings", "safety", "architecture", "api/autograder.engine.sandbox"):
+        assert (course / "docs" / "_build" / "html" / f"{page}.html").is_file(), page
 
 
 def test_the_settings_page_holds_the_codes_table(built):
@@ -82,9 +100,13 @@ BROKEN = {"a heading": "[the sandbox](safety.md#no-such-heading)", "a page": "[a
 
 
 def test_a_broken_internal_link_fails_the_build(tmp_path):
-    """A copy of the manual with broken links and cross references in a page: the build fails and names each."""
+    """A copy of the manual with broken links and cross references in a page: the build fails and names each.
+
+    The copy leaves out the API pages (architecture.md lists them: autodoc imports the whole package to write them),
+    which none of these links is about; its toctree's entry for that page is one more warning, not asserted on.
+    """
     course = tmp_path / "course"
-    shutil.copytree(ROOT / "docs", course / "docs", ignore=shutil.ignore_patterns("_build", "api"))
+    shutil.copytree(ROOT / "docs", course / "docs", ignore=shutil.ignore_patterns("_build", "api", "architecture.md"))
     shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")  # the settings table reads it
     page = course / "docs" / "tests.md"
     page.write_text(page.read_text() + "".join(f"\n{link}\n" for link in BROKEN.values()))

@@ -47,7 +47,7 @@ FRONT_DOORS = {
     "release": f"{HERE}::test_make_release_regenerates_what_is_committed",
     "new-notebook": f"{HERE}::test_make_new_notebook_writes_and_releases_it",
     "settings": f"{HERE}::test_make_settings_prints_the_table",
-    "docs": f"{HERE}::test_make_docs_builds_the_manual",
+    "docs": "tests.course.test_docs::test_make_docs_builds_the_manual_without_a_warning",
     "collect-zip": f"{TERM}::test_make_collect_zip_puts_each_student_in_submitted",
     "autograde": f"{TERM}::test_make_autograde_grades_the_class",
     "feedback": f"{TERM}::test_make_feedback_names_the_mistake_and_hides_the_hidden_tests",
@@ -199,15 +199,6 @@ def test_make_settings_prints_the_table(course):
     done = user.make(course, "settings")
     assert done.returncode == 0, user.said(done)
     assert re.search(r"\| `ResilientExecute.notebook_timeout` \| \d+ \|", done.stdout), done.stdout[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("docs")  # beside tests/course/test_docs.py's build, on one worker
-def test_make_docs_builds_the_manual(own_clone):
-    done = user.make(own_clone, "docs")
-    assert done.returncode == 0, user.said(done)
-    index = own_clone / "docs" / "_build" / "html" / "index.html"
-    assert index.is_file() and (own_clone / "docs" / "_build" / "html" / "term.html").is_file()
 
 
 @pytest.mark.slow

@@ -135,8 +135,30 @@ def cell(page, grade_id_source: str):
 def replace_source(page, target, source: str) -> None:
     """Click into the cell's editor, select everything and type ``source`` in its place."""
     target.locator(".cm-content").click()
+    expect(target.locator(".cm-editor")).to_have_class(re.compile(r"\bcm-focused\b"), timeout=30_000)
     page.keyboard.press("Control+a")
     page.keyboard.insert_text(source)
+
+
+def save(page) -> None:
+    """Save the open notebook and wait until JupyterLab shows it saved (no cell or tab marked dirty).
+
+    As in ``run``, a key press can be lost on a loaded machine (CI once saw the notebook stay dirty
+    for 30 s after one Control+S); saving twice is harmless, so the press is repeated while the
+    notebook stays dirty. A dialog in the way (a save conflict, a kernel question) is named in the
+    failure, since no key press gets past it.
+    """
+    dirty = page.locator(".jp-mod-dirty")
+    for _ in range(4):
+        page.keyboard.press("Control+s")
+        try:
+            expect(dirty).to_have_count(0, timeout=15_000)
+            return
+        except AssertionError:
+            continue
+    dialogs = page.locator(".jp-Dialog")
+    shown = [dialogs.nth(i).inner_text() for i in range(dialogs.count())]
+    raise AssertionError(f"the notebook stayed unsaved after four presses of Control+S; dialogs open: {shown}")
 
 
 def run(page, target) -> None:

@@ -53,7 +53,7 @@ from autograder.shared.errors import CheckFailed
 
 from ..course_copy import mistake_source, reference_answers
 from ..frontdoor import user
-from ..grading.test_browser import CHROMIUM, EXERCISE, Steps, cell, free_port, no_overflow, no_scaling, replace_source
+from ..grading.test_browser import CHROMIUM, EXERCISE, Steps, cell, free_port, no_overflow, no_scaling, replace_source, save
 from ..notebook_code import ROOT
 from .user_env import runnable_by_all
 
@@ -355,8 +355,7 @@ def write_answers(page, hub, answers: dict[str, str]) -> None:
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
     for name, source in answers.items():
         replace_source(page, cell(page, f"def {name}"), source)
-    page.keyboard.press("Control+s")
-    expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=30_000)
+    save(page)
 
 
 def submit_and_read_feedback(page, hub, steps: Steps, name: str) -> str:

@@ -129,9 +129,9 @@ class ResilientExecute(KernelRequests, Execute):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
         super().__init__(*args, **kwargs)
         if not self.sandbox:
-            from jupyter_client.manager import AsyncKernelManager
+            from .kernel_manager import PlainKernelManager
 
-            self.kernel_manager_class = AsyncKernelManager
+            self.kernel_manager_class = PlainKernelManager
         # nbclient's public hooks for a cell's time limit: the limit of each cell (what the notebook has
         # left), and the error a stopped cell gets (set before each cell, with that limit in its words)
         self.timeout_func = self._timeout_of

@@ -9,10 +9,18 @@ kernel's processes (warm, forked or cold: see there); the manager holds what ide
 for its whole life: its private folder (the connection file and sockets are there), its token and
 its control group, lent by the kernel started ahead for it when there is one (the notebook's kernel and
 the graded kernel each have one: :class:`~autograder.engine.kernel_pool.StartedAhead`).
+
+:class:`PlainKernelManager` is the manager where grading runs without the sandbox (``Grading.sandbox
+False``, and the tests' plain kernels): a kernel of the grader's own user, protected by nothing, but
+talking through Unix sockets in a private folder as the sandboxed one does. jupyter_client's default,
+TCP ports the manager picks and the kernel binds a moment later, races every other process picking
+ports on the machine: with kernels starting beside each other, one fails with "Address already in use".
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -119,3 +127,21 @@ def prepare(settings: Settings, zygote: str | None = None, kernels: int = 1) -> 
         if not started.kernels:
             raise
     return started
+
+
+class PlainKernelManager(AsyncKernelManager):
+    """A kernel manager of unsandboxed kernels whose sockets are files in a private folder (see the module doc)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        #: The kernel's own folder: its connection file and sockets, removed when the kernel is shut down.
+        self.private = Path(tempfile.mkdtemp(prefix="autograder-kernel-"))
+        self.transport = "ipc"
+        self.ip = str(self.private / "kernel")
+        self.connection_file = str(self.private / "kernel.json")
+
+    def cleanup_ipc_files(self) -> None:
+        """The sockets removed; on a shutdown (not a restart: the connection file is gone by then), the folder too."""
+        super().cleanup_ipc_files()
+        if not os.path.exists(self.connection_file):
+            shutil.rmtree(self.private, ignore_errors=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -25,3 +27,16 @@ def test_a_cell_run_in_the_kernel_that_times_out_shows_an_error():
     assert [o.get("ename") for o in stopped if o.get("output_type") == "error"] == [TIMEOUT], stopped
     assert "stopped after running for 2 s" in stopped[-1]["evalue"]
     assert graded.cells[2].outputs[0]["text"] == "2\n"  # the kernel goes on: the next cell runs
+
+
+def test_a_kernel_without_the_sandbox_talks_through_files_in_a_folder_removed_after():
+    """No TCP port: jupyter_client picks free ports that the kernel binds a moment later, and a kernel started beside
+    it can take one first ("Address already in use": seen when the tests' plain kernels started two at a time)."""
+    code = ("import json\nfrom ipykernel.connect import get_connection_file\n"
+            "info = json.load(open(get_connection_file()))\nprint(info['transport'], get_connection_file())")
+    notebook = new_notebook(cells=[new_code_cell(code)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    graded, _ = ResilientExecute(timeout=60, sandbox=False, checks_in_grader=False).preprocess(notebook, {})
+    transport, connection_file = graded.cells[0].outputs[0]["text"].split()
+    assert transport == "ipc"
+    assert not Path(connection_file).parent.exists(), "the kernel's folder is left"

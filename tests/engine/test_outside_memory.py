@@ -42,7 +42,8 @@ needs_group = pytest.mark.skipif("memory" not in cgroup.controllers(),
                                  reason="no memory control group can be made here (the grader is not root in one)")
 needs_sandbox = pytest.mark.skipif(sandbox.mode() == "limits only", reason=f"no sandbox here: {sandbox.why_not()}")
 
-#: Right values, every score kept as a Python float: no tensor the watch sees ever holds them.
+#: Right values, the scores of the first 1024 queries kept as Python floats, all at once: 4 M floats, over 128 MiB
+#: that no tensor the watch sees ever holds (the other rows are made one at a time, as tensors of one row).
 SCORES_IN_A_LIST = '''
 def flash_attention(Q, K, V, block_size, is_causal=False):
     if Q.shape[-1] != K.shape[-1] or K.shape[-2] != V.shape[-2]:
@@ -53,10 +54,10 @@ def flash_attention(Q, K, V, block_size, is_causal=False):
     Qf, Kf, Vf = Q.reshape(-1, n, d), K.reshape(-1, m, d), V.reshape(-1, m, d_v)
     outputs = []
     for b in range(Qf.shape[0]):
-        scores = [(Kf[b] @ Qf[b, i] / math.sqrt(d)).tolist() for i in range(n)]
+        kept = [(Kf[b] @ Qf[b, i] / math.sqrt(d)).tolist() for i in range(min(n, 1024))]
         rows = []
         for i in range(n):
-            row = torch.tensor(scores[i], dtype=Q.dtype)
+            row = torch.tensor(kept[i], dtype=Q.dtype) if i < len(kept) else Kf[b] @ Qf[b, i] / math.sqrt(d)
             if is_causal:
                 row[i + 1:] = float("-inf")
             w = torch.exp(row - row.max())
@@ -65,7 +66,8 @@ def flash_attention(Q, K, V, block_size, is_causal=False):
     return torch.stack(outputs).reshape(*Q.shape[:-2], n, d_v)
 '''
 
-#: Right gradients, every row of P kept as Python floats before any gradient is made.
+#: Right gradients, the first 1024 rows of P kept as Python floats before any gradient is made: 4 M floats, over
+#: 128 MiB that no tensor the watch sees ever holds (the other rows are made again, one at a time, where needed).
 P_IN_A_LIST = '''
 def flash_attention_backward(Q, K, V, O, dO, lse, block_size, is_causal=False):
     n, m, d, d_v = Q.shape[-2], K.shape[-2], Q.shape[-1], V.shape[-1]
@@ -79,17 +81,19 @@ def flash_attention_backward(Q, K, V, O, dO, lse, block_size, is_causal=False):
     Qf, Kf, Vf = Q.reshape(-1, n, d), K.reshape(-1, m, d), V.reshape(-1, m, d_v)
     Of, dOf, Lf = O.reshape(-1, n, d_v), dO.reshape(-1, n, d_v), lse.reshape(-1, n)
     dQs, dKs, dVs = [], [], []
+
+    def row(b, i):
+        p = torch.exp(Kf[b] @ Qf[b, i] * scale - Lf[b, i])
+        if is_causal:
+            p[i + 1:] = 0
+        return p
+
     for b in range(Qf.shape[0]):
-        P = []
-        for i in range(n):
-            p = torch.exp(Kf[b] @ Qf[b, i] * scale - Lf[b, i])
-            if is_causal:
-                p[i + 1:] = 0
-            P.append(p.tolist())
+        P = [row(b, i).tolist() for i in range(min(n, 1024))]
         D = (dOf[b] * Of[b]).sum(dim=-1)
         dQ, dK, dV = [], torch.zeros_like(Kf[b]), torch.zeros_like(Vf[b])
         for i in range(n):
-            p = torch.tensor(P[i], dtype=Q.dtype)
+            p = torch.tensor(P[i], dtype=Q.dtype) if i < len(P) else row(b, i)
             ds = p * (Vf[b] @ dOf[b, i] - D[i])
             dQ.append(ds @ Kf[b] * scale)
             dV += torch.outer(p, dOf[b, i])
@@ -177,8 +181,9 @@ def graded_outputs(tmp_path, answers: list[str], check: str, grade_id: str, *, s
              graded_cell(check, grade_id)]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    # The hostile answers loop in Python over n = 4096 rows: 100-130 s on a busy 2-core machine. The limit is ten
-    # times that, so that no verdict here depends on the machine's speed (the seconds are reported, never judged).
+    # The hostile answers loop in Python over n = 4096 rows (they took 100-130 s on a busy 2-core machine when every
+    # row went through Python floats). The limit is far above that, so that no verdict here depends on the machine's
+    # speed (the seconds are reported, never judged).
     graded, _ = ResilientExecute(timeout=CELL_LIMIT, sandbox=sandboxed).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}})
     return graded.cells[-1].outputs

@@ -11,7 +11,8 @@ grading needs (:func:`~tests.course_copy.depends_on`), leave the others as relea
 demonstrations no graded cell needs, as a student may
 (:func:`~tests.course_copy.without_demonstrations`): those grade nothing these submissions are for
 and are most of the time a notebook takes; the reference submission answers and runs everything, the
-untouched one runs everything, and nbval runs every solution. Each mistake is judged on its own
+untouched release, which answers nothing, leaves them out too (they grade nothing it is for), and nbval
+runs every solution. Each mistake is judged on its own
 exercise's hidden test cell, as the judge judges it, by its cases: that cell loses points (the cases
 the mistake gets right keep their share), a failed case names the mistake, its section and its
 catalogue id, and the check goes on past it (only a forbidden call stops a check, and the stop names
@@ -117,7 +118,7 @@ def submit_the_class(course, assignments: list[str]) -> dict[tuple[str, str], di
         student_version = released(course, assignment)
         reference = reference_answers(assignment)
         submit(course, assignment, "reference", fill(student_version, reference))
-        submit(course, assignment, "untouched", student_version)
+        submit(course, assignment, "untouched", without_demonstrations(student_version))
         for k, mistakes in graded_mistake_submissions(assignment):
             # the exercises the mistakes' grading needs are answered right; the others are left as released
             needed = set().union(*(depends_on(assignment, e, m) for e, m in mistakes.items()))

@@ -136,9 +136,15 @@ class ReadingChannel(LocalChannel):
     def __init__(self, namespace: dict, sources: list[str]) -> None:
         super().__init__(namespace)
         self.sources = sources
+        self.read: dict[tuple, str | None] = {}
 
     def forbidden_use(self, name, rules, exercise):
-        return source_check.forbidden_use(self.sources, name, rules, exercise)
+        """Read once per question, as the grader reads it (``ResilientExecute.forbidden_use``): within one test cell
+        the sources do not change, and a check asks before every call of the student's code."""
+        key = (name, tuple(rules), exercise)
+        if key not in self.read:
+            self.read[key] = source_check.forbidden_use(self.sources, name, rules, exercise)
+        return self.read[key]
 
 
 def graded_sources(assignment: str, exercise: str, mistake) -> list[str]:

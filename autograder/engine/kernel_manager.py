@@ -10,11 +10,13 @@ for its whole life: its private folder (the connection file and sockets are ther
 its control group, lent by the kernel started ahead for it when there is one (the notebook's kernel and
 the graded kernel each have one: :class:`~autograder.engine.kernel_pool.StartedAhead`).
 
-:class:`PlainKernelManager` is the manager where grading runs without the sandbox (``Grading.sandbox
-False``, and the tests' plain kernels): a kernel of the grader's own user, protected by nothing, but
-talking through Unix sockets in a private folder as the sandboxed one does. jupyter_client's default,
-TCP ports the manager picks and the kernel binds a moment later, races every other process picking
-ports on the machine: with kernels starting beside each other, one fails with "Address already in use".
+:class:`PlainKernelManager` is the manager of kernels run without this module's manager at all
+(``ResilientExecute.sandbox = False``, and the tests' plain kernels; ``Grading.sandbox False`` keeps
+:class:`SandboxedKernelManager`, with its limits and without bubblewrap): a kernel of the grader's own
+user, protected by nothing, but talking through Unix sockets in a private folder as the sandboxed one
+does. jupyter_client's default, TCP ports the manager picks and the kernel binds a moment later, races
+every other process picking ports on the machine: with kernels starting beside each other, one fails
+with "Address already in use".
 """
 
 from __future__ import annotations

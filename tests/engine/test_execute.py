@@ -40,3 +40,15 @@ def test_a_kernel_without_the_sandbox_talks_through_files_in_a_folder_removed_af
     transport, connection_file = graded.cells[0].outputs[0]["text"].split()
     assert transport == "ipc"
     assert not Path(connection_file).parent.exists(), "the kernel's folder is left"
+
+
+def test_what_a_cell_prints_is_one_output_whatever_the_kernel_flushes():
+    """The kernel sends what a cell prints on a timer: prints a moment apart came as one output or as two, and two
+    gradings of one submission gave different notebooks. Text after a figure or on stderr stays apart."""
+    code = ("import sys, time\nprint('first')\nsys.stdout.flush()\ntime.sleep(0.5)\nprint('second')\n"
+            "sys.stdout.flush()\nsys.stderr.write('warned\\n')\nsys.stderr.flush()\ntime.sleep(0.5)\nprint('third')")
+    notebook = new_notebook(cells=[new_code_cell(code)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    graded, _ = ResilientExecute(timeout=60, sandbox=False, checks_in_grader=False).preprocess(notebook, {})
+    assert [(o["name"], o["text"]) for o in graded.cells[0].outputs] == [
+        ("stdout", "first\nsecond\n"), ("stderr", "warned\n"), ("stdout", "third\n")]

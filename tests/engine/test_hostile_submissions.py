@@ -744,21 +744,34 @@ print("forked", len(sleepers))
 for pid in sleepers:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-children = []
+# Each child holds its 300 MB until every child has made its own or been killed: four at once, whatever the order
+# the machine runs them in (a child that ended before the next began would leave room for it).
+release, hold = os.pipe()
+children, made = [], []
 for _ in range(4):
+    said, says = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(hold)
         block = bytearray(300 * 2**20)
         for i in range(0, len(block), 4096):
             block[i] = 1
+        os.write(says, b"made")
+        os.read(release, 1)
         os._exit(0)
+    os.close(says)
     children.append(pid)
+    made.append(said)
+for said in made:
+    os.read(said, 4)  # "made", or nothing: that child was killed
+os.close(hold)
 print("exits", [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
 """
 
 
 def test_the_control_group_caps_processes_and_memory(monkeypatch):
-    """A fork bomb stops at the process cap; four processes of 300 MB do not all fit in 700 MB; nothing is left."""
+    """A fork bomb stops at the process cap; of four processes holding 300 MB at once, at most two fit in 700 MB;
+    nothing is left."""
     if not cgroup.controllers():
         pytest.skip("control groups cannot be made here: the per-process limits are all there is (see docs/safety.md)")
     import sys
@@ -774,7 +787,7 @@ def test_the_control_group_caps_processes_and_memory(monkeypatch):
         assert 10 < int(re.search(r"forked (\d+)", text).group(1)) < 40, text
     if "memory" in cgroup.controllers():
         exits = eval(re.search(r"exits (\[.*\])", text).group(1))
-        assert exits.count(0) < 4 and set(exits) <= {0, -9}, text
+        assert exits.count(0) <= 2 and set(exits) <= {0, -9}, text
     assert made and made[0] is not None and not any(folder.exists() for folder in made[0].folders)
 
 

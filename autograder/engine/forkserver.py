@@ -20,7 +20,8 @@ waiting process takes (the first of a run) has its kernels forked from it instea
 
 Protocol (one JSON object per line): the client first sends the run's settings
 (:meth:`Settings.to_json <autograder.course.settings.Settings.to_json>`: the pool's and the
-kernels' settings come from there, read once by the client), then ``{"id", "argv", "cwd", "env",
+kernels' settings come from there, read once by the client), then the assignments the run grades
+(a list; null: any), whose checks the server imports, then ``{"id", "argv", "cwd", "env",
 "out", "err"}`` for each request; the server answers ``{"id", "pid"}`` when the child starts and ``{"id", "exit"}``
 when it ends (``out`` and ``err`` are files for its output).
 """
@@ -37,8 +38,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from ..course.repository import module_name
 from ..course.settings import Settings
 from . import kernel_manager, kernel_pool, sandbox, zygote
 
@@ -133,19 +136,29 @@ def _fork(target, *args, close: list[int]) -> int:
     return pid
 
 
-def serve() -> None:
-    """The server loop: read requests on stdin, fork (or hand them to a waiting process), report on stdout."""
+def checks_of(assignments: Sequence[str] | None) -> list[str]:
+    """The modules of the checks, visible and hidden, of ``assignments`` (None: of every assignment)."""
     import pkgutil
 
+    import autograder.checks
+    import autograder.hidden
+
+    modules = None if assignments is None else {module_name(assignment) for assignment in assignments}
+    return [f"{package.__name__}.{module.name}" for package in (autograder.checks, autograder.hidden)
+            for module in pkgutil.iter_modules(package.__path__) if modules is None or module.name in modules]
+
+
+def serve() -> None:
+    """The server loop: read requests on stdin, fork (or hand them to a waiting process), report on stdout."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     stdin = sys.stdin.buffer
     buffer = b""
-    while b"\n" not in buffer:  # the settings' line; read from the descriptor, as the requests after it are
-        chunk = os.read(stdin.fileno(), 65536)
+    while buffer.count(b"\n") < 2:  # the settings' and the assignments' lines; read from the descriptor, as the
+        chunk = os.read(stdin.fileno(), 65536)  # requests after them are
         if not chunk:
             return
         buffer += chunk
-    line, buffer = buffer.split(b"\n", 1)
+    line, assignments, buffer = buffer.split(b"\n", 2)
     settings = Settings.from_json(line.decode())
     pool_settings = settings.make(kernel_pool.KernelPool)
     bubblewrap = settings.value(kernel_manager.SandboxedKernelManager, "bubblewrap")
@@ -162,15 +175,13 @@ def serve() -> None:
     import sqlalchemy  # noqa: F401
     import torch
 
-    import autograder.checks
-    import autograder.hidden
-
     from . import cgroup, execute, graded_cells, judge  # noqa: F401
 
-    # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child
+    # the checks run in nbgrader's process (judge.py): import them, and PyTorch, once for every child; those of the
+    # run's assignments only (each notebook's hidden checks build their catalogue's mistakes as they are imported:
+    # a tenth of a second to a third each, which a child grading another assignment pays for itself)
     torch.set_num_threads(1)
-    checks = [f"{package.__name__}.{module.name}" for package in (autograder.checks, autograder.hidden)
-              for module in pkgutil.iter_modules(package.__path__)]
+    checks = checks_of(json.loads(assignments))
     for name in checks:
         __import__(name)
     # what each grading would otherwise work out again: the modules each check imports (the graded kernel holds
@@ -252,16 +263,22 @@ def _hand_over(waiting: kernel_pool.Waiting | None, line: bytes) -> int | None:
 class ForkServer:
     """A running server and its client: :meth:`run` is ``subprocess.run`` for ``nbgrader ARGS``."""
 
-    def __init__(self, settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None,
+                 assignments: Sequence[str] | None = None) -> None:
         """Start the server for a run with ``settings`` in ``cwd`` (default: this module's folder; a cluster worker
-        gives its unpacked course) with ``env`` (default: this process's; a run gives its mark and temporary folder)."""
+        gives its unpacked course) with ``env`` (default: this process's; a run gives its mark and temporary folder).
+
+        ``assignments``: those the run grades, whose checks the server imports ahead (None: every one's; a
+        request for another assignment is graded all the same, its checks imported by its own child).
+        """
         self.process = subprocess.Popen(
             [sys.executable, "-m", "autograder.engine.forkserver"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env if env is not None else os.environ),
             cwd=str(cwd or Path(__file__).parent),
         )
         assert self.process.stdin is not None
-        self.process.stdin.write((settings.to_json() + "\n").encode())
+        graded = None if assignments is None else sorted(assignments)
+        self.process.stdin.write((settings.to_json() + "\n" + json.dumps(graded) + "\n").encode())
         self.process.stdin.flush()
         self._lock = threading.Lock()
         self._next = 0

@@ -208,7 +208,9 @@ class _Worker:
                     self.server.close()
                 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), self.pythonpath) if p)
                 os.environ.pop("NBGRADER_DB_URL", None)  # always the private course's own gradebook
-                self.folder, self.server = folder, fork_server(settings, folder)
+                courses = folder / "courses"  # the archive's assignments
+                graded = sorted(p.name for p in courses.iterdir()) if courses.is_dir() else None
+                self.folder, self.server = folder, fork_server(settings, folder, assignments=graded)
             self.running += 1
             server = self.server
         try:

@@ -105,14 +105,14 @@ class Runner:
         self.run = run
 
     @classmethod
-    def start(cls, settings: Settings) -> Runner:
+    def start(cls, settings: Settings, assignments: Sequence[str] | None = None) -> Runner:
         """A runner registered as a run of the course of ``settings`` (:mod:`autograder.grading.runs`), with its
-        fork server.
+        fork server, which imports the checks of ``assignments`` ahead (None: of every one).
 
         A run stopped earlier is cleaned up first; :meth:`close` ends this one.
         """
         run = runs.start(settings.root)
-        return cls(fork_server(settings, env=run.environment(dict(os.environ))), run)
+        return cls(fork_server(settings, env=run.environment(dict(os.environ)), assignments=assignments), run)
 
     def mode(self, settings: Settings) -> str:
         """:func:`sandbox.mode` where this runner runs the student's code with ``settings``."""
@@ -441,7 +441,7 @@ def autograde(names: list[str] | None = None, settings: Settings | None = None, 
     if runner is not None:
         workers = course.workers or len(jobs) or 1
     else:  # the fork server first, so that its imports overlap with preparing the gradebook
-        runner = Runner.start(settings) if jobs else Runner()
+        runner = Runner.start(settings, sorted({a for a, _ in jobs})) if jobs else Runner()
         workers = course.workers or os.cpu_count() or 1
     summary = Summary(protection=protection(settings, runner.mode(settings)))
     try:
@@ -466,13 +466,15 @@ def require_sandbox(settings: Settings) -> None:
             f"(make autograde NO_SANDBOX=1). ({sandbox.why_not(bubblewrap(settings))})")
 
 
-def fork_server(settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None) -> ForkServer | None:
-    """A :class:`ForkServer` for a run with ``settings``, started in ``cwd`` with ``env`` (default: this process's);
-    None where it is turned off (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or cannot start."""
+def fork_server(settings: Settings, cwd: Path | None = None, env: dict[str, str] | None = None,
+                assignments: Sequence[str] | None = None) -> ForkServer | None:
+    """A :class:`ForkServer` for a run with ``settings`` of ``assignments`` (None: any), started in ``cwd`` with ``env``
+    (default: this process's); None where it is turned off (``Grading.forkserver``, ``AUTOGRADER_FORKSERVER=0``) or
+    cannot start."""
     if not settings.value(Grading, "forkserver"):
         return None
     try:
-        return ForkServer(settings, cwd, env)
+        return ForkServer(settings, cwd, env, assignments)
     except OSError:
         return None
 

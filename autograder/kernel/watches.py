@@ -41,6 +41,9 @@ class TensorWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
+        if isinstance(result, torch.Tensor):  # most operations: one tensor, no need to walk a structure
+            self._allocated(func, result)
+            return result
         for t in tree_flatten(result)[0]:
             if isinstance(t, torch.Tensor):
                 self._allocated(func, t)
@@ -55,11 +58,13 @@ class TensorWatch(TorchDispatchMode):
         self.current += size
         self.peak = max(self.peak, self.current)
         weakref.finalize(storage, self._freed, address, size)
+        if self.offender is not None:  # the first offender is the one reported
+            return
         shape = tuple(t.shape)
         two_long_axes = any(
             a >= self.rows and b >= self.cols for i, a in enumerate(shape) for j, b in enumerate(shape) if i != j
         )
-        if self.offender is None and (two_long_axes or size // t.element_size() >= self.max_elements):
+        if two_long_axes or size // t.element_size() >= self.max_elements:
             self.offender = (str(func), shape)
 
     def _freed(self, address: int, size: int) -> None:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.grader.student import call_student
-from autograder.kernel.guard import ATTENTION_BUILTINS, SOFTMAX_BUILTINS
+from autograder.kernel.guard import ATTENTION_BUILTINS, SOFTMAX, SOFTMAX_BUILTINS, Guard
 from autograder.shared.errors import CheckFailed
 
 x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
@@ -100,3 +100,15 @@ def test_the_transformer_layers_fused_entries_are_attention_s_family():
     assert all(any(rule.matches(name) for rule in ATTENTION_BUILTINS)
                for name in ("_transformer_encoder_layer_fwd", "TransformerDecoderLayer", "_native_multi_head_attention"))
     assert not any(rule.matches(name) for rule in ATTENTION_BUILTINS for name in ("linear", "layer_norm", "softmax"))
+
+
+def test_a_forbidden_call_is_caught_every_time_and_an_allowed_one_never():
+    """The guard remembers its verdict on each name it has seen: the second call of a name is judged as the first."""
+    guard = Guard((SOFTMAX,), "my_softmax")
+    for _ in range(2):
+        with guard:
+            torch.exp(x)
+            with pytest.raises(CheckFailed, match="my_softmax called torch.softmax"):
+                torch.softmax(x, -1)
+    assert guard.violations == ["torch.softmax", "torch.softmax"]
+    assert guard.verdicts["softmax"] is SOFTMAX and guard.verdicts["exp"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import threading
 import zipfile
@@ -206,3 +207,30 @@ def test_the_fork_server_runs_nbgrader_like_a_new_process(tmp_path):
     finally:
         server.close()
     assert server.process.returncode == 0
+
+
+def test_the_fork_server_imports_the_checks_of_the_runs_assignments_only(tmp_path):
+    """The checks a forked nbgrader finds imported are those of the run's assignments; another's it imports itself."""
+    from autograder.course.repository import assignments, tool_env
+    from autograder.engine.forkserver import ForkServer, checks_of
+
+    every = checks_of(None)
+    assert len(every) == 2 * len(assignments()) and checks_of(["01_soft_lookup"]) == [
+        "autograder.checks.soft_lookup", "autograder.hidden.soft_lookup"]
+    # nbgrader runs the course's nbgrader_config.py in the forked child (more than once): the first time, it says what
+    # the child found imported, then imports another assignment's checks
+    (tmp_path / "nbgrader_config.py").write_text(
+        "import json, os, sys\n"
+        "if not os.path.exists('imported.json'):\n"
+        f"    found = sorted(m for m in {every!r} if m in sys.modules)\n"
+        "    __import__('autograder.hidden.masking')\n"
+        "    open('imported.json', 'w').write(json.dumps([found, 'autograder.hidden.masking' in sys.modules]))\n")
+    server = ForkServer(Settings.load(ROOT), assignments=["01_soft_lookup"])
+    try:
+        code, _, err = server.run(["autograde", "no_such_assignment", "--student", "x"], tmp_path, tool_env(), 120,
+                                  tmp_path)
+    finally:
+        server.close()
+    assert code == 1 and "no_such_assignment" in err, err
+    found, other = json.loads((tmp_path / "imported.json").read_text())
+    assert found == sorted(checks_of(["01_soft_lookup"])) and other

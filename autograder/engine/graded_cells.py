@@ -61,6 +61,9 @@ def _python(source: str) -> ast.Module | None:
         return None
 
 
+# Each submission's cells are read for the release's code and for their imports, the release's cells for every
+# submission: each source is read once per process (a grading process serves one submission).
+@functools.lru_cache(maxsize=4096)
 def _statements(source: str, kinds: tuple[type, ...]) -> str:
     """The top-level statements of ``source`` of ``kinds``, as source text (empty when none or unparsable)."""
     tree = _python(source)

@@ -304,6 +304,35 @@ def test_a_check_run_in_another_thread_of_the_kernel_fails():
         call_student(proxy("f", starts_a_thread), torch.ones(2), what="f(x)")
 
 
+@pytest.mark.parametrize("before", [False, True], ids=["no-child-before", "a-child-before"])
+@pytest.mark.parametrize("waits", [False, True], ids=["left-running", "waited-for"])
+def test_a_process_the_function_leaves_running_fails_its_call_and_one_it_waited_for_does_not(waits, before):
+    """Whether or not this process had a child before the call (the count reads the machine's processes only when
+    it has one), a process started by the function and still running when it returns fails the call."""
+    import subprocess
+    import sys
+
+    started = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])] if before else []
+
+    def starts_a_process(x):
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        if waits:
+            started[-1].kill()
+            started[-1].wait()
+        return x
+
+    try:
+        if waits:
+            assert torch.equal(call_student(proxy("f", starts_a_process), torch.ones(2), what="f(x)"), torch.ones(2))
+        else:
+            with pytest.raises(CheckFailed, match="started a thread or a process"):
+                call_student(proxy("f", starts_a_process), torch.ones(2), what="f(x)")
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
 # -- every check through the proxies ----------------------------------------------------------------
 
 

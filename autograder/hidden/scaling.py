@@ -218,16 +218,28 @@ GENERATOR_IGNORED = "scaling/empirical_score_variance/the-generator-ignored"
 OWN_SEED = "scaling/empirical_score_variance/a-fixed-seed-of-your-own-instead-of-the"
 
 
+#: What each catalogued mistake gives on a case (None: it fails there): its seeded draws are the same every time,
+#: and each case draws millions of numbers per mistake.
+_MISTAKE_PAIRS: dict[tuple[str, int, int, int], tuple[float, float] | None] = {}
+
+
+def _mistake_pair(candidate: Mistake, d_k: int, n: int, seed: int) -> tuple[float, float] | None:
+    key = (candidate.id, d_k, n, seed)
+    if key not in _MISTAKE_PAIRS:
+        try:
+            _MISTAKE_PAIRS[key] = _esv_pair(candidate.fn, d_k, n, seed, student=False)
+        except Exception:  # noqa: BLE001 - a mistake that fails here simply does not match
+            _MISTAKE_PAIRS[key] = None
+    return _MISTAKE_PAIRS[key]
+
+
 def _diagnose_variance(got: tuple[float, float], d_k: int, n: int, seed: int) -> Mistake | None:
     """The first mistake whose (unscaled, scaled) results agree with the student's within 15%."""
     for candidate in MISTAKES["empirical_score_variance"]:
-        if candidate.id in (GENERATOR_IGNORED, OWN_SEED):
+        if candidate.id in (GENERATOR_IGNORED, OWN_SEED):  # they draw from another generator: not the same each time
             continue
-        try:
-            pair = _esv_pair(candidate.fn, d_k, n, seed, student=False)
-        except Exception:  # noqa: BLE001 - a mistake that fails here simply does not match
-            continue
-        if all(abs(g - m) <= 0.15 * abs(m) for g, m in zip(got, pair, strict=True)):
+        pair = _mistake_pair(candidate, d_k, n, seed)
+        if pair is not None and all(abs(g - m) <= 0.15 * abs(m) for g, m in zip(got, pair, strict=True)):
             return candidate
     return None
 

@@ -18,8 +18,9 @@ import time
 import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
+from traitlets.config import Config
 
-from autograder.engine import cgroup, sandbox
+from autograder.engine import cgroup, kernel_pool, sandbox, zygote
 from autograder.engine.execute import ResilientExecute
 from autograder.grader.local_channel import LocalChannel
 from autograder.grader.memory import (
@@ -166,25 +167,54 @@ def answer_cell(source: str, grade_id: str):
     return new_code_cell(source, metadata={"nbgrader": meta})
 
 
-def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sandboxed: bool) -> tuple[list, float]:
-    """The hidden check of ``exercise`` run as grading runs it, on a notebook of ``answers``: its outputs, seconds."""
+def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sandboxed: bool,
+                 cold: bool = False) -> tuple[list, float]:
+    """The hidden check of ``exercise`` run as grading runs it, on a notebook of ``answers``: its outputs, seconds
+    (``cold``: its kernels import in their sandboxes, never forked)."""
     check = (f"from autograder.hidden.{module} import check_{exercise} as hidden_check\n"
              f"hidden_check({exercise})")
     started = time.monotonic()
-    outputs = graded_outputs(tmp_path, answers, check, f"test_{exercise}_hidden", sandboxed=sandboxed)
+    outputs = graded_outputs(tmp_path, answers, check, f"test_{exercise}_hidden", sandboxed=sandboxed, cold=cold)
     return outputs, time.monotonic() - started
 
 
-def graded_outputs(tmp_path, answers: list[str], check: str, grade_id: str, *, sandboxed: bool = True) -> list:
-    """The outputs of the test cell ``check`` after the imports and ``answers``, graded as grading runs it."""
+@pytest.fixture(scope="module", autouse=True)
+def _zygote():
+    """A zygote for this file's sandboxed kernels, where kernels are forked from one (:func:`zygote.usable`): as
+    grading forks the kernels of a run's first submission from its fork server's (each test's kernels would
+    otherwise import PyTorch in their sandboxes, seconds of CPU a test)."""
+    global _ZYGOTE
+    if not zygote.usable():
+        yield
+        return
+    made = zygote.Zygote(kernel_pool.PRELOAD)
+    _ZYGOTE = made.address
+    try:
+        yield
+    finally:
+        _ZYGOTE = None
+        made.close()
+
+
+_ZYGOTE: str | None = None
+
+
+def graded_outputs(tmp_path, answers: list[str], check: str, grade_id: str, *, sandboxed: bool = True,
+                   cold: bool = False) -> list:
+    """The outputs of the test cell ``check`` after the imports and ``answers``, graded as grading runs it (sandboxed:
+    its kernels forked from this file's zygote where there is one, as a run's first submission's are, unless
+    ``cold``)."""
     cells = [new_code_cell("import math\nimport torch"), *(answer_cell(a, f"answer_{i}") for i, a in enumerate(answers)),
              graded_cell(check, grade_id)]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    if sandboxed and _ZYGOTE is not None and not cold:
+        config.SandboxedKernelManager.started_ahead = kernel_pool.StartedAhead([], _ZYGOTE)
     # The hostile answers loop in Python over n = 4096 rows (they took 100-130 s on a busy 2-core machine when every
     # row went through Python floats). The limit is far above that, so that no verdict here depends on the machine's
     # speed (the seconds are reported, never judged).
-    graded, _ = ResilientExecute(timeout=CELL_LIMIT, sandbox=sandboxed).preprocess(
+    graded, _ = ResilientExecute(timeout=CELL_LIMIT, sandbox=sandboxed, config=config).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}})
     return graded.cells[-1].outputs
 
@@ -270,6 +300,24 @@ def test_a_watch_blinded_by_python_floats_is_caught_from_outside(tmp_path, assig
     print(f"{exercise}, graded in {seconds:.1f} s:", message)
     assert message is not None and "measured by the grader from outside it" in message
     assert f"more than the {MEMORY_RISE_BOUND // 2**20} MiB allowed" in message
+
+
+@pytest.mark.slow
+@needs_group
+@needs_sandbox
+def test_kernels_that_import_in_their_sandboxes_are_measured_alike(tmp_path):
+    """Where no zygote forks the kernels (bubblewrap run as nobody, a grader that is not root; the other tests here
+    fork them where one can), each imports PyTorch in its own sandbox, and its control group holds what it imported:
+    the blinded watch is caught from outside all the same, and the reference passes."""
+    (tmp_path / "hostile").mkdir()
+    (tmp_path / "reference").mkdir()
+    outputs, _ = graded_check(tmp_path / "hostile", [SCORES_IN_A_LIST], "complexity", "flash_attention",
+                              sandboxed=True, cold=True)
+    message = failure(outputs)
+    assert message is not None and "measured by the grader from outside it" in message, outputs
+    outputs, _ = graded_check(tmp_path / "reference", [reference_answers("07_complexity")["flash_attention"]],
+                              "complexity", "flash_attention", sandboxed=True, cold=True)
+    assert failure(outputs) is None, outputs
 
 
 @pytest.mark.slow

@@ -20,12 +20,13 @@ from traitlets.config import Config
 
 import autograder
 from autograder.course.repository import assignments
-from autograder.engine import judge, source_check
+from autograder.engine import judge, source_check, zygote
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import check_modules
 from autograder.grader.local_channel import LocalChannel
 from autograder.kernel import probe_kinds, serve
 
+from .. import forked_kernels
 from ..course_copy import reference_answers
 from ..judged import failure
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
@@ -196,7 +197,9 @@ def graded_one(tmp_path, assignment: str, exercise: str, answer: str, test: str 
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = Config()
     config.CourseDirectory.root = str(ROOT)
-    graded, _ = ResilientExecute(timeout=300, sandbox=False, config=config).preprocess(
+    # Sandboxed, its kernels forked from a zygote, where grading forks them (root with bubblewrap); else in plain
+    # kernels, which need neither: what the probes see of the student's code is the same in both.
+    graded, _ = ResilientExecute(timeout=300, sandbox=zygote.usable(), config=forked_kernels.config(config)).preprocess(
         notebook, {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": assignment, "notebook": assignment}})
     return next(c.outputs for c in graded.cells if nbgrader_meta(c).get("grade_id") == test)
 

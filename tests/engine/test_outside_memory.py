@@ -20,7 +20,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook
 from traitlets.config import Config
 
-from autograder.engine import cgroup, kernel_pool, sandbox, zygote
+from autograder.engine import cgroup, sandbox
 from autograder.engine.execute import ResilientExecute
 from autograder.grader.local_channel import LocalChannel
 from autograder.grader.memory import (
@@ -35,6 +35,7 @@ from autograder.hidden import complexity, flash_backward
 from autograder.shared import wire
 from autograder.shared.errors import CheckFailed
 
+from .. import forked_kernels
 from ..course_copy import reference_answers
 from ..judged import failure
 from ..notebook_code import ROOT, nbgrader_meta, solution_namespace, source_notebook
@@ -178,39 +179,16 @@ def graded_check(tmp_path, answers: list[str], module: str, exercise: str, *, sa
     return outputs, time.monotonic() - started
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _zygote():
-    """A zygote for this file's sandboxed kernels, where kernels are forked from one (:func:`zygote.usable`): as
-    grading forks the kernels of a run's first submission from its fork server's (each test's kernels would
-    otherwise import PyTorch in their sandboxes, seconds of CPU a test)."""
-    global _ZYGOTE
-    if not zygote.usable():
-        yield
-        return
-    made = zygote.Zygote(kernel_pool.PRELOAD)
-    _ZYGOTE = made.address
-    try:
-        yield
-    finally:
-        _ZYGOTE = None
-        made.close()
-
-
-_ZYGOTE: str | None = None
-
-
 def graded_outputs(tmp_path, answers: list[str], check: str, grade_id: str, *, sandboxed: bool = True,
                    cold: bool = False) -> list:
     """The outputs of the test cell ``check`` after the imports and ``answers``, graded as grading runs it (sandboxed:
-    its kernels forked from this file's zygote where there is one, as a run's first submission's are, unless
+    its kernels forked from a zygote where kernels are (:mod:`tests.forked_kernels`), unless
     ``cold``)."""
     cells = [new_code_cell("import math\nimport torch"), *(answer_cell(a, f"answer_{i}") for i, a in enumerate(answers)),
              graded_cell(check, grade_id)]
     notebook = new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    config = Config()
-    if sandboxed and _ZYGOTE is not None and not cold:
-        config.SandboxedKernelManager.started_ahead = kernel_pool.StartedAhead([], _ZYGOTE)
+    config = forked_kernels.config() if sandboxed and not cold else Config()
     # The hostile answers loop in Python over n = 4096 rows (they took 100-130 s on a busy 2-core machine when every
     # row went through Python floats). The limit is far above that, so that no verdict here depends on the machine's
     # speed (the seconds are reported, never judged).

@@ -16,10 +16,11 @@ import pytest
 from nbformat.v4 import new_code_cell
 from traitlets.config import Config
 
-from autograder.engine import graded_cells, source_check
+from autograder.engine import graded_cells, source_check, zygote
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.engine.graded_cells import ANSWER, IMPORTS, RELEASE, graded_sources
 
+from .. import forked_kernels
 from ..notebook_code import ROOT, nbgrader_meta, source_notebook
 
 A = "01_soft_lookup"
@@ -94,11 +95,12 @@ def test_the_source_reader_reads_exactly_what_the_graded_kernel_loads(monkeypatc
 
 
 def grade(notebook, tmp_path) -> dict[str, list]:
-    """``notebook`` graded as grading grades it (without the sandbox): grade id -> the test cell's outputs."""
+    """``notebook`` graded as grading grades it (sandboxed, the kernels forked from a zygote, where grading forks
+    them: :mod:`tests.forked_kernels`; else in plain kernels): grade id -> the test cell's outputs."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = Config()
     config.CourseDirectory.root = str(ROOT)
-    executor = ResilientExecute(timeout=120, sandbox=False, config=config)
+    executor = ResilientExecute(timeout=120, sandbox=zygote.usable(), config=forked_kernels.config(config))
     graded, _ = executor.preprocess(notebook, {"metadata": {"path": str(tmp_path)},
                                                "nbgrader": {"assignment": A, "notebook": A}})
     return {nbgrader_meta(c)["grade_id"]: c.outputs for c in graded.cells if is_test_cell(c)}

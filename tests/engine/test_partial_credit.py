@@ -17,11 +17,12 @@ from nbformat.v4 import new_code_cell
 from nbgrader.utils import determine_grade
 from traitlets.config import Config
 
-from autograder.engine import judge
+from autograder.engine import judge, zygote
 from autograder.engine.execute import ResilientExecute, is_test_cell
 from autograder.grader import cases
 from autograder.grader.cases import CaseResult, CheckRecord
 
+from .. import forked_kernels
 from ..notebook_code import ROOT, nbgrader_meta
 from .test_graded_kernel import A, instructor_notebook
 
@@ -61,10 +62,12 @@ def answered(notebook, exercises) -> None:
 
 
 def graded_cells(notebook, tmp_path, **traits) -> dict:
-    """grade id -> the judged test cell, graded as grading grades it (without the sandbox)."""
+    """grade id -> the judged test cell, graded as grading grades it (sandboxed, the kernels forked from a zygote,
+    where grading forks them: :mod:`tests.forked_kernels`; else in plain kernels)."""
     config = Config()
     config.CourseDirectory.root = str(ROOT)
-    executor = ResilientExecute(sandbox=False, config=config, **{"timeout": 120, **traits})
+    executor = ResilientExecute(sandbox=zygote.usable(), config=forked_kernels.config(config),
+                                **{"timeout": 120, **traits})
     graded, _ = executor.preprocess(notebook, {"metadata": {"path": str(tmp_path)},
                                                "nbgrader": {"assignment": A, "notebook": A}})
     return {nbgrader_meta(c)["grade_id"]: c for c in graded.cells if is_test_cell(c)}
